@@ -1,0 +1,59 @@
+"""Helpers shared by the op families: undoing broadcasting, axes, operand lifting."""
+
+import numpy
+
+from ..tensor import Tensor
+
+PYTHON_SCALARS = (int, float, bool)
+
+
+def sum_to_shape(grad, shape):
+    """Sum ``grad`` over the axes that broadcasting added or stretched, giving ``shape``.
+
+    If ``y = broadcast(x)`` then ``dL/dx = sum_to_shape(dL/dy, x.shape)``: every
+    copy of an element of ``x`` sends its gradient back to that element.
+    """
+    if grad.shape == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1
+    )
+    return grad.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+def shape_of(value):
+    """Shape of an array or () for a Python scalar."""
+    return getattr(value, "shape", ())
+
+
+def operand(value):
+    """Lift the other operand of a binary op: Tensors and Python scalars pass through.
+
+    Python scalars stay Python scalars so that NumPy treats them as "weak" and a
+    float32 tensor times ``0.5`` stays float32; arrays and lists become constant
+    Tensors and follow NumPy's promotion rules.
+    """
+    if isinstance(value, (Tensor,) + PYTHON_SCALARS):
+        return value
+    return Tensor(value)
+
+
+def normalize_axes(axis, ndim, op):
+    """``axis`` (None, int or tuple of ints) as a sorted tuple of non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, numpy.integer)) else tuple(axis)
+    result = []
+    for a in axes:
+        if not isinstance(a, (int, numpy.integer)) or not -ndim <= a < ndim:
+            raise ValueError(f"{op}: axis {a!r} is out of range for a tensor with {ndim} dimensions")
+        result.append(int(a) % ndim)
+    if len(set(result)) != len(result):
+        raise ValueError(f"{op}: repeated axis in {axis!r}")
+    return tuple(sorted(result))
+
+
+def kept_shape(shape, axes):
+    """``shape`` with the reduced ``axes`` set to 1 (the ``keepdims=True`` shape)."""
+    return tuple(1 if i in axes else n for i, n in enumerate(shape))

@@ -1,0 +1,57 @@
+"""Matrix products."""
+
+from .. import backend
+from ..tensor import Function, Tensor
+from ._helpers import operand, sum_to_shape
+
+
+class MatMul(Function):
+    """Z = A @ B for 1-D to 4-D operands with NumPy's batch broadcasting.
+
+    dA = dZ @ Bᵀ and dB = Aᵀ @ dZ on the last two axes, summed over broadcast
+    batch axes. A 1-D operand is treated as a row (A) or a column (B) vector.
+    When a batch of inputs meets one weight matrix (X (..., n) @ W (n, m), every
+    linear layer), dW is one matrix product over the flattened batch instead of a
+    batch of products summed afterwards: no (batch, n, m) temporary.
+    """
+
+    def forward(self, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError("matmul needs operands with at least one dimension")
+        self.a, self.b = a, b
+        return backend.get_array_module(a, b).matmul(a, b)
+
+    def backward(self, g):
+        xp = backend.get_array_module(g)
+        a, b = self.a, self.b
+        need_a, need_b = self.needs_input_grad
+        a2 = a if a.ndim > 1 else a[None, :]
+        b2 = b if b.ndim > 1 else b[:, None]
+        if b.ndim == 1:
+            g = g[..., None]
+        if a.ndim == 1:
+            g = g[..., None, :]
+        grad_a = grad_b = None
+        if need_a:
+            if a2.ndim == 2 and g.ndim > 2:  # one matrix against a batch: contract the batch too
+                batch = tuple(range(g.ndim - 2))
+                grad_a = xp.tensordot(g, b2, axes=(batch + (g.ndim - 1,), batch + (g.ndim - 1,)))
+            else:
+                grad_a = sum_to_shape(xp.matmul(g, b2.swapaxes(-1, -2)), a2.shape)
+            grad_a = grad_a.reshape(a.shape)
+        if need_b:
+            if b2.ndim == 2 and g.ndim > 2:
+                n, m = a2.shape[-1], g.shape[-1]
+                grad_b = a2.reshape(-1, n).T @ g.reshape(-1, m)
+            else:
+                grad_b = sum_to_shape(xp.matmul(a2.swapaxes(-1, -2), g), b2.shape)
+            grad_b = grad_b.reshape(b.shape)
+        return grad_a, grad_b
+
+
+def matmul(a, b):
+    return MatMul.apply(operand(a), operand(b))
+
+
+Tensor.__matmul__ = matmul
+Tensor.__rmatmul__ = lambda self, other: matmul(other, self)
