@@ -1,0 +1,182 @@
+"""The gradient checker must pass right backwards and catch wrong ones."""
+
+import numpy as np
+import pytest
+
+import tinyformer as tf
+from tinyformer import Function, GradcheckError, Tensor
+
+
+def leaf(*shape, seed=0, dtype=np.float64):
+    data = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    return Tensor(data, requires_grad=True)
+
+
+class Sin(Function):
+    """z = sin x;  dz/dx = cos x."""
+
+    def forward(self, x):
+        self.x = x
+        return np.sin(x)
+
+    def backward(self, g):
+        return g * np.cos(self.x)
+
+
+class SinWrong(Sin):
+    """A sign error: dz/dx written as -cos x."""
+
+    def backward(self, g):
+        return -g * np.cos(self.x)
+
+
+class MeanOfUpstream(Function):
+    """z = x, with a backward that ignores where the gradient came from.
+
+    It is right for an upstream gradient of all ones (as ``y.sum().backward()``
+    gives) and wrong for any other: only a random upstream gradient catches it.
+    """
+
+    def forward(self, x):
+        return x.copy()
+
+    def backward(self, g):
+        return np.full_like(g, g.mean())
+
+
+class MatMulTransposeBug(Function):
+    """Z = A @ B with dB = dZᵀ·A instead of Aᵀ·dZ: shapes agree for square inputs, values do not."""
+
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        return a @ b
+
+    def backward(self, g):
+        return g @ self.b.T, g.T @ self.a
+
+
+class NoisyBackward(Sin):
+    def backward(self, g):
+        return g * np.cos(self.x) + np.random.default_rng().normal(0, 1e-3, g.shape)
+
+
+class ConstantLeak(Sin):
+    def backward(self, g):
+        return g * np.cos(self.x) + 1e-2
+
+
+def test_right_backward_passes_in_both_modes():
+    for mode in ("full", "fast"):
+        report = tf.gradcheck(Sin.apply, [leaf(3, 4)], mode=mode)
+        assert report.passed and bool(report)
+        assert "passed" in str(report) and "max abs err" in str(report)
+
+
+def test_wrong_backward_fails_with_a_report():
+    with pytest.raises(GradcheckError) as info:
+        tf.gradcheck(SinWrong.apply, [leaf(3, 4)])
+    message = str(info.value)
+    assert "FAILED" in message and "eps=1e-06" in message and "atol=1e-05" in message
+    assert "rtol=0.001" in message
+    assert not info.value.report.passed
+
+
+def test_report_without_raising_names_the_worst_element():
+    x = leaf(5, seed=1)
+    report = tf.gradcheck(SinWrong.apply, [x], raise_on_failure=False)
+    assert not report.passed
+    row = report.inputs[0]
+    assert isinstance(row.worst_index, tuple) and len(row.worst_index) == 1
+    assert row.max_abs_error > 1e-3
+    assert np.isclose(row.numeric, -row.analytic)
+
+
+def test_random_upstream_catches_a_backward_that_is_right_only_for_ones():
+    x = leaf(4, 3)
+    MeanOfUpstream.apply(x).sum().backward()
+    np.testing.assert_array_equal(x.grad, np.ones((4, 3)))  # looks right under .sum()
+    with pytest.raises(GradcheckError):
+        tf.gradcheck(MeanOfUpstream.apply, [leaf(4, 3)])
+
+
+def test_transposed_gradient_is_caught_on_square_inputs():
+    a, b = leaf(3, 3, seed=1), leaf(3, 3, seed=2)
+    report = tf.gradcheck(MatMulTransposeBug.apply, [a, b], raise_on_failure=False)
+    assert report.inputs[0].passed and not report.inputs[1].passed
+
+
+def test_fast_mode_failure_reruns_full_mode_to_name_the_element():
+    report = tf.gradcheck(SinWrong.apply, [leaf(2, 3)], mode="fast", raise_on_failure=False)
+    assert not report.passed
+    assert "full" in report.mode
+    assert report.inputs[0].how == "elements" and report.inputs[0].worst_index is not None
+
+
+def test_float32_is_refused_unless_allowed():
+    with pytest.raises(TypeError, match="float64"):
+        tf.gradcheck(Sin.apply, [leaf(3, dtype=np.float32)])
+    report = tf.gradcheck(Sin.apply, [leaf(3, dtype=np.float32)], allow_float32=True)
+    assert report.passed and report.float32 and "widened" in str(report)
+    assert report.eps >= 1e-3
+
+
+def test_only_inputs_requiring_grad_are_checked():
+    w = Tensor(np.random.default_rng(0).standard_normal(3))
+    report = tf.gradcheck(lambda x, c: x * c, [leaf(3), w])
+    assert [r.position for r in report.inputs] == [0]
+    with pytest.raises(ValueError, match="requires_grad"):
+        tf.gradcheck(lambda c: c * 2, [w])
+
+
+def test_nondeterministic_backward_is_reported():
+    report = tf.gradcheck(NoisyBackward.apply, [leaf(4)], raise_on_failure=False, atol=1e-1)
+    assert any("reentrant" in p for p in report.problems)
+    assert tf.gradcheck(NoisyBackward.apply, [leaf(4)], nondet_tol=1.0, atol=1e-1).passed
+
+
+def test_gradient_for_zero_upstream_must_be_zero():
+    report = tf.gradcheck(ConstantLeak.apply, [leaf(4)], raise_on_failure=False, atol=1.0)
+    assert any("zero upstream" in p for p in report.problems)
+
+
+def test_several_outputs_and_inputs():
+    def fn(a, b):
+        return (a * b).tanh(), (a @ b.T).sum(axis=0), a.max(axis=1)
+
+    report = tf.gradcheck(fn, [leaf(3, 4, seed=1), leaf(3, 4, seed=2)])
+    assert len(report.inputs) == 2 and report.passed
+
+
+def test_parameters_held_by_a_callable_are_checked_in_place_and_restored():
+    class Affine:
+        def __init__(self):
+            self.weight = leaf(4, 2, seed=5)
+
+        def __call__(self, x):
+            return (x @ self.weight).tanh()
+
+    model = Affine()
+    x = Tensor(np.random.default_rng(1).standard_normal((3, 4)))
+    before = model.weight.data.copy()
+    report = tf.gradcheck(lambda w: model(x), [model.weight])
+    assert report.passed
+    np.testing.assert_array_equal(model.weight.data, before)
+
+
+def test_fn_must_return_tensors():
+    with pytest.raises(TypeError, match="Tensors"):
+        tf.gradcheck(lambda x: x.data, [leaf(2)])
+
+
+def test_nan_gradient_fails():
+    class NanBackward(Sin):
+        def backward(self, g):
+            return g * np.nan
+
+    with pytest.raises(GradcheckError, match="nan"):
+        tf.gradcheck(NanBackward.apply, [leaf(2)])
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="mode"):
+        tf.gradcheck(Sin.apply, [leaf(2)], mode="quick")
