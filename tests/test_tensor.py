@@ -268,8 +268,13 @@ def test_no_grad_as_a_decorator_and_after_an_exception():
     def double(t):
         return t * 2
 
+    @tf.no_grad
+    def triple(t):
+        return t * 3
+
     x = Tensor(rand(3), requires_grad=True)
-    assert not double(x).requires_grad
+    assert not double(x).requires_grad and not triple(x).requires_grad
+    assert double.__name__ == "double"
     with pytest.raises(ZeroDivisionError):
         with tf.no_grad():
             1 / 0

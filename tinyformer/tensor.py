@@ -38,6 +38,13 @@ class _SetGradMode:
 
     _value = True
 
+    def __new__(cls, func=None):
+        self = super().__new__(cls)
+        return self(func) if callable(func) else self  # bare @no_grad as well as @no_grad()
+
+    def __init__(self, func=None):
+        pass
+
     def __enter__(self):
         self._previous = _GradMode.enabled
         _GradMode.enabled = self._value
@@ -61,7 +68,8 @@ class _SetGradMode:
 class no_grad(_SetGradMode):
     """Record nothing inside: outputs do not require grad and save nothing for backward.
 
-    Use as ``with tinyformer.no_grad(): ...`` or as a ``@tinyformer.no_grad()`` decorator.
+    Use as ``with tinyformer.no_grad(): ...`` or as a decorator, ``@tinyformer.no_grad``
+    or ``@tinyformer.no_grad()``.
     """
 
     _value = False
@@ -330,7 +338,7 @@ def _topological_order(roots):
         while stack:
             fn, pending = stack[-1]
             for tensor in pending:
-                child = tensor._ctx if type(tensor) is Tensor or isinstance(tensor, Tensor) else None
+                child = getattr(tensor, "_ctx", None)  # inputs may be Python scalars
                 if child is not None and child not in seen:
                     seen.add(child)
                     stack.append((child, iter(_inputs_of(child))))
