@@ -7,7 +7,8 @@ For a callable ``fn`` of Tensors with outputs y₁..yₖ, gradcheck draws a rand
 
 whose gradient is exactly what backward computes from those vᵢ. A random v,
 rather than the plain sum of the outputs, is what makes a wrong transpose or a
-wrong axis visible. The numeric side is (f(x + εe) − f(x − εe)) / 2ε:
+wrong axis visible. The numeric side is (f(x + εe) − f(x − εe)) / 2ε, with the outputs differenced
+element by element before they are projected on v:
 
 * ``mode="full"``: e runs over every element of every checked input;
 * ``mode="fast"``: e is a random unit direction u per input, comparing the
@@ -182,15 +183,21 @@ class _Checker:
             return [backend.get_array_module(t.data).zeros_like(t.data) for t in tensors]
         return grad([o for o, _ in pairs], tensors, [v for _, v in pairs])
 
-    def projection(self):
-        """f(x) = Σᵢ ⟨vᵢ, yᵢ(x)⟩ in float64."""
+    def evaluate(self):
+        """The outputs y(x) as float64 NumPy arrays, recorded under no_grad."""
         with no_grad():
-            outputs = self.outputs()
+            return [backend.to_numpy(o.data).astype(numpy.float64) for o in self.outputs()]
+
+    def difference(self, plus, minus):
+        """(f(x+) − f(x−)) / 2ε with f = Σᵢ⟨vᵢ, yᵢ⟩, differencing y before projecting.
+
+        Subtracting the outputs element by element first keeps outputs that do not
+        move (a -1e9 mask fill, say) from swamping the difference in rounding error.
+        """
         return sum(
-            float(numpy.dot(backend.to_numpy(o.data).astype(numpy.float64).ravel(),
-                            backend.to_numpy(v).astype(numpy.float64).ravel()))
-            for o, v in zip(outputs, self.upstream)
-        )
+            float(numpy.dot((p - m).ravel(), backend.to_numpy(v).astype(numpy.float64).ravel()))
+            for p, m, v in zip(plus, minus, self.upstream)
+        ) / (2 * self.eps)
 
     def check_contract(self, analytic, nondet_tol):
         for i, g in zip(self.checked, analytic):
@@ -217,9 +224,9 @@ class _Checker:
                 )
 
     def _perturbed(self, x, values):
-        """f with ``x.data`` replaced by ``values`` (x's dtype, x's device)."""
+        """The outputs with ``x.data`` replaced by ``values`` (x's dtype, x's device)."""
         x.data = backend.to_device(values.astype(x.dtype), backend.device_of(x.data))
-        return self.projection()
+        return self.evaluate()
 
     def compare_elements(self, analytic):
         for i, g in zip(self.checked, analytic):
@@ -235,7 +242,7 @@ class _Checker:
                     work[j] = base.flat[j] - self.eps
                     minus = self._perturbed(x, work.reshape(base.shape))
                     work[j] = base.flat[j]
-                    numeric[j] = (plus - minus) / (2 * self.eps)
+                    numeric[j] = self.difference(plus, minus)
             finally:
                 x.data = original
             result = self._compare(i, x, numeric, backend.to_numpy(g).astype(numpy.float64).ravel())
@@ -255,7 +262,7 @@ class _Checker:
                 minus = self._perturbed(x, base - self.eps * direction)
             finally:
                 x.data = original
-            numeric = numpy.array([(plus - minus) / (2 * self.eps)])
+            numeric = numpy.array([self.difference(plus, minus)])
             along = numpy.array([numpy.sum(backend.to_numpy(g).astype(numpy.float64) * direction)])
             result = self._compare(i, x, numeric, along)
             result.how = "direction"

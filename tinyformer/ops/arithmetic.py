@@ -259,7 +259,8 @@ def clip(x, low=None, high=None):
 def _compare(op):
     def compare(self, other):
         other = other.data if isinstance(other, Tensor) else other
-        return Tensor._make(op(self.data, other))
+        xp = backend.get_array_module(self.data)
+        return Tensor._make(xp.asarray(op(self.data, other)))  # 0-d: an array, not numpy.bool_
 
     return compare
 

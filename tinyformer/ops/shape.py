@@ -76,9 +76,10 @@ class Concat(Function):
 
     def forward(self, *xs, axis):
         xp = backend.get_array_module(*xs)
+        out = xp.concatenate(xs, axis=axis)  # validates axis first: ValueError, not IndexError
         self.axis = axis
         self.bounds = numpy.cumsum([x.shape[axis] for x in xs])[:-1].tolist()
-        return xp.concatenate(xs, axis=axis)
+        return out
 
     def backward(self, g):
         xp = backend.get_array_module(g)
