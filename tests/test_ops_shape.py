@@ -89,15 +89,18 @@ def test_broadcast_to(data, seed):
     tinyformer.gradcheck(lambda x: tinyformer.broadcast_to(x, target), [x])
 
 
+def check_index(a, index):
+    x = leaf(a)
+    numpy.testing.assert_array_equal(x[index].numpy(), a[index])
+    tinyformer.gradcheck(lambda x: x[index], [x])
+
+
 @settings(max_examples=30, deadline=None)
 @given(data=st.data(), seed=seeds)
 def test_getitem_basic_index(data, seed):
     shape = data.draw(shapes(min_dims=1))
     index = data.draw(basic_indices(shape, allow_newaxis=True, allow_ellipsis=True))
-    a = uniform(numpy.random.default_rng(seed), shape)
-    x = leaf(a)
-    numpy.testing.assert_array_equal(x[index].numpy(), a[index])
-    tinyformer.gradcheck(lambda x: x[index], [x])
+    check_index(uniform(numpy.random.default_rng(seed), shape), index)
 
 
 @settings(max_examples=25, deadline=None)
@@ -105,10 +108,7 @@ def test_getitem_basic_index(data, seed):
 def test_getitem_integer_arrays(data, seed):
     shape = data.draw(shapes(min_dims=1))
     index = data.draw(integer_array_indices(shape, result_shape=array_shapes(min_dims=1, max_dims=2, max_side=5)))
-    a = uniform(numpy.random.default_rng(seed), shape)
-    x = leaf(a)
-    numpy.testing.assert_array_equal(x[index].numpy(), a[index])
-    tinyformer.gradcheck(lambda x: x[index], [x])
+    check_index(uniform(numpy.random.default_rng(seed), shape), index)
 
 
 @settings(max_examples=20, deadline=None)
@@ -117,10 +117,7 @@ def test_getitem_boolean_mask(data, seed):
     shape = data.draw(shapes(min_dims=1))
     mask_dims = data.draw(st.integers(1, len(shape)))
     rng = numpy.random.default_rng(seed)
-    a, mask = uniform(rng, shape), rng.random(shape[:mask_dims]) < 0.5
-    x = leaf(a)
-    numpy.testing.assert_array_equal(x[mask].numpy(), a[mask])
-    tinyformer.gradcheck(lambda x: x[mask], [x])
+    check_index(uniform(rng, shape), rng.random(shape[:mask_dims]) < 0.5)
 
 
 INDICES = {

@@ -264,10 +264,16 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **params):
         fn = cls()
-        needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in inputs)
+        arrays, needs = [], []
+        for x in inputs:
+            if isinstance(x, Tensor):
+                arrays.append(x.data)
+                needs.append(x.requires_grad)
+            else:
+                arrays.append(x)
+                needs.append(False)
         record = _GradMode.enabled and True in needs
-        fn.needs_input_grad = needs if record else (False,) * len(inputs)
-        arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
+        fn.needs_input_grad = tuple(needs) if record else (False,) * len(needs)
         try:
             out = fn.forward(*arrays, **params)
         except ValueError as error:

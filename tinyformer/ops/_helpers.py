@@ -5,6 +5,7 @@ import numpy
 from ..tensor import Tensor
 
 PYTHON_SCALARS = (int, float, bool)
+_PASS_THROUGH = (Tensor,) + PYTHON_SCALARS
 
 
 def sum_to_shape(grad, shape):
@@ -34,7 +35,7 @@ def operand(value):
     float32 tensor times ``0.5`` stays float32; arrays and lists become constant
     Tensors and follow NumPy's promotion rules.
     """
-    if isinstance(value, (Tensor,) + PYTHON_SCALARS):
+    if isinstance(value, _PASS_THROUGH):
         return value
     return Tensor(value)
 
