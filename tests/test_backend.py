@@ -77,3 +77,13 @@ def test_gradient_travels_back_across_devices():
     (x.to("cuda") * 3).sum().backward()
     assert isinstance(x.grad, np.ndarray)
     np.testing.assert_array_equal(x.grad, [3.0, 3.0, 3.0])
+
+
+@pytest.mark.gpu
+@gpu
+def test_numpy_masks_and_indices_follow_a_gpu_tensor():
+    x = tf.Tensor(np.arange(6.0).reshape(2, 3), requires_grad=True).to("cuda")
+    mask = np.array([True, False, True])
+    y = x.masked_fill(mask, 0.0) + tf.where(mask, x, 1.0) + x[np.array([1, 1])].sum(axis=0)
+    y.sum().backward()
+    assert y.device == "cuda"

@@ -78,6 +78,13 @@ def to_numpy(array):
     return _cupy.asnumpy(array) if is_cupy_array(array) else numpy.asarray(array)
 
 
+def like(array, reference):
+    """``array`` on the device of ``reference`` (masks and index arrays follow their tensor)."""
+    if hasattr(array, "dtype") and is_cupy_array(reference) != is_cupy_array(array):
+        return to_device(array, device_of(reference))
+    return array
+
+
 def scatter_add(target, index, values):
     """``target[index] += values`` with repeated indices accumulated (``np.add.at``)."""
     if is_cupy_array(target):

@@ -173,16 +173,16 @@ def broadcast_to(x, shape):
     return BroadcastTo.apply(x, shape=tuple(shape))
 
 
-def _index(index):
+def _index(index, x):
     if isinstance(index, tuple):
-        return tuple(_raw(i) for i in index)
+        return tuple(_index(i, x) for i in index)
     if isinstance(index, list):
-        return numpy.asarray(index)
-    return _raw(index)
+        index = numpy.asarray(index)
+    return backend.like(_raw(index), x.data)
 
 
 def getitem(x, index):
-    return GetItem.apply(x, index=_index(index))
+    return GetItem.apply(x, index=_index(index, x))
 
 
 def concat(tensors, axis=0):
@@ -208,7 +208,11 @@ def where(condition, a, b):
         condition = numpy.asarray(condition)
     if condition.dtype != bool:
         raise TypeError(f"where: condition must be boolean, got dtype {condition.dtype}")
-    return Where.apply(operand(a), operand(b), condition=condition)
+    a, b = operand(a), operand(b)
+    reference = a if isinstance(a, Tensor) else b
+    if isinstance(reference, Tensor):
+        condition = backend.like(condition, reference.data)
+    return Where.apply(a, b, condition=condition)
 
 
 def masked_fill(x, mask, value):
@@ -216,7 +220,7 @@ def masked_fill(x, mask, value):
     mask = _raw(mask)
     if not hasattr(mask, "dtype") or mask.dtype != bool:
         raise TypeError("masked_fill: mask must be a boolean tensor or array")
-    return MaskedFill.apply(x, mask=mask, value=value)
+    return MaskedFill.apply(x, mask=backend.like(mask, x.data), value=value)
 
 
 Tensor.reshape = reshape
