@@ -40,7 +40,7 @@ def operand(value):
     return Tensor(value)
 
 
-def normalize_axes(axis, ndim, op):
+def normalize_axes(axis, ndim):
     """``axis`` (None, int or tuple of ints) as a sorted tuple of non-negative axes."""
     if axis is None:
         return tuple(range(ndim))
@@ -48,10 +48,10 @@ def normalize_axes(axis, ndim, op):
     result = []
     for a in axes:
         if not isinstance(a, (int, numpy.integer)) or not -ndim <= a < ndim:
-            raise ValueError(f"{op}: axis {a!r} is out of range for a tensor with {ndim} dimensions")
+            raise ValueError(f"axis {a!r} is out of range for a tensor with {ndim} dimensions")
         result.append(int(a) % ndim)
     if len(set(result)) != len(result):
-        raise ValueError(f"{op}: repeated axis in {axis!r}")
+        raise ValueError(f"repeated axis in {axis!r}")
     return tuple(sorted(result))
 
 

@@ -17,7 +17,7 @@ class MatMul(Function):
 
     def forward(self, a, b):
         if a.ndim == 0 or b.ndim == 0:
-            raise ValueError("matmul needs operands with at least one dimension")
+            raise ValueError("operands need at least one dimension")
         self.a, self.b = a, b
         return backend.get_array_module(a, b).matmul(a, b)
 

@@ -13,7 +13,7 @@ class Sum(Function):
     """z = Σ_axes x;  dz/dx = 1 for every summed element."""
 
     def forward(self, x, axis, keepdims):
-        axes = normalize_axes(axis, x.ndim, "sum")
+        axes = normalize_axes(axis, x.ndim)
         self.in_shape, self.kept = x.shape, kept_shape(x.shape, axes)
         return x.sum(axis=axes, keepdims=keepdims)
 
@@ -26,7 +26,7 @@ class Mean(Function):
     """z = (1/N) Σ_axes x;  dz/dx = 1/N."""
 
     def forward(self, x, axis, keepdims):
-        axes = normalize_axes(axis, x.ndim, "mean")
+        axes = normalize_axes(axis, x.ndim)
         self.in_shape, self.kept = x.shape, kept_shape(x.shape, axes)
         self.count = 1
         for a in axes:
@@ -45,13 +45,13 @@ class Var(Function):
     """
 
     def forward(self, x, axis, keepdims, ddof):
-        axes = normalize_axes(axis, x.ndim, "var")
+        axes = normalize_axes(axis, x.ndim)
         self.kept = kept_shape(x.shape, axes)
         count = 1
         for a in axes:
             count *= x.shape[a]
         if count - ddof <= 0:
-            raise ValueError(f"var: {count} elements with ddof={ddof} leaves no degrees of freedom")
+            raise ValueError(f"{count} elements with ddof={ddof} leaves no degrees of freedom")
         self.centered = x - x.mean(axis=axes, keepdims=True)
         self.denominator = count - ddof
         squares = self.centered * self.centered
@@ -71,10 +71,10 @@ class Max(Function):
 
     def forward(self, x, axis, keepdims, smallest=False):
         xp = backend.get_array_module(x)
-        name = "min" if smallest else "max"
-        axes = normalize_axes(axis, x.ndim, name)
+        axes = normalize_axes(axis, x.ndim)
         if x.size == 0:
-            raise ValueError(f"{name}: cannot reduce an empty tensor of shape {x.shape}")
+            kind = "min" if smallest else "max"
+            raise ValueError(f"cannot take the {kind} of an empty tensor of shape {x.shape}")
         order = [a for a in range(x.ndim) if a not in axes] + list(axes)  # reduced axes last
         moved = x.transpose(order)
         self.moved_shape, self.inverse = moved.shape, [order.index(a) for a in range(x.ndim)]
