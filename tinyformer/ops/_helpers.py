@@ -1,5 +1,7 @@
 """Helpers shared by the op families: undoing broadcasting, axes, operand lifting."""
 
+import math
+
 import numpy
 
 from ..tensor import Tensor
@@ -53,6 +55,11 @@ def normalize_axes(axis, ndim):
     if len(set(result)) != len(result):
         raise ValueError(f"repeated axis in {axis!r}")
     return tuple(sorted(result))
+
+
+def reduced_count(shape, axes):
+    """How many elements each output of a reduction over ``axes`` summarises."""
+    return math.prod(shape[a] for a in axes)
 
 
 def kept_shape(shape, axes):

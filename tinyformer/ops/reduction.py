@@ -6,7 +6,7 @@ axes (reshape to the ``keepdims`` shape, then broadcast to the input).
 
 from .. import backend
 from ..tensor import Function, Tensor
-from ._helpers import kept_shape, normalize_axes
+from ._helpers import kept_shape, normalize_axes, reduced_count
 
 
 class Sum(Function):
@@ -28,9 +28,7 @@ class Mean(Function):
     def forward(self, x, axis, keepdims):
         axes = normalize_axes(axis, x.ndim)
         self.in_shape, self.kept = x.shape, kept_shape(x.shape, axes)
-        self.count = 1
-        for a in axes:
-            self.count *= x.shape[a]
+        self.count = reduced_count(x.shape, axes)
         return x.mean(axis=axes, keepdims=keepdims)
 
     def backward(self, g):
@@ -47,9 +45,7 @@ class Var(Function):
     def forward(self, x, axis, keepdims, ddof):
         axes = normalize_axes(axis, x.ndim)
         self.kept = kept_shape(x.shape, axes)
-        count = 1
-        for a in axes:
-            count *= x.shape[a]
+        count = reduced_count(x.shape, axes)
         if count - ddof <= 0:
             raise ValueError(f"{count} elements with ddof={ddof} leaves no degrees of freedom")
         self.centered = x - x.mean(axis=axes, keepdims=True)
