@@ -1,5 +1,6 @@
 """The command line and the runnable scripts: they must keep working, not just import."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,9 @@ def test_unknown_command_is_a_usage_error():
 
 
 def run_script(*args):
-    result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, check=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
