@@ -1,10 +1,12 @@
 """tinyformer: the Transformer of "Attention Is All You Need", from scratch on NumPy/CuPy.
 
 The public surface: ``Tensor`` and its ops, ``no_grad``, the gradient checker,
-and the array backend.
+the fused ops (``functional``), the layers (``nn``), ``optim`` and the array backend.
 """
 
 from . import backend, ops
+from . import functional, nn, optim
+from .random import manual_seed
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck
 from .ops import (
     abs,

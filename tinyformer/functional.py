@@ -1,0 +1,471 @@
+"""Fused neural-network ops, each one Function with a backward derived by hand.
+
+Composing softmax or layer norm from elementary ops works (the engine
+differentiates anything), but it stores every intermediate and walks a dozen
+graph nodes. Here each op is a single node whose backward is the closed-form
+derivative, written beside its forward. The NumPy code is the reference; on
+CuPy arrays the same code runs through CuPy.
+
+Imported as ``from tinyformer import functional as F``.
+"""
+
+import math
+
+import numpy
+
+from . import backend
+from .ops._helpers import normalize_axes, sum_to_shape
+from .random import uniform_like
+from .tensor import Function, Tensor
+
+__all__ = [
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "dropout",
+    "embedding",
+    "linear",
+    "cross_entropy",
+    "nll_loss",
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "padding_mask",
+    "sinusoid_table",
+]
+
+
+def _xp(*arrays):
+    return backend.get_array_module(*arrays)
+
+
+def _axis(axis, ndim):
+    if ndim == 0:
+        raise ValueError("needs at least one dimension")
+    return normalize_axes(axis, ndim)[0]
+
+
+# ------------------------------------------------------------------------ softmax
+def _stable_softmax(x, axis):
+    """exp(x - max) / Σ exp(x - max): the max shift keeps exp finite for any finite x."""
+    e = _xp(x).exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+class Softmax(Function):
+    """pᵢ = exp(xᵢ) / Σⱼ exp(xⱼ);  dx = p ∘ (dp − Σⱼ dpⱼ pⱼ)."""
+
+    def forward(self, x, axis):
+        self.axis = _axis(axis, x.ndim)
+        self.p = _stable_softmax(x, self.axis)
+        return self.p
+
+    def backward(self, g):
+        p = self.p
+        return p * (g - (g * p).sum(axis=self.axis, keepdims=True))
+
+
+class LogSoftmax(Function):
+    """yᵢ = xᵢ − max − log Σⱼ exp(xⱼ − max);  dx = dy − softmax(x) · Σⱼ dyⱼ."""
+
+    def forward(self, x, axis):
+        xp = _xp(x)
+        self.axis = axis = _axis(axis, x.ndim)
+        shifted = x - x.max(axis=axis, keepdims=True)
+        y = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+        self.y = y
+        return y
+
+    def backward(self, g):
+        return g - _xp(g).exp(self.y) * g.sum(axis=self.axis, keepdims=True)
+
+
+def softmax(x, axis=-1):
+    """Softmax along ``axis``, max-subtracted (finite for |x| up to float range)."""
+    return Softmax.apply(x, axis=axis)
+
+
+def log_softmax(x, axis=-1):
+    """log(softmax(x)) along ``axis``, computed without forming softmax (no log(0))."""
+    return LogSoftmax.apply(x, axis=axis)
+
+
+# ------------------------------------------------------------------------ layer norm
+class LayerNorm(Function):
+    """y = x̂ ∘ w + b with x̂ = (x − μ) / √(σ² + eps) over the last axis (biased σ²).
+
+    With r = 1/√(σ² + eps) and dx̂ = dy ∘ w, over the n features:
+    dx = r · (dx̂ − mean(dx̂) − x̂ ∘ mean(dx̂ ∘ x̂));  dw = Σ dy ∘ x̂;  db = Σ dy
+    (the last two summed over every axis but the last).
+    """
+
+    def forward(self, x, weight, bias, eps):
+        n = x.shape[-1]
+        if weight.shape != (n,) or bias.shape != (n,):
+            raise ValueError(
+                f"weight and bias must have shape ({n},) for {n} features, "
+                f"got {weight.shape} and {bias.shape}"
+            )
+        mean = x.mean(axis=-1, keepdims=True)
+        centered = x - mean
+        var = (centered * centered).mean(axis=-1, keepdims=True)
+        self.rstd = 1.0 / _xp(x).sqrt(var + eps)
+        self.xhat = centered * self.rstd
+        self.weight = weight
+        return self.xhat * weight + bias
+
+    def backward(self, g):
+        xhat = self.xhat
+        batch_axes = tuple(range(g.ndim - 1))
+        grad_w = (g * xhat).sum(axis=batch_axes) if self.needs_input_grad[1] else None
+        grad_b = g.sum(axis=batch_axes) if self.needs_input_grad[2] else None
+        grad_x = None
+        if self.needs_input_grad[0]:
+            dxhat = g * self.weight
+            grad_x = self.rstd * (
+                dxhat
+                - dxhat.mean(axis=-1, keepdims=True)
+                - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+            )
+        return grad_x, grad_w, grad_b, None
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """Layer normalisation over the last axis (Ba et al., 2016), eps inside the square root."""
+    return LayerNorm.apply(x, weight, bias, eps)
+
+
+# ------------------------------------------------------------------------ dropout
+class Dropout(Function):
+    """Inverted dropout: y = x ∘ m / (1 − p), m ~ Bernoulli(1 − p);  dx = dy ∘ m / (1 − p)."""
+
+    def forward(self, x, p, generator):
+        keep = uniform_like(generator, x.shape, x) >= p
+        self.scale = keep * numpy.asarray(1.0 / (1.0 - p), dtype=x.dtype)
+        return x * self.scale
+
+    def backward(self, g):
+        return g * self.scale
+
+
+def _check_probability(p, name):
+    if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
+
+
+def dropout(x, p=0.1, training=True, generator=None):
+    """Zero each element with probability ``p`` and scale the rest by 1/(1 − p).
+
+    The identity when ``training`` is false or ``p == 0``. Masks are drawn from
+    ``generator`` (a ``numpy.random.Generator``), or from the default generator
+    that ``tinyformer.manual_seed`` resets.
+    """
+    _check_probability(p, "dropout: p")
+    if not training or p == 0:
+        return x
+    return Dropout.apply(x, p, generator)
+
+
+# ------------------------------------------------------------------------ embedding
+def _check_ids(ids, low, high, name):
+    """``ids`` must be integers in [low, high); raise naming ``name`` otherwise."""
+    ids = ids.data if isinstance(ids, Tensor) else ids
+    if not hasattr(ids, "dtype"):
+        ids = numpy.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {ids.dtype}")
+    if ids.size and (int(ids.min()) < low or int(ids.max()) >= high):
+        raise IndexError(
+            f"{name} must lie in [{low}, {high}), got values from {int(ids.min())} to "
+            f"{int(ids.max())} (shape {tuple(ids.shape)})"
+        )
+    return ids
+
+
+class Embedding(Function):
+    """y = W[ids];  dW = Σ over positions of dy scattered back to each id (repeats add up)."""
+
+    def forward(self, weight, ids):
+        self.ids, self.vocab = ids, weight.shape
+        return weight[ids]
+
+    def backward(self, g):
+        grad = _xp(g).zeros(self.vocab, dtype=g.dtype)
+        backend.scatter_add(grad, self.ids, g)
+        return grad, None
+
+
+def embedding(ids, weight):
+    """Rows of ``weight`` (vocab, d) picked by integer ``ids``: output shape ids.shape + (d,)."""
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D (vocab, d), got shape {weight.shape}")
+    ids = _check_ids(ids, 0, weight.shape[0], "embedding: ids")
+    return Embedding.apply(weight, backend.like(ids, weight.data))
+
+
+# ------------------------------------------------------------------------ linear
+class Linear(Function):
+    """y = x Wᵀ + b with W of shape (out, in);  dx = dy W, dW = dyᵀ x, db = Σ dy.
+
+    dW and db are single products over the flattened batch (no per-example temporaries).
+    """
+
+    def forward(self, x, weight, bias=None):
+        if x.shape[-1] != weight.shape[1]:
+            raise ValueError(
+                f"input has {x.shape[-1]} features but weight expects {weight.shape[1]}"
+            )
+        self.x, self.weight = x, weight
+        y = x @ weight.T
+        return y if bias is None else y + bias
+
+    def backward(self, g):
+        need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
+        grad_x = g @ self.weight if need_x else None
+        g2 = g.reshape(-1, g.shape[-1])
+        grad_w = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need_w else None
+        grad_b = g2.sum(axis=0) if need_b else None
+        return grad_x, grad_w, grad_b
+
+
+def linear(x, weight, bias=None):
+    """x Wᵀ + b: the affine map of a linear layer, weight stored (out_features, in_features)."""
+    if bias is None:
+        return Linear.apply(x, weight)
+    return Linear.apply(x, weight, bias)
+
+
+# ------------------------------------------------------------------------ cross entropy
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+class CrossEntropy(Function):
+    """Label-smoothed cross entropy fused with log-softmax, plus the plain NLL.
+
+    With p = softmax(z) over V classes and target distribution
+    q = (1 − ε)·onehot(t) + ε/V (Szegedy et al., 2016):
+    loss = −Σᵥ qᵥ log pᵥ and nll = −log pₜ, so dz = (p − q)·dloss + (p − onehot)·dnll.
+    Positions whose target is ``ignore_index`` count for nothing; "mean" divides by
+    the number of the other positions.
+    """
+
+    def forward(self, logits, target, smoothing, ignore_index, reduction):
+        xp = _xp(logits)
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        t = target.reshape(-1)
+        keep = xp.ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
+        t_safe = xp.where(keep, t, 0)
+        shifted = flat - flat.max(axis=-1, keepdims=True)
+        log_z = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+        logp = shifted - log_z
+        rows = xp.arange(len(t))
+        nll = -logp[rows, t_safe]
+        loss = (1.0 - smoothing) * nll - (smoothing / vocab) * logp.sum(axis=-1) if smoothing else nll
+        weight = keep.astype(logits.dtype)
+        self.count = count = int(keep.sum())
+        if reduction == "mean":
+            weight = weight / max(count, 1)
+        self.logp, self.t_safe, self.weight, self.rows = logp, t_safe, weight, rows
+        self.smoothing, self.shape, self.reduction = smoothing, logits.shape, reduction
+        loss, nll = loss * weight, nll * weight
+        if reduction == "none":
+            return loss.reshape(target.shape), nll.reshape(target.shape)
+        return loss.sum(), nll.sum()
+
+    def backward(self, g_loss, g_nll):
+        xp = _xp(g_loss)
+        p = xp.exp(self.logp)
+        vocab = p.shape[-1]
+        if self.reduction == "none":
+            g_loss, g_nll = g_loss.reshape(-1, 1), g_nll.reshape(-1, 1)
+        total = g_loss + g_nll
+        grad = p * total  # both targets sum to one: the p part is shared
+        grad[self.rows, self.t_safe] -= ((1.0 - self.smoothing) * g_loss + g_nll).reshape(-1)
+        if self.smoothing:
+            grad -= (self.smoothing / vocab) * g_loss
+        grad *= self.weight[:, None]
+        return grad.reshape(self.shape), None
+
+
+def _check_target(logits, target, ignore_index):
+    target = target.data if isinstance(target, Tensor) else target
+    if not hasattr(target, "dtype"):
+        target = numpy.asarray(target)
+    if tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"cross_entropy: target shape {tuple(target.shape)} must equal the logits' shape "
+            f"without its class axis, {tuple(logits.shape[:-1])} (logits {tuple(logits.shape)})"
+        )
+    if target.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: target must be integer class ids, got dtype {target.dtype}")
+    vocab = logits.shape[-1]
+    valid = target if ignore_index is None else target[target != ignore_index]
+    if valid.size and (int(valid.min()) < 0 or int(valid.max()) >= vocab):
+        raise IndexError(
+            f"cross_entropy: target ids must lie in [0, {vocab}) (or equal ignore_index="
+            f"{ignore_index}), got values from {int(valid.min())} to {int(valid.max())}"
+        )
+    return backend.like(target, logits.data)
+
+
+def cross_entropy(logits, target, label_smoothing=0.0, ignore_index=None, reduction="mean",
+                  return_nll=False):
+    """Cross entropy of ``logits`` (..., V) against integer ``target`` (...).
+
+    ``label_smoothing`` ε spreads ε over all V classes as PyTorch does; positions
+    where ``target == ignore_index`` contribute nothing and are left out of the
+    mean; ``reduction`` is "mean", "sum" or "none". With ``return_nll=True`` the
+    plain negative log-likelihood (for perplexity) comes back too, as
+    ``(loss, nll)``, from the same softmax.
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing}")
+    if logits.ndim < 1:
+        raise ValueError("cross_entropy: logits need a class axis")
+    target = _check_target(logits, target, ignore_index)
+    loss, nll = CrossEntropy.apply(logits, target, float(label_smoothing), ignore_index, reduction)
+    return (loss, nll) if return_nll else loss
+
+
+def nll_loss(logits, target, ignore_index=None, reduction="mean"):
+    """Negative log-likelihood −log softmax(logits)[target] (cross entropy without smoothing)."""
+    return cross_entropy(logits, target, 0.0, ignore_index, reduction)
+
+
+# ------------------------------------------------------------------------ attention
+def causal_mask(len_q, len_k=None, xp=numpy):
+    """Keep-mask (len_q, len_k): query i sees keys j <= i + (len_k − len_q).
+
+    Queries are aligned with the *last* keys, so with a cache of earlier keys a
+    new query sees everything before it and itself.
+    """
+    len_k = len_q if len_k is None else len_k
+    return xp.tril(xp.ones((len_q, len_k), dtype=bool), k=len_k - len_q)
+
+
+class ScaledDotProductAttention(Function):
+    """O = softmax(QKᵀ/√d_k + mask) V (§3.2.1), one node for the whole block.
+
+    Backward, with P the probabilities (D the dropout mask scaled by 1/(1−p), P̃ = P∘D):
+    dV = P̃ᵀ·dO, dP = (dO·Vᵀ)∘D, dS = P∘(dP − rowsum(dP∘P)), dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k.
+    A query whose keys are all masked has P = 0: zero output and zero gradient.
+    """
+
+    def forward(self, q, k, v, mask, dropout_p, generator):
+        xp = _xp(q, k, v)
+        self.scale = scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = (q @ k.swapaxes(-1, -2)) * numpy.asarray(scale, dtype=q.dtype)
+        if mask is not None:
+            scores = xp.where(mask, scores, -xp.inf)
+        row_max = scores.max(axis=-1, keepdims=True)
+        row_max = xp.where(xp.isfinite(row_max), row_max, 0)
+        e = xp.exp(scores - row_max)
+        total = e.sum(axis=-1, keepdims=True)
+        p = e / xp.where(total == 0, 1, total)
+        if dropout_p:
+            keep = uniform_like(generator, p.shape, p) >= dropout_p
+            self.drop = keep * numpy.asarray(1.0 / (1.0 - dropout_p), dtype=p.dtype)
+            p_used = p * self.drop
+        else:
+            self.drop, p_used = None, p
+        self.q, self.k, self.v, self.p, self.p_used = q, k, v, p, p_used
+        return p_used @ v, p
+
+    def backward(self, g_out, g_weights):
+        q, k, v, p = self.q, self.k, self.v, self.p
+        need_q, need_k, need_v = self.needs_input_grad[:3]
+        grad_v = self.p_used.swapaxes(-1, -2) @ g_out if need_v else None
+        grad_q = grad_k = None
+        if need_q or need_k:
+            dp = g_out @ v.swapaxes(-1, -2)
+            if self.drop is not None:
+                dp = dp * self.drop
+            dp = dp + g_weights
+            ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+            ds *= numpy.asarray(self.scale, dtype=ds.dtype)
+            if need_q:
+                grad_q = ds @ k
+            if need_k:
+                grad_k = ds.swapaxes(-1, -2) @ q
+        return (
+            None if grad_q is None else sum_to_shape(grad_q, q.shape),
+            None if grad_k is None else sum_to_shape(grad_k, k.shape),
+            None if grad_v is None else sum_to_shape(grad_v, v.shape),
+            None,
+        )
+
+
+def _attention_mask(mask, causal, q, k):
+    """The boolean keep-mask for scores of shape (..., len_q, len_k), or None."""
+    len_q, len_k = q.shape[-2], k.shape[-2]
+    scores_shape = numpy.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (len_q, len_k)
+    if mask is not None:
+        mask = mask.data if isinstance(mask, Tensor) else mask
+        if not hasattr(mask, "dtype"):
+            mask = numpy.asarray(mask)
+        if mask.dtype != bool:
+            raise TypeError(
+                f"attention mask must be boolean (True = attend), got dtype {mask.dtype}"
+            )
+        try:
+            if numpy.broadcast_shapes(mask.shape, scores_shape) != scores_shape:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"attention mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
+                f"shape {scores_shape} (batch, heads, len_q, len_k)"
+            ) from None
+        mask = backend.like(mask, q.data)
+    if causal:
+        xp = _xp(q.data)
+        future = causal_mask(len_q, len_k, xp)
+        mask = future if mask is None else mask & future
+    return mask
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, causal=False, dropout_p=0.0,
+                                 return_weights=False, generator=None):
+    """softmax(QKᵀ/√d_k)V on (batch, heads, len, d_k) tensors (§3.2.1).
+
+    ``mask`` is a boolean keep-mask (True = attend) broadcastable to
+    (batch, heads, len_q, len_k); ``causal=True`` also hides later keys.
+    ``dropout_p`` drops attention probabilities (training only: pass 0 in eval).
+    With ``return_weights=True`` returns ``(output, probabilities)``; the
+    probabilities are those before dropout.
+    """
+    _check_probability(dropout_p, "scaled_dot_product_attention: dropout_p")
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            f"scaled_dot_product_attention: q, k, v must have the same rank >= 2, got shapes "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"scaled_dot_product_attention: q {q.shape} and k {k.shape} need the same d_k, and "
+            f"k and v {v.shape} the same number of keys"
+        )
+    mask = _attention_mask(mask, causal, q, k)
+    out, weights = ScaledDotProductAttention.apply(q, k, v, mask, float(dropout_p), generator)
+    return (out, weights) if return_weights else out
+
+
+def padding_mask(ids, pad_id):
+    """Keep-mask (batch, 1, 1, len) that hides the keys where ``ids == pad_id``."""
+    ids = ids.data if isinstance(ids, Tensor) else ids
+    if not hasattr(ids, "ndim"):
+        ids = numpy.asarray(ids)
+    if ids.ndim != 2:
+        raise ValueError(f"padding_mask: ids must be (batch, len), got shape {tuple(ids.shape)}")
+    return (ids != pad_id)[:, None, None, :]
+
+
+def sinusoid_table(max_len, d_model, dtype=numpy.float32):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5)."""
+    position = numpy.arange(max_len, dtype=numpy.float64)[:, None]
+    rate = numpy.exp(-math.log(10000.0) * numpy.arange(0, d_model, 2) / d_model)
+    table = numpy.zeros((max_len, d_model))
+    table[:, 0::2] = numpy.sin(position * rate)
+    table[:, 1::2] = numpy.cos(position * rate[: d_model // 2])
+    return table.astype(dtype)

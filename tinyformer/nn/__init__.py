@@ -1,0 +1,15 @@
+"""Layers of the Transformer, built from ``tinyformer.functional`` (no array code here)."""
+
+from . import init
+from .attention import MultiHeadAttention
+from .layers import Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, PositionwiseFeedForward
+from .module import Module, ModuleList, Parameter, StateDictError
+from .presets import PRESETS
+from .transformer import Decoder, DecoderLayer, DecoderState, Encoder, EncoderLayer, Transformer
+
+__all__ = [
+    "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding", "LayerNorm",
+    "Dropout", "PositionalEncoding", "PositionwiseFeedForward", "MultiHeadAttention",
+    "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState",
+    "PRESETS", "init",
+]

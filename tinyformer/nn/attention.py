@@ -1,0 +1,83 @@
+"""Multi-head attention (§3.2.2) with an optional key/value cache for incremental decoding."""
+
+from .. import functional as F
+from ..ops import concat
+from .layers import Linear, _check_positive
+from .module import Module
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(Module):
+    """MultiHead(Q, K, V) = Concat(head₁, ..., head_h) W_O, headᵢ = Attention(Q W_Qᵢ, K W_Kᵢ, V W_Vᵢ).
+
+    The h projections of size d_k = d_model / h are computed as one d_model × d_model
+    matrix each for Q, K and V, then split into heads by reshape and transpose.
+    ``dropout`` drops attention probabilities during training.
+    """
+
+    def __init__(self, d_model, heads, dropout=0.0, generator=None):
+        super().__init__()
+        _check_positive("d_model", d_model)
+        _check_positive("heads", heads)
+        if d_model % heads:
+            raise ValueError(
+                f"MultiHeadAttention: d_model={d_model} is not divisible by heads={heads}"
+            )
+        F._check_probability(dropout, "MultiHeadAttention: dropout")
+        self.d_model, self.heads, self.d_k, self.dropout = d_model, heads, d_model // heads, dropout
+        self.generator = generator
+        self.w_q = Linear(d_model, d_model, generator=generator)
+        self.w_k = Linear(d_model, d_model, generator=generator)
+        self.w_v = Linear(d_model, d_model, generator=generator)
+        self.w_o = Linear(d_model, d_model, generator=generator)
+        self.last_weights = None
+
+    def _split(self, x):
+        """(batch, len, d_model) -> (batch, heads, len, d_k)."""
+        batch, length = x.shape[0], x.shape[1]
+        return x.reshape(batch, length, self.heads, self.d_k).transpose(0, 2, 1, 3)
+
+    def _merge(self, x):
+        """(batch, heads, len, d_k) -> (batch, len, d_model)."""
+        batch, length = x.shape[0], x.shape[2]
+        return x.transpose(0, 2, 1, 3).reshape(batch, length, self.d_model)
+
+    def forward(self, query, key=None, value=None, mask=None, causal=False, cache=None,
+                static_kv=False, need_weights=False):
+        """Attend from ``query`` (batch, len_q, d_model) to ``key``/``value`` (batch, len_k, d_model).
+
+        ``key`` and ``value`` default to ``query`` (self-attention). ``mask`` is a
+        boolean keep-mask broadcastable to (batch, heads, len_q, len_k);
+        ``causal=True`` hides later positions. ``cache`` (a dict, filled here) makes
+        decoding incremental: for self-attention (``static_kv=False``) this step's
+        keys and values are appended to the cached ones; for attention over a fixed
+        memory (``static_kv=True``) they are projected once and reused. With
+        ``need_weights=True`` the probabilities are kept in ``last_weights``.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.ndim != 3 or x.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"MultiHeadAttention: {name} must be (batch, len, {self.d_model}), got shape {x.shape}"
+                )
+        q = self._split(self.w_q(query))
+        if cache is not None and static_kv and "k" in cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            k, v = self._split(self.w_k(key)), self._split(self.w_v(value))
+            if cache is not None and not static_kv and "k" in cache:
+                k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
+        if cache is not None:
+            cache["k"], cache["v"] = k, v
+        out, weights = F.scaled_dot_product_attention(
+            q, k, v, mask=mask, causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=True, generator=self.generator,
+        )
+        self.last_weights = weights.detach() if need_weights else None
+        return self.w_o(self._merge(out))
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, heads={self.heads}, dropout={self.dropout}"

@@ -1,0 +1,220 @@
+"""Encoder and decoder stacks and the full Transformer (§3.1, §3.4, §3.5)."""
+
+from .. import functional as F
+from ..random import make_generator
+from .attention import MultiHeadAttention
+from .layers import Dropout, Embedding, LayerNorm, PositionalEncoding, PositionwiseFeedForward, scale_embedding
+from .module import Module, ModuleList
+
+__all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState"]
+
+
+class _Residual(Module):
+    """One sub-layer connection: LayerNorm(x + Dropout(f(x))) (post-LN, §5.4) or x + Dropout(f(LayerNorm(x))) (pre-LN)."""
+
+    def __init__(self, d_model, dropout, norm_first, eps):
+        super().__init__()
+        self.norm = LayerNorm(d_model, eps)
+        self.dropout = Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x, sublayer):
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(Module):
+    """Self-attention then the position-wise feed-forward network, each in a residual block."""
+
+    def __init__(self, d_model, heads, d_ff, dropout=0.1, attention_dropout=0.0,
+                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator)
+        self.attn_block = _Residual(d_model, dropout, norm_first, eps)
+        self.ff_block = _Residual(d_model, dropout, norm_first, eps)
+
+    def forward(self, x, mask=None):
+        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask))
+        return self.ff_block(x, self.feed_forward)
+
+
+class DecoderLayer(Module):
+    """Masked self-attention, attention over the encoder output, then the feed-forward network."""
+
+    def __init__(self, d_model, heads, d_ff, dropout=0.1, attention_dropout=0.0,
+                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator)
+        self.self_block = _Residual(d_model, dropout, norm_first, eps)
+        self.cross_block = _Residual(d_model, dropout, norm_first, eps)
+        self.ff_block = _Residual(d_model, dropout, norm_first, eps)
+
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, cache=None):
+        """``cache`` ({"self": {}, "cross": {}}) holds keys/values between decoding steps."""
+        self_cache = cross_cache = None
+        if cache is not None:
+            self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
+        x = self.self_block(
+            x, lambda h: self.self_attn(h, mask=tgt_mask, causal=True, cache=self_cache)
+        )
+        x = self.cross_block(
+            x, lambda h: self.cross_attn(h, memory, memory, mask=memory_mask,
+                                         cache=cross_cache, static_kv=True)
+        )
+        return self.ff_block(x, self.feed_forward)
+
+
+class Encoder(Module):
+    """N identical encoder layers (plus a final LayerNorm when pre-LN)."""
+
+    def __init__(self, num_layers, d_model, norm_first=False, eps=1e-5, **layer_args):
+        super().__init__()
+        self.layers = ModuleList(
+            EncoderLayer(d_model, norm_first=norm_first, eps=eps, **layer_args) for _ in range(num_layers)
+        )
+        self.final_norm = LayerNorm(d_model, eps) if norm_first else None
+
+    def forward(self, x, mask=None):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Decoder(Module):
+    """N identical decoder layers (plus a final LayerNorm when pre-LN)."""
+
+    def __init__(self, num_layers, d_model, norm_first=False, eps=1e-5, **layer_args):
+        super().__init__()
+        self.layers = ModuleList(
+            DecoderLayer(d_model, norm_first=norm_first, eps=eps, **layer_args) for _ in range(num_layers)
+        )
+        self.final_norm = LayerNorm(d_model, eps) if norm_first else None
+
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, state=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, memory_mask, tgt_mask, None if state is None else state.caches[i])
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class DecoderState:
+    """What incremental decoding carries between steps: per-layer key/value caches and the position."""
+
+    def __init__(self, num_layers):
+        self.caches = [{} for _ in range(num_layers)]
+        self.position = 0
+
+    def reorder(self, index):
+        """Keep batch rows ``index`` (an integer array) of every cache, e.g. surviving beams."""
+        for cache in self.caches:
+            for part in cache.values():
+                for name in list(part):
+                    part[name] = part[name][index]
+
+
+class Transformer(Module):
+    """The encoder-decoder Transformer of §3 with tied embeddings (§3.4).
+
+    Token ids → embedding × √d_model + positional encoding → dropout → N encoder
+    layers; the decoder does the same on the shifted target, attends to the
+    encoder output, and its output is projected on the target embedding matrix
+    to give logits. With one shared vocabulary (``tgt_vocab_size`` None) the
+    source embedding, target embedding and pre-softmax projection are a single
+    matrix; with two vocabularies the target embedding is the projection.
+    """
+
+    def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
+                 num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+                 label_smoothing=0.1, max_len=1024, pad_id=0, norm_first=False, eps=1e-5,
+                 seed=None):
+        super().__init__()
+        self.config = dict(
+            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
+            d_ff=d_ff, heads=heads, num_layers=num_layers, dropout=dropout,
+            attention_dropout=attention_dropout, activation_dropout=activation_dropout,
+            label_smoothing=label_smoothing, max_len=max_len, pad_id=pad_id,
+            norm_first=norm_first, eps=eps, seed=seed,
+        )
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+        generator = None if seed is None else make_generator(seed)
+        self.d_model, self.pad_id = d_model, pad_id
+        self.shared_vocab = tgt_vocab_size is None
+        self.label_smoothing = label_smoothing
+        self.src_embed = Embedding(src_vocab_size, d_model, generator)
+        self.tgt_embed = self.src_embed if self.shared_vocab else Embedding(tgt_vocab_size, d_model, generator)
+        self.positional = PositionalEncoding(d_model, max_len)
+        self.embed_dropout = Dropout(dropout)
+        layer_args = dict(heads=heads, d_ff=d_ff, dropout=dropout, attention_dropout=attention_dropout,
+                          activation_dropout=activation_dropout, generator=generator)
+        self.encoder = Encoder(num_layers, d_model, norm_first, eps, **layer_args)
+        self.decoder = Decoder(num_layers, d_model, norm_first, eps, **layer_args)
+
+    @classmethod
+    def from_preset(cls, name, vocab_size=None, **overrides):
+        """A model of a named size (see ``tinyformer.nn.presets``), e.g. ``from_preset("base", vocab_size=37000)``."""
+        from .presets import preset_config
+
+        return cls(**preset_config(name, vocab_size, **overrides))
+
+    @property
+    def src_vocab_size(self):
+        return self.src_embed.vocab_size
+
+    @property
+    def tgt_vocab_size(self):
+        return self.tgt_embed.vocab_size
+
+    def _embed(self, embedding, ids, offset=0):
+        x = scale_embedding(embedding(ids), self.d_model)
+        return self.embed_dropout(self.positional(x, offset))
+
+    def source_mask(self, src):
+        """Keep-mask (batch, 1, 1, len_src) hiding source padding."""
+        return F.padding_mask(src, self.pad_id)
+
+    def encode(self, src, src_mask=None):
+        """Source ids (batch, len_src) -> memory (batch, len_src, d_model)."""
+        _check_ids_2d(src, "src")
+        if src_mask is None:
+            src_mask = self.source_mask(src)
+        return self.encoder(self._embed(self.src_embed, src), src_mask)
+
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, state=None):
+        """Target ids (batch, len_tgt) and memory -> logits (batch, len_tgt, tgt_vocab).
+
+        Self-attention is causal. With ``state`` (from ``init_state``) ``tgt`` holds
+        only the new tokens: earlier keys and values come from the cache.
+        """
+        _check_ids_2d(tgt, "tgt")
+        offset = 0 if state is None else state.position
+        x = self._embed(self.tgt_embed, tgt, offset)
+        h = self.decoder(x, memory, src_mask, tgt_mask, state)
+        if state is not None:
+            state.position += tgt.shape[1]
+        return F.linear(h, self.tgt_embed.weight)
+
+    def init_state(self):
+        """An empty DecoderState for incremental decoding."""
+        return DecoderState(len(self.decoder.layers))
+
+    def forward(self, src, tgt_in, src_mask=None, tgt_mask=None):
+        """Teacher-forced logits (batch, len_tgt, tgt_vocab) for target inputs ``tgt_in``."""
+        if src_mask is None:
+            src_mask = self.source_mask(src)
+        memory = self.encode(src, src_mask)
+        return self.decode(tgt_in, memory, src_mask, tgt_mask)
+
+    def extra_repr(self):
+        c = self.config
+        return (f"N={c['num_layers']}, d_model={c['d_model']}, d_ff={c['d_ff']}, heads={c['heads']}, "
+                f"vocab={self.src_vocab_size}" + ("" if self.shared_vocab else f"/{self.tgt_vocab_size}"))
+
+
+def _check_ids_2d(ids, name):
+    shape = getattr(ids, "shape", None)
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"{name} must be token ids of shape (batch, len), got shape {shape}")

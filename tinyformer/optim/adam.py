@@ -1,0 +1,136 @@
+"""Adam (Kingma & Ba, 2015) with the paper's settings β₁ = 0.9, β₂ = 0.98, ε = 10⁻⁹ (§5.3)."""
+
+import math
+
+from .. import backend
+
+__all__ = ["Adam", "clip_grad_norm"]
+
+
+def clip_grad_norm(params, max_norm):
+    """Scale every gradient by min(1, max_norm / ‖g‖) where ‖g‖ is the norm of all of them together.
+
+    Returns the norm before clipping (``inf`` or ``nan`` if a gradient is not finite;
+    gradients are then left as they are).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = math.sqrt(sum(float((g.astype("float64") ** 2).sum()) for g in grads))
+    if max_norm is not None and math.isfinite(total) and total > max_norm:
+        scale = max_norm / (total + 1e-12)
+        for g in grads:
+            g *= g.dtype.type(scale)
+    return total
+
+
+class Adam:
+    """m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  θ ← θ − lr · m̂ / (√v̂ + ε) with m̂ = m/(1−β₁ᵗ), v̂ = v/(1−β₂ᵗ).
+
+    ``lr`` is a number or a schedule: a callable of the step number (1, 2, ...)
+    such as ``NoamSchedule``. ``max_grad_norm`` clips the global gradient norm
+    first; ``weight_decay`` adds λθ to the gradient (L2, as ``torch.optim.Adam``).
+    Parameters without a gradient are skipped.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
+                 max_grad_norm=None):
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("Adam: params is empty")
+        ids = [id(p) for p in self.params]
+        if len(set(ids)) != len(ids):
+            raise ValueError("Adam: a parameter appears more than once in params")
+        if not callable(lr) and not lr > 0:
+            raise ValueError(f"Adam: lr must be positive or a schedule, got {lr!r}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"Adam: betas must lie in [0, 1), got {betas}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"Adam: max_grad_norm must be positive, got {max_grad_norm!r}")
+        self.lr, self.betas, self.eps = lr, tuple(betas), eps
+        self.weight_decay, self.max_grad_norm = weight_decay, max_grad_norm
+        self.step_count = 0
+        self.m = [None] * len(self.params)
+        self.v = [None] * len(self.params)
+        self.last_grad_norm = None
+
+    def current_lr(self, step=None):
+        """The learning rate used at ``step`` (default: the next step)."""
+        step = self.step_count + 1 if step is None else step
+        return float(self.lr(step)) if callable(self.lr) else float(self.lr)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        """One update from the parameters' current ``.grad``; returns the gradient norm."""
+        self.last_grad_norm = clip_grad_norm(self.params, self.max_grad_norm)
+        self.step_count += 1
+        t = self.step_count
+        lr = self.current_lr(t)
+        beta1, beta2 = self.betas
+        bias1, bias2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        step_size = lr / bias1
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            if self.weight_decay:
+                g = g + self.weight_decay * p.data
+            xp = backend.get_array_module(p.data)
+            if self.m[i] is None:
+                self.m[i] = xp.zeros_like(p.data)
+                self.v[i] = xp.zeros_like(p.data)
+            m, v = self.m[i], self.v[i]
+            m *= beta1
+            m += (1.0 - beta1) * g
+            v *= beta2
+            v += (1.0 - beta2) * (g * g)
+            denom = xp.sqrt(v / bias2)
+            denom += self.eps
+            p.data -= step_size * (m / denom)
+        return self.last_grad_norm
+
+    def state_dict(self):
+        """Step count, hyper-parameters and moments (NumPy copies; None for untouched parameters)."""
+        return {
+            "step_count": self.step_count,
+            "betas": self.betas,
+            "eps": self.eps,
+            "weight_decay": self.weight_decay,
+            "max_grad_norm": self.max_grad_norm,
+            "lr": None if callable(self.lr) else self.lr,
+            "schedule": self.lr.state_dict() if hasattr(self.lr, "state_dict") else None,
+            "m": [None if a is None else backend.to_numpy(a).copy() for a in self.m],
+            "v": [None if a is None else backend.to_numpy(a).copy() for a in self.v],
+        }
+
+    def load_state_dict(self, state):
+        """Restore from ``state_dict()``; checks the parameter count and every moment's shape first."""
+        m, v = state["m"], state["v"]
+        if len(m) != len(self.params) or len(v) != len(self.params):
+            raise ValueError(
+                f"Adam.load_state_dict: state has moments for {len(m)} parameters, "
+                f"the optimizer holds {len(self.params)}"
+            )
+        for i, (p, mi) in enumerate(zip(self.params, m)):
+            if mi is not None and tuple(mi.shape) != p.shape:
+                raise ValueError(
+                    f"Adam.load_state_dict: moment {i} has shape {tuple(mi.shape)}, "
+                    f"parameter {i} has shape {p.shape}"
+                )
+        self.step_count = int(state["step_count"])
+        self.betas, self.eps = tuple(state["betas"]), state["eps"]
+        self.weight_decay, self.max_grad_norm = state["weight_decay"], state["max_grad_norm"]
+        if state.get("lr") is not None:
+            self.lr = state["lr"]
+        elif state.get("schedule") is not None and hasattr(self.lr, "load_state_dict"):
+            self.lr.load_state_dict(state["schedule"])
+
+        def restore(a, p):
+            return None if a is None else backend.like(a, p.data).astype(p.data.dtype, copy=True)
+
+        self.m = [restore(a, p) for a, p in zip(m, self.params)]
+        self.v = [restore(a, p) for a, p in zip(v, self.params)]
+        return self
