@@ -345,6 +345,25 @@ def test_multi_output_function_with_an_unused_output():
     np.testing.assert_array_equal(x.grad, [2, 2, 2, 0, 0, 0])
 
 
+class SplitHalvesLazy(SplitHalves):
+    materialize_grads = False
+    received = None
+
+    def backward(self, g_first, g_second):
+        SplitHalvesLazy.received = (g_first is None, g_second is None)
+        zeros = np.zeros(self.n // 2)
+        return np.concatenate([zeros if g_first is None else g_first,
+                               zeros if g_second is None else g_second])
+
+
+def test_materialize_grads_false_passes_none_for_unused_outputs():
+    x = Tensor(rand(6), requires_grad=True)
+    _first, second = SplitHalvesLazy.apply(x)
+    (second * 3).sum().backward()
+    assert SplitHalvesLazy.received == (True, False)
+    np.testing.assert_array_equal(x.grad, [0, 0, 0, 3, 3, 3])
+
+
 def test_a_backward_returning_the_wrong_shape_is_named():
     x = Tensor(rand(4), requires_grad=True)
     with pytest.raises(RuntimeError, match="WrongShape"):

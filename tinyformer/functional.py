@@ -215,13 +215,14 @@ class Linear(Function):
                 f"input has {x.shape[-1]} features but weight expects {weight.shape[1]}"
             )
         self.x, self.weight = x, weight
-        y = x @ weight.T
+        # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
+        y = (x.reshape(-1, x.shape[-1]) @ weight.T).reshape(x.shape[:-1] + (weight.shape[0],))
         return y if bias is None else y + bias
 
     def backward(self, g):
         need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
-        grad_x = g @ self.weight if need_x else None
         g2 = g.reshape(-1, g.shape[-1])
+        grad_x = (g2 @ self.weight).reshape(self.x.shape) if need_x else None
         grad_w = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need_w else None
         grad_b = g2.sum(axis=0) if need_b else None
         return grad_x, grad_w, grad_b
@@ -272,14 +273,18 @@ class CrossEntropy(Function):
             return loss.reshape(target.shape), nll.reshape(target.shape)
         return loss.sum(), nll.sum()
 
+    materialize_grads = False
+
     def backward(self, g_loss, g_nll):
-        xp = _xp(g_loss)
+        xp = _xp(self.logp)
         p = xp.exp(self.logp)
         vocab = p.shape[-1]
+        zero = xp.zeros((), dtype=p.dtype)
+        g_loss = zero if g_loss is None else g_loss
+        g_nll = zero if g_nll is None else g_nll
         if self.reduction == "none":
             g_loss, g_nll = g_loss.reshape(-1, 1), g_nll.reshape(-1, 1)
-        total = g_loss + g_nll
-        grad = p * total  # both targets sum to one: the p part is shared
+        grad = p * (g_loss + g_nll)  # both targets sum to one: the p part is shared
         grad[self.rows, self.t_safe] -= ((1.0 - self.smoothing) * g_loss + g_nll).reshape(-1)
         if self.smoothing:
             grad -= (self.smoothing / vocab) * g_loss
@@ -373,8 +378,12 @@ class ScaledDotProductAttention(Function):
         self.q, self.k, self.v, self.p, self.p_used = q, k, v, p, p_used
         return p_used @ v, p
 
+    materialize_grads = False
+
     def backward(self, g_out, g_weights):
         q, k, v, p = self.q, self.k, self.v, self.p
+        if g_out is None:
+            g_out = _xp(p).zeros(p.shape[:-1] + v.shape[-1:], dtype=p.dtype)
         need_q, need_k, need_v = self.needs_input_grad[:3]
         grad_v = self.p_used.swapaxes(-1, -2) @ g_out if need_v else None
         grad_q = grad_k = None
@@ -382,7 +391,8 @@ class ScaledDotProductAttention(Function):
             dp = g_out @ v.swapaxes(-1, -2)
             if self.drop is not None:
                 dp = dp * self.drop
-            dp = dp + g_weights
+            if g_weights is not None:
+                dp = dp + g_weights
             ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
             ds *= numpy.asarray(self.scale, dtype=ds.dtype)
             if need_q:

@@ -251,6 +251,8 @@ class Function:
     Subclasses implement ``forward(*arrays, **params)``, returning an array (or a
     tuple of arrays), and ``backward(*grad_outputs)``, returning one gradient per
     positional input (``None`` where there is none), each of that input's shape.
+    With several outputs, those no gradient reached arrive as zeros, or as ``None``
+    when the subclass sets ``materialize_grads = False`` (saving the work).
     ``forward`` stores on ``self`` what ``backward`` needs; ``self.needs_input_grad``
     tells which inputs want a gradient, so work for constants can be skipped.
     Inputs that are not Tensors (Python scalars) are passed through as they are.
@@ -258,6 +260,7 @@ class Function:
 
     inputs = None  # set to the input tensors when the call is recorded; None once freed
     needs_input_grad = ()
+    materialize_grads = True  # False: outputs no gradient reached arrive as None, not zeros
     _hooks = None
     _out_meta = None
 
@@ -427,7 +430,7 @@ def _run_backward(roots, root_grads, retain_graph, capture=None):
             for i, g in enumerate(grads):
                 if (fn, i) in wanted and g is not None:
                     captured[id(wanted[(fn, i)])] = g
-        if fn._out_meta:
+        if fn._out_meta and fn.materialize_grads:
             xp = backend.get_array_module(*[g for g in grads if g is not None])
             grads = [
                 xp.zeros(shape, dtype) if g is None else g
