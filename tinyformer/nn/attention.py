@@ -13,10 +13,12 @@ class MultiHeadAttention(Module):
 
     The h projections of size d_k = d_model / h are computed as one d_model × d_model
     matrix each for Q, K and V, then split into heads by reshape and transpose.
-    ``dropout`` drops attention probabilities during training.
+    ``dropout`` drops attention probabilities during training. ``generator``
+    initialises the projections; dropout masks come from ``dropout_generator``,
+    by default the one ``tinyformer.manual_seed`` resets.
     """
 
-    def __init__(self, d_model, heads, dropout=0.0, generator=None):
+    def __init__(self, d_model, heads, dropout=0.0, generator=None, dropout_generator=None):
         super().__init__()
         _check_positive("d_model", d_model)
         _check_positive("heads", heads)
@@ -26,7 +28,7 @@ class MultiHeadAttention(Module):
             )
         F._check_probability(dropout, "MultiHeadAttention: dropout")
         self.d_model, self.heads, self.d_k, self.dropout = d_model, heads, d_model // heads, dropout
-        self.generator = generator
+        self.dropout_generator = dropout_generator
         self.w_q = Linear(d_model, d_model, generator=generator)
         self.w_k = Linear(d_model, d_model, generator=generator)
         self.w_v = Linear(d_model, d_model, generator=generator)
@@ -74,7 +76,7 @@ class MultiHeadAttention(Module):
         out, weights = F.scaled_dot_product_attention(
             q, k, v, mask=mask, causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
-            return_weights=True, generator=self.generator,
+            return_weights=True, generator=self.dropout_generator,
         )
         self.last_weights = weights.detach() if need_weights else None
         return self.w_o(self._merge(out))

@@ -130,6 +130,8 @@ class Transformer(Module):
                  num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
                  label_smoothing=0.1, max_len=1024, pad_id=0, norm_first=False, eps=1e-5,
                  seed=None):
+        """``seed`` gives the initialisation a generator of its own; dropout always draws
+        from the default generator, which ``tinyformer.manual_seed`` resets."""
         super().__init__()
         self.config = dict(
             src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
@@ -203,6 +205,7 @@ class Transformer(Module):
 
     def forward(self, src, tgt_in, src_mask=None, tgt_mask=None):
         """Teacher-forced logits (batch, len_tgt, tgt_vocab) for target inputs ``tgt_in``."""
+        _check_ids_2d(src, "src")
         if src_mask is None:
             src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)

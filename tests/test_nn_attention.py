@@ -1,0 +1,284 @@
+"""MultiHeadAttention against a per-head NumPy reference, central differences and its cache."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tinyformer as tf
+from tinyformer import nn
+from strategies import leaf, seeds
+
+D_MODEL, HEADS = 8, 2
+
+
+def make_mha(rng, d_model=D_MODEL, heads=HEADS, **kwargs):
+    """A float64 MultiHeadAttention with random weights and non-zero biases."""
+    mha = nn.MultiHeadAttention(d_model, heads, **kwargs).double()
+    for p in mha.parameters():
+        p.data = rng.uniform(-0.8, 0.8, p.shape)
+    return mha
+
+
+def reference(mha, query, key, value, mask=None, causal=False):
+    """Concat(head_1..head_h) W_Oᵀ + b_O with head_i = softmax(Q_i K_iᵀ/√d_k) V_i, per head.
+
+    Q_i uses rows i·d_k..(i+1)·d_k of W_Q (and of b_Q): the per-head projections of
+    §3.2.2 stacked into one matrix. Returns (output, probabilities (B, h, Lq, Lk)).
+    """
+    def proj(linear, x, rows):
+        return x @ linear.weight.data[rows].T + linear.bias.data[rows]
+
+    batch, len_q, _ = query.shape
+    len_k = key.shape[1]
+    keep = np.ones((batch, mha.heads, len_q, len_k), dtype=bool)
+    if mask is not None:
+        keep &= np.broadcast_to(mask, keep.shape)
+    if causal:
+        keep &= np.tril(np.ones((len_q, len_k), dtype=bool), k=len_k - len_q)
+    heads, probs = [], np.zeros(keep.shape)
+    for i in range(mha.heads):
+        rows = slice(i * mha.d_k, (i + 1) * mha.d_k)
+        q, k, v = proj(mha.w_q, query, rows), proj(mha.w_k, key, rows), proj(mha.w_v, value, rows)
+        out = np.zeros((batch, len_q, mha.d_k))
+        for b in range(batch):
+            for t in range(len_q):
+                allowed = keep[b, i, t]
+                if not allowed.any():
+                    continue  # a query with nothing to attend to gets a zero head output
+                scores = q[b, t] @ k[b].T / math.sqrt(mha.d_k)
+                e = np.where(allowed, np.exp(scores - scores[allowed].max()), 0.0)
+                probs[b, i, t] = e / e.sum()
+                out[b, t] = probs[b, i, t] @ v[b]
+        heads.append(out)
+    concat = np.concatenate(heads, axis=-1)
+    return concat @ mha.w_o.weight.data.T + mha.w_o.bias.data, probs
+
+
+@st.composite
+def attention_cases(draw):
+    """(batch, len_q, len_k, self_attention, mask kind, causal)."""
+    batch = draw(st.integers(1, 2))
+    self_attention = draw(st.booleans())
+    len_q = draw(st.integers(1, 4))
+    len_k = len_q if self_attention else draw(st.integers(1, 4))
+    causal = draw(st.booleans())
+    mask_kind = draw(st.sampled_from(["none", "padding", "full"]))
+    return batch, len_q, len_k, self_attention, mask_kind, causal
+
+
+def draw_mask(rng, kind, batch, len_q, len_k):
+    if kind == "none":
+        return None
+    if kind == "padding":  # (B, 1, 1, Lk); batch row 0 fully padded half the time
+        keep = rng.random((batch, 1, 1, len_k)) < 0.7
+        if rng.random() < 0.5:
+            keep[0] = False
+        return keep
+    return rng.random((batch, 1, len_q, len_k)) < 0.6  # a per-query mask, any row may be empty
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=attention_cases(), seed=seeds)
+def test_matches_reference_and_gradients(case, seed):
+    batch, len_q, len_k, self_attention, mask_kind, causal = case
+    rng = np.random.default_rng(seed)
+    mha = make_mha(rng)
+    mask = draw_mask(rng, mask_kind, batch, len_q, len_k)
+    query = leaf(rng.uniform(-1, 1, (batch, len_q, D_MODEL)))
+    params = mha.parameters()
+    assert len(params) == 8
+    if self_attention:
+        out = mha(query, mask=mask, causal=causal)
+        expected, _ = reference(mha, query.data, query.data, query.data, mask, causal)
+        fn = lambda x, *ps: mha(x, mask=mask, causal=causal)  # noqa: E731
+        inputs = [query]
+    else:
+        key = leaf(rng.uniform(-1, 1, (batch, len_k, D_MODEL)))
+        value = leaf(rng.uniform(-1, 1, (batch, len_k, D_MODEL)))
+        out = mha(query, key, value, mask=mask, causal=causal)
+        expected, _ = reference(mha, query.data, key.data, value.data, mask, causal)
+        fn = lambda q, k, v, *ps: mha(q, k, v, mask=mask, causal=causal)  # noqa: E731
+        inputs = [query, key, value]
+    assert out.shape == (batch, len_q, D_MODEL) and out.dtype == np.float64
+    np.testing.assert_allclose(out.data, expected, rtol=1e-10, atol=1e-12)
+    tf.gradcheck(fn, [*inputs, *params])
+
+
+def test_fully_masked_query_gets_only_the_output_bias_and_no_key_gradient():
+    rng = np.random.default_rng(0)
+    mha = make_mha(rng)
+    x, memory = leaf(rng.standard_normal((2, 3, D_MODEL))), leaf(rng.standard_normal((2, 4, D_MODEL)))
+    mask = np.ones((2, 1, 1, 4), dtype=bool)
+    mask[1] = False
+    out = mha(x, memory, mask=mask)
+    np.testing.assert_allclose(out.data[1], np.broadcast_to(mha.w_o.bias.data, (3, D_MODEL)), atol=1e-15)
+    assert np.isfinite(out.data).all()
+    (g_memory,) = tf.grad(out, [memory], rng.standard_normal(out.shape))
+    np.testing.assert_array_equal(g_memory[1], 0.0)
+    assert np.abs(g_memory[0]).max() > 0
+
+
+def test_key_defaults_to_query_and_value_to_key():
+    rng = np.random.default_rng(1)
+    mha = make_mha(rng)
+    x, m = tf.Tensor(rng.standard_normal((2, 3, D_MODEL))), tf.Tensor(rng.standard_normal((2, 4, D_MODEL)))
+    np.testing.assert_array_equal(mha(x).data, mha(x, x, x).data)
+    np.testing.assert_array_equal(mha(x, m).data, mha(x, m, m).data)
+
+
+# ---------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("d_model, heads", [(10, 4), (6, 4), (3, 2)])
+def test_d_model_not_divisible_by_heads(d_model, heads):
+    with pytest.raises(ValueError) as error:
+        nn.MultiHeadAttention(d_model, heads)
+    message = str(error.value)
+    assert f"d_model={d_model}" in message and f"heads={heads}" in message
+
+
+def test_mask_of_wrong_shape_names_mask_and_shapes():
+    mha = nn.MultiHeadAttention(D_MODEL, HEADS)
+    x = tf.Tensor(np.zeros((2, 3, D_MODEL), dtype=np.float32))
+    with pytest.raises(ValueError) as error:
+        mha(x, mask=np.ones((2, 1, 1, 4), dtype=bool))
+    message = str(error.value)
+    assert "mask" in message and "(2, 1, 1, 4)" in message and "(2, 2, 3, 3)" in message
+    with pytest.raises(ValueError, match="mask"):
+        mha(x, mask=np.ones((3, 1, 1, 3), dtype=bool))  # wrong batch
+    with pytest.raises(TypeError, match="boolean"):
+        mha(x, mask=np.ones((2, 1, 1, 3), dtype=np.int64))
+
+
+@pytest.mark.parametrize(
+    "name, shapes",
+    [
+        ("query", [(3, D_MODEL), None]),
+        ("query", [(2, 3, D_MODEL + 1), None]),
+        ("key", [(2, 3, D_MODEL), (2, 4, D_MODEL - 2)]),
+        ("key", [(2, 3, D_MODEL), (1, 2, 4, D_MODEL)]),
+    ],
+)
+def test_wrong_input_rank_or_features_name_the_input(name, shapes):
+    mha = nn.MultiHeadAttention(D_MODEL, HEADS)
+    q_shape, k_shape = shapes
+    query = tf.Tensor(np.zeros(q_shape, dtype=np.float32))
+    key = None if k_shape is None else tf.Tensor(np.zeros(k_shape, dtype=np.float32))
+    with pytest.raises(ValueError) as error:
+        mha(query, key)
+    message = str(error.value)
+    assert name in message and str(q_shape if name == "query" else k_shape) in message
+
+
+# ---------------------------------------------------------------------------- incremental decoding
+@pytest.mark.parametrize("batch, length", [(1, 1), (2, 5), (3, 4)])
+def test_cached_self_attention_equals_full_causal_pass(batch, length):
+    rng = np.random.default_rng(length)
+    mha = make_mha(rng).eval()
+    x = tf.Tensor(rng.standard_normal((batch, length, D_MODEL)))
+    full = mha(x, causal=True).data
+    cache = {}
+    steps = []
+    for t in range(length):
+        steps.append(mha(x[:, t:t + 1], causal=True, cache=cache).data)
+        assert cache["k"].shape == cache["v"].shape == (batch, HEADS, t + 1, D_MODEL // HEADS)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=1e-10)
+
+
+def test_cached_self_attention_in_chunks():
+    rng = np.random.default_rng(7)
+    mha = make_mha(rng)
+    x = tf.Tensor(rng.standard_normal((2, 5, D_MODEL)))
+    full = mha(x, causal=True).data
+    cache = {}
+    first = mha(x[:, :2], causal=True, cache=cache).data
+    rest = mha(x[:, 2:], causal=True, cache=cache).data
+    np.testing.assert_allclose(np.concatenate([first, rest], axis=1), full, atol=1e-10)
+
+
+def test_static_kv_cache_projects_memory_once():
+    rng = np.random.default_rng(3)
+    mha = make_mha(rng)
+    x = tf.Tensor(rng.standard_normal((2, 4, D_MODEL)))
+    memory = tf.Tensor(rng.standard_normal((2, 5, D_MODEL)))
+    mask = np.array([True, True, True, False, False])[None, None, None, :].repeat(2, axis=0)
+    full = mha(x, memory, mask=mask).data
+    cache = {}
+    first = mha(x[:, :1], memory, mask=mask, cache=cache, static_kv=True).data
+    k, v = cache["k"], cache["v"]
+    assert k.shape == (2, HEADS, 5, D_MODEL // HEADS)
+    steps = [first]
+    other_memory = tf.Tensor(rng.standard_normal((2, 5, D_MODEL)))  # ignored: the cache wins
+    for t in range(1, 4):
+        steps.append(mha(x[:, t:t + 1], other_memory, mask=mask, cache=cache, static_kv=True).data)
+        assert cache["k"] is k and cache["v"] is v
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=1e-10)
+
+
+def test_cache_gradient_reaches_earlier_steps():
+    # Cached keys stay in the graph: a later step's output depends on earlier inputs.
+    rng = np.random.default_rng(4)
+    mha = make_mha(rng)
+    x = leaf(rng.standard_normal((1, 3, D_MODEL)))
+
+    def stepwise(x):
+        cache = {}
+        return [mha(x[:, t:t + 1], causal=True, cache=cache) for t in range(3)]
+
+    def full(x):
+        return mha(x, causal=True)
+
+    upstream = rng.standard_normal((1, 3, D_MODEL))
+    (g_full,) = tf.grad(full(x), [x], upstream)
+    outs = stepwise(x)
+    (g_steps,) = tf.grad(outs, [x], [upstream[:, t:t + 1] for t in range(3)])
+    np.testing.assert_allclose(g_steps, g_full, atol=1e-10)
+    tf.gradcheck(stepwise, [x])
+
+
+# ---------------------------------------------------------------------------- weights
+def test_need_weights_keeps_probabilities():
+    rng = np.random.default_rng(5)
+    mha = make_mha(rng)
+    q, kv = tf.Tensor(rng.standard_normal((2, 3, D_MODEL))), tf.Tensor(rng.standard_normal((2, 4, D_MODEL)))
+    mask = np.ones((2, 1, 3, 4), dtype=bool)
+    mask[0, 0, 1] = False  # one fully masked query row
+    mask[1, 0, :, 2:] = False
+    mha(q, kv, mask=mask, need_weights=True)
+    weights = mha.last_weights
+    assert isinstance(weights, tf.Tensor) and not weights.requires_grad
+    assert weights.shape == (2, HEADS, 3, 4)
+    sums = weights.data.sum(axis=-1)
+    expected_sums = np.ones((2, HEADS, 3))
+    expected_sums[0, :, 1] = 0.0
+    np.testing.assert_allclose(sums, expected_sums, atol=1e-12)
+    np.testing.assert_array_equal(weights.data[1, :, :, 2:], 0.0)
+    _, probs = reference(mha, q.data, kv.data, kv.data, mask)
+    np.testing.assert_allclose(weights.data, probs, rtol=1e-10, atol=1e-14)
+    mha(q, kv, mask=mask)
+    assert mha.last_weights is None
+
+
+def test_causal_weights_are_lower_triangular():
+    rng = np.random.default_rng(6)
+    mha = make_mha(rng)
+    mha(tf.Tensor(rng.standard_normal((1, 4, D_MODEL))), causal=True, need_weights=True)
+    w = mha.last_weights.data
+    assert np.all(np.triu(w[0, 0], k=1) == 0) and np.all(np.triu(w[0, 1], k=1) == 0)
+    np.testing.assert_allclose(w.sum(axis=-1), 1.0, atol=1e-12)
+    assert w[0, 0, 0, 0] == pytest.approx(1.0)
+
+
+def test_attention_dropout_only_in_training_and_repeatable():
+    rng = np.random.default_rng(8)
+    mha = make_mha(rng, dropout=0.5)
+    plain = make_mha(np.random.default_rng(8))
+    x = tf.Tensor(rng.standard_normal((2, 4, D_MODEL)))
+    tf.manual_seed(1)
+    a = mha(x).data
+    tf.manual_seed(1)
+    np.testing.assert_array_equal(mha(x).data, a)
+    assert not np.allclose(a, plain(x).data)
+    mha.eval()
+    np.testing.assert_allclose(mha(x).data, plain(x).data, rtol=1e-12, atol=1e-12)

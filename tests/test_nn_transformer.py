@@ -1,0 +1,338 @@
+"""The full Transformer: presets, tying, gradients, causality, padding, caching, dropout, training."""
+
+import gc
+import math
+import time
+
+import numpy as np
+import pytest
+
+import tinyformer as tf
+from tinyformer import functional as F
+from tinyformer import nn, optim
+
+SRC = np.array([[3, 4, 5, 6, 0], [2, 6, 1, 7, 9], [5, 8, 0, 0, 0]])
+TGT = np.array([[1, 3, 4, 2], [1, 8, 9, 9], [1, 2, 10, 3]])
+
+
+def small_model(seed=0, **overrides):
+    """A float64 eval-mode model, small enough for central differences."""
+    config = dict(vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=2, dropout=0.0, seed=seed)
+    config.update(overrides)
+    return nn.Transformer.from_preset("tiny", **config).double().eval()
+
+
+def expected_parameter_count(vocab, d, d_ff, layers, tgt_vocab=None, norm_first=False):
+    attention = 4 * (d * d + d)
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    norm = 2 * d
+    encoder = layers * (attention + ffn + 2 * norm)
+    decoder = layers * (2 * attention + ffn + 3 * norm)
+    finals = 2 * norm if norm_first else 0
+    return vocab * d + (tgt_vocab or 0) * d + encoder + decoder + finals
+
+
+def decoder_output(model, tgt, memory, src_mask):
+    """The last decoder states h (before the output projection), built from public parts (eval mode)."""
+    x = model.positional(model.tgt_embed(tgt) * math.sqrt(model.d_model))
+    return model.decoder(x, memory, src_mask)
+
+
+# ---------------------------------------------------------------------------- presets
+def test_presets_hold_the_papers_numbers():
+    p = nn.PRESETS
+    assert set(p) >= {"base", "big", "small", "tiny"}
+    assert p["base"] == dict(num_layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1, label_smoothing=0.1)
+    assert p["big"] == dict(num_layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3, label_smoothing=0.1)
+    for name, (layers, d, d_ff, heads) in {"small": (3, 256, 1024, 4), "tiny": (2, 64, 256, 4)}.items():
+        assert (p[name]["num_layers"], p[name]["d_model"], p[name]["d_ff"], p[name]["heads"]) == (layers, d, d_ff, heads)
+
+
+@pytest.mark.parametrize("name, low, high", [("base", 63e6, 65e6), ("big", 210e6, 215e6)])
+def test_paper_sizes_parameter_counts(name, low, high):
+    model = nn.Transformer.from_preset(name, vocab_size=37000)
+    try:
+        count = model.num_parameters()
+        c = nn.PRESETS[name]
+        assert count == expected_parameter_count(37000, c["d_model"], c["d_ff"], c["num_layers"])
+        assert low <= count <= high
+        assert model.src_embed.weight is model.tgt_embed.weight
+        assert model.config["dropout"] == c["dropout"] and model.label_smoothing == 0.1
+        assert len(model.encoder.layers) == len(model.decoder.layers) == 6
+        assert model.decoder.layers[0].self_attn.heads == c["heads"]
+    finally:
+        del model
+        gc.collect()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("tgt_vocab", [None, 7])
+def test_parameter_count_formula(norm_first, tgt_vocab):
+    kwargs = dict(src_vocab_size=13) if tgt_vocab is None else dict(src_vocab_size=13, tgt_vocab_size=tgt_vocab)
+    model = nn.Transformer.from_preset("tiny", norm_first=norm_first, **kwargs)
+    assert model.num_parameters() == expected_parameter_count(13, 64, 256, 2, tgt_vocab, norm_first)
+    assert (model.encoder.final_norm is not None) == norm_first
+
+
+def test_preset_overrides_and_errors():
+    model = nn.Transformer.from_preset("tiny", vocab_size=11, d_model=16, heads=2, num_layers=1)
+    assert model.config["d_model"] == 16 and model.config["d_ff"] == 256 and len(model.encoder.layers) == 1
+    with pytest.raises(ValueError) as error:
+        nn.Transformer.from_preset("huge", vocab_size=11)
+    message = str(error.value)
+    assert "huge" in message and all(name in message for name in ("base", "big", "small", "tiny"))
+    with pytest.raises(TypeError, match="d_modle"):
+        nn.Transformer.from_preset("tiny", vocab_size=11, d_modle=16)
+    with pytest.raises(TypeError):
+        nn.Transformer.from_preset("tiny")  # no vocabulary
+    with pytest.raises(TypeError):
+        nn.Transformer.from_preset("tiny", vocab_size=11, src_vocab_size=11, tgt_vocab_size=9)
+
+
+# ---------------------------------------------------------------------------- tying
+def test_shared_vocabulary_ties_embeddings_and_output_projection():
+    model = small_model()
+    w = model.src_embed.weight
+    assert model.tgt_embed is model.src_embed and model.tgt_embed.weight is w
+    assert sum(p is w for p in model.parameters()) == 1
+    memory = model.encode(SRC)
+    mask = model.source_mask(SRC)
+    logits = model.decode(TGT, memory, mask)
+    assert logits.shape == (3, 4, 11)
+    h = decoder_output(model, TGT, memory, mask).data
+    np.testing.assert_allclose(logits.data, h @ w.data.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(model(SRC, TGT).data, logits.data)
+    # the shared matrix gets gradient from the source side, the target side and the projection
+    (g,) = tf.grad(model(SRC, TGT), [w], np.random.default_rng(0).standard_normal((3, 4, 11)))
+    assert np.abs(g[7]).max() > 0  # id 7 occurs only in the source
+    assert np.abs(g[10]).max() > 0  # id 10 occurs only in the target
+
+
+def test_separate_vocabularies():
+    model = small_model(vocab_size=None, src_vocab_size=13, tgt_vocab_size=7)
+    assert model.src_embed is not model.tgt_embed
+    assert model.src_embed.weight.shape == (13, 8) and model.tgt_embed.weight.shape == (7, 8)
+    assert not model.shared_vocab
+    src = np.array([[12, 3, 0], [11, 5, 6]])
+    tgt = np.array([[1, 6, 2], [1, 3, 3]])
+    memory = model.encode(src)
+    logits = model.decode(tgt, memory, model.source_mask(src))
+    assert logits.shape == (2, 3, 7)
+    h = decoder_output(model, tgt, memory, model.source_mask(src)).data
+    np.testing.assert_allclose(logits.data, h @ model.tgt_embed.weight.data.T, rtol=1e-12, atol=1e-12)
+    names = [n for n, _ in model.named_parameters()]
+    assert "src_embed.weight" in names and "tgt_embed.weight" in names
+    with pytest.raises(IndexError):
+        model(src, np.array([[1, 7, 2], [1, 3, 3]]))  # 7 is a source-only id
+
+
+# ---------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_layer_norm_placements_gradcheck(norm_first):
+    model = small_model(norm_first=norm_first, num_layers=1)
+    params = model.parameters()
+    tf.gradcheck(lambda *ps: model(SRC, TGT), params, mode="fast", seed=1)
+    tf.gradcheck(lambda *ps: model(SRC[:2, :3], TGT[:2, :2]), params[:12], mode="full", seed=2)
+
+
+def test_post_ln_and_pre_ln_differ():
+    post, pre = small_model(seed=3), small_model(seed=3, norm_first=True)
+    pre.load_state_dict(post.state_dict(), strict=False)
+    assert not np.allclose(post(SRC, TGT).data, pre(SRC, TGT).data)
+
+
+def test_whole_tiny_model_gradcheck():
+    tf.manual_seed(0)
+    model = nn.Transformer.from_preset("tiny", vocab_size=11, dropout=0.0).double()
+    params = model.parameters()
+    assert len(params) == len(model.named_parameters())
+    report = tf.gradcheck(lambda *ps: model(SRC, TGT), params, mode="fast", seed=3)
+    assert len(report.inputs) == len(params)
+
+
+def test_gradient_reaches_memory():
+    model = small_model()
+    memory = tf.Tensor(np.random.default_rng(1).standard_normal((3, 5, 8)), requires_grad=True)
+    mask = model.source_mask(SRC)
+    tf.gradcheck(lambda m: model.decode(TGT, m, mask), [memory], mode="full")
+
+
+# ---------------------------------------------------------------------------- causality and padding
+@pytest.mark.parametrize("t", [0, 1, 2])
+def test_decoder_is_causal_in_logits_and_gradients(t):
+    model = small_model()
+    params = model.parameters()
+    rng = np.random.default_rng(t)
+    changed = TGT.copy()
+    changed[:, t + 1] = np.where(TGT[:, t + 1] == 5, 6, 5)
+    a, b = model(SRC, TGT), model(SRC, changed)
+    np.testing.assert_allclose(b.data[:, :t + 1], a.data[:, :t + 1], rtol=0, atol=1e-12)
+    assert not np.allclose(b.data[:, t + 1], a.data[:, t + 1])  # position t+1 itself does change
+    upstream = rng.standard_normal((3, t + 1, 11))
+    grads_a = tf.grad(a[:, :t + 1], params, upstream)
+    grads_b = tf.grad(b[:, :t + 1], params, upstream)
+    for (name, _), ga, gb in zip(model.named_parameters(), grads_a, grads_b):
+        np.testing.assert_allclose(gb, ga, rtol=0, atol=1e-12, err_msg=name)
+    assert any(np.abs(g).max() > 0 for g in grads_a)
+
+
+def test_source_padding_does_not_change_logits():
+    model = small_model()
+    base = model(SRC, TGT).data
+    for extra in (1, 3):
+        padded = np.concatenate([SRC, np.zeros((3, extra), dtype=SRC.dtype)], axis=1)
+        np.testing.assert_allclose(model(padded, TGT).data, base, rtol=0, atol=1e-10)
+    other = SRC.copy()
+    other[2, 1] = 9  # a real token does matter
+    assert not np.allclose(model(other, TGT).data[2], base[2])
+
+
+def test_source_mask_hides_pad_id():
+    model = small_model(pad_id=2)
+    mask = model.source_mask(np.array([[2, 5, 2], [3, 4, 6]]))
+    assert mask.shape == (2, 1, 1, 3) and mask.dtype == bool
+    np.testing.assert_array_equal(mask[:, 0, 0], [[False, True, False], [True, True, True]])
+
+
+# ---------------------------------------------------------------------------- incremental decoding
+def test_incremental_decode_equals_full_decode():
+    model = small_model()
+    memory = model.encode(SRC)
+    mask = model.source_mask(SRC)
+    full = model.decode(TGT, memory, mask).data
+    state = model.init_state()
+    assert len(state.caches) == 2 and state.position == 0
+    steps = []
+    for t in range(TGT.shape[1]):
+        steps.append(model.decode(TGT[:, t:t + 1], memory, src_mask=mask, state=state).data)
+        assert state.position == t + 1
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=1e-10)
+
+
+def test_state_reorder_selects_cached_rows():
+    model = small_model()
+    memory = model.encode(SRC)
+    mask = model.source_mask(SRC)
+    full = model.decode(TGT, memory, mask).data
+    state = model.init_state()
+    for t in range(2):
+        model.decode(TGT[:, t:t + 1], memory, src_mask=mask, state=state)
+    old = {(i, part, name): a.data.copy() for i, c in enumerate(state.caches)
+           for part, d in c.items() for name, a in d.items()}
+    assert {part for _, part, _ in old} == {"self", "cross"}
+    index = np.array([2, 0, 0, 1])
+    state.reorder(index)
+    for (i, part, name), before in old.items():
+        np.testing.assert_array_equal(state.caches[i][part][name].data, before[index])
+    step = model.decode(TGT[index, 2:3], memory[index], src_mask=mask[index], state=state).data
+    np.testing.assert_allclose(step, full[index, 2:3], rtol=0, atol=1e-10)
+
+
+def test_decoding_beyond_max_len_raises():
+    model = small_model(max_len=4)
+    memory = model.encode(SRC[:, :4])
+    mask = model.source_mask(SRC[:, :4])
+    with pytest.raises(ValueError, match="max_len"):
+        model.decode(np.ones((3, 5), dtype=np.int64), memory, mask)
+    state = model.init_state()
+    for _ in range(4):
+        model.decode(np.ones((3, 1), dtype=np.int64), memory, mask, state=state)
+    with pytest.raises(ValueError, match="max_len"):
+        model.decode(np.ones((3, 1), dtype=np.int64), memory, mask, state=state)
+    with pytest.raises(ValueError, match="max_len"):
+        model.encode(SRC)  # 5 source positions
+
+
+# ---------------------------------------------------------------------------- dropout
+def test_dropout_repeats_after_manual_seed_and_eval_has_none():
+    model = small_model(dropout=0.3, attention_dropout=0.2, activation_dropout=0.2, seed=None).train()
+    tf.manual_seed(5)
+    a = model(SRC, TGT).data
+    tf.manual_seed(5)
+    np.testing.assert_array_equal(model(SRC, TGT).data, a)
+    tf.manual_seed(6)
+    assert not np.allclose(model(SRC, TGT).data, a)
+    model.eval()
+    e1, e2 = model(SRC, TGT).data, model(SRC, TGT).data
+    np.testing.assert_array_equal(e1, e2)
+    no_dropout = small_model(seed=None)
+    no_dropout.load_state_dict(model.state_dict())
+    np.testing.assert_allclose(e1, no_dropout(SRC, TGT).data, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(a, e1)
+
+
+def test_dropout_repeats_after_manual_seed_with_seeded_model():
+    model = small_model(seed=7, dropout=0.0, attention_dropout=0.2).train()
+    tf.manual_seed(5)
+    a = model(SRC, TGT).data
+    tf.manual_seed(5)
+    np.testing.assert_array_equal(model(SRC, TGT).data, a)
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("src", [SRC[0], SRC[None]])
+def test_encode_rejects_src_of_wrong_rank(src):
+    model = small_model()
+    with pytest.raises(ValueError, match="src"):
+        model.encode(src)
+
+
+@pytest.mark.parametrize("src", [SRC[0], SRC[None]])
+def test_forward_rejects_src_of_wrong_rank_naming_src(src):
+    model = small_model()
+    with pytest.raises(ValueError, match="src"):
+        model(src, TGT)
+
+
+def test_bad_target_and_ids():
+    model = small_model()
+    with pytest.raises(ValueError, match="tgt"):
+        model(SRC, TGT[0])
+    with pytest.raises(IndexError, match="11"):
+        model(SRC, np.array([[1, 11], [1, 2], [1, 2]]))
+    with pytest.raises(IndexError, match="-1"):
+        model(np.array([[3, -1]]), np.array([[1, 2]]))
+    with pytest.raises(TypeError):
+        model(SRC.astype(np.float64), TGT)
+
+
+# ---------------------------------------------------------------------------- training
+def test_tiny_model_overfits_a_few_pairs():
+    tf.manual_seed(0)
+    vocab, bos = 12, 1
+    rng = np.random.default_rng(0)
+    src = rng.integers(2, vocab, (8, 6))
+    tgt = rng.integers(2, vocab, (8, 5))
+    tgt_in = np.concatenate([np.full((8, 1), bos), tgt[:, :-1]], axis=1)
+    model = nn.Transformer.from_preset("tiny", vocab_size=vocab, dropout=0.0)
+    opt = optim.Adam(model.parameters(), lr=optim.NoamSchedule(64, warmup_steps=10, factor=0.1))
+    start = time.perf_counter()
+    losses = []
+    for _ in range(150):
+        logits = model(src, tgt_in)
+        loss = F.cross_entropy(logits, tgt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if losses[-1] < 0.05:
+            break
+    elapsed = time.perf_counter() - start
+    assert logits.dtype == np.float32
+    assert losses[0] > 1.5  # starts near log(12)
+    assert losses[-1] < 0.1, f"loss only fell to {losses[-1]:.3f} in {len(losses)} steps ({elapsed:.1f}s)"
+    # About 30 steps with this seed and schedule; a step count (not a wall-clock limit) keeps
+    # the test fast and deterministic on a loaded machine.
+    assert len(losses) <= 60, f"{len(losses)} steps ({elapsed:.1f}s) to reach loss {losses[-1]:.3f}"
+    model.eval()
+    np.testing.assert_array_equal(model(src, tgt_in).data.argmax(axis=-1), tgt)
+    # greedy decoding from BOS with the cache reproduces the targets too
+    memory = model.encode(src)
+    mask = model.source_mask(src)
+    state = model.init_state()
+    token = np.full((8, 1), bos)
+    decoded = []
+    for _ in range(5):
+        token = model.decode(token, memory, mask, state=state).data[:, -1].argmax(axis=-1)[:, None]
+        decoded.append(token)
+    np.testing.assert_array_equal(np.concatenate(decoded, axis=1), tgt)
