@@ -10,6 +10,7 @@ Imported as ``from tinyformer import functional as F``.
 """
 
 import math
+import numbers
 
 import numpy
 
@@ -39,8 +40,11 @@ def _xp(*arrays):
 
 
 def _axis(axis, ndim):
+    """One axis as a non-negative int; None or a tuple is an error, not a silent choice."""
     if ndim == 0:
         raise ValueError("needs at least one dimension")
+    if isinstance(axis, bool) or not isinstance(axis, (int, numpy.integer)):
+        raise ValueError(f"axis must be a single int, got {axis!r}")
     return normalize_axes(axis, ndim)[0]
 
 
@@ -148,7 +152,7 @@ class Dropout(Function):
 
 
 def _check_probability(p, name):
-    if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
 
 
@@ -162,7 +166,7 @@ def dropout(x, p=0.1, training=True, generator=None):
     _check_probability(p, "dropout: p")
     if not training or p == 0:
         return x
-    return Dropout.apply(x, p, generator)
+    return Dropout.apply(x, float(p), generator)
 
 
 # ------------------------------------------------------------------------ embedding
