@@ -68,36 +68,43 @@ class DecoderLayer(Module):
         return self.ff_block(x, self.feed_forward)
 
 
-class Encoder(Module):
-    """N identical encoder layers (plus a final LayerNorm when pre-LN)."""
+class _Stack(Module):
+    """N identical layers (plus a final LayerNorm when pre-LN, whose residual stream is unnormalised)."""
+
+    layer_class = None
 
     def __init__(self, num_layers, d_model, norm_first=False, eps=1e-5, **layer_args):
         super().__init__()
         self.layers = ModuleList(
-            EncoderLayer(d_model, norm_first=norm_first, eps=eps, **layer_args) for _ in range(num_layers)
+            self.layer_class(d_model, norm_first=norm_first, eps=eps, **layer_args)
+            for _ in range(num_layers)
         )
         self.final_norm = LayerNorm(d_model, eps) if norm_first else None
+
+    def _finish(self, x):
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Encoder(_Stack):
+    """The encoder: N EncoderLayers."""
+
+    layer_class = EncoderLayer
 
     def forward(self, x, mask=None):
         for layer in self.layers:
             x = layer(x, mask)
-        return x if self.final_norm is None else self.final_norm(x)
+        return self._finish(x)
 
 
-class Decoder(Module):
-    """N identical decoder layers (plus a final LayerNorm when pre-LN)."""
+class Decoder(_Stack):
+    """The decoder: N DecoderLayers; ``state`` carries their caches when decoding step by step."""
 
-    def __init__(self, num_layers, d_model, norm_first=False, eps=1e-5, **layer_args):
-        super().__init__()
-        self.layers = ModuleList(
-            DecoderLayer(d_model, norm_first=norm_first, eps=eps, **layer_args) for _ in range(num_layers)
-        )
-        self.final_norm = LayerNorm(d_model, eps) if norm_first else None
+    layer_class = DecoderLayer
 
     def forward(self, x, memory, memory_mask=None, tgt_mask=None, state=None):
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_mask, tgt_mask, None if state is None else state.caches[i])
-        return x if self.final_norm is None else self.final_norm(x)
+        return self._finish(x)
 
 
 class DecoderState:
