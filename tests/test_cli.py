@@ -48,3 +48,31 @@ def test_attention_example_gradchecks_and_learns():
 def test_engine_benchmark_runs():
     out = run_script("benchmarks/bench_engine.py", "--ops", "200", "--repeats", "1")
     assert "tinyformer: forward" in out and "us/op" in out
+
+
+def test_step_benchmark_runs():
+    out = run_script("benchmarks/bench_step.py", "--preset", "tiny", "--tokens", "256", "--repeats", "2",
+                     "--warmup", "1")
+    assert "256 target tokens" in out and "command:" in out and "versions:" in out
+    header = next(line for line in out.splitlines() if line.startswith("preset"))
+    for field in ("params", "batch", "tgt tokens", "median ms", "min ms", "tokens/s", "traced MB"):
+        assert field in header, header
+    assert "torch" not in header
+    assert any(line.startswith("tiny ") for line in out.splitlines())
+
+
+def test_step_benchmark_markdown_table_holds_positive_figures():
+    out = run_script("benchmarks/bench_step.py", "--preset", "tiny", "--tokens", "64", "--repeats", "1",
+                     "--warmup", "0", "--markdown")
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    header, row = ([c.strip() for c in line.strip("|").split("|")] for line in lines[:2])
+    values = dict(zip(header, row))
+    assert values["preset"] == "tiny" and values["tgt tokens"] == "64"
+    for field in ("median ms", "tokens/s", "traced MB"):
+        assert float(values[field].replace(",", "")) > 0, values
+
+
+def test_reverse_task_example_trains_and_decodes():
+    out = run_script("examples/transformer_reverse_task.py", "--steps", "250")
+    accuracy = float(out.rsplit("cached decoding):", 1)[1].strip().rstrip("%"))
+    assert accuracy >= 30.0, out

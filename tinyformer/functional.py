@@ -260,17 +260,26 @@ class CrossEntropy(Function):
         t = target.reshape(-1)
         keep = xp.ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
         t_safe = xp.where(keep, t, 0)
-        shifted = flat - flat.max(axis=-1, keepdims=True)
-        log_z = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
-        logp = shifted - log_z
         rows = xp.arange(len(t))
-        nll = -logp[rows, t_safe]
-        loss = (1.0 - smoothing) * nll - (smoothing / vocab) * logp.sum(axis=-1) if smoothing else nll
+        # Only p is kept for backward; log p is never materialised:
+        # log pₜ = shiftedₜ − log Z and Σᵥ log pᵥ = Σᵥ shiftedᵥ − V·log Z.
+        shifted = flat - flat.max(axis=-1, keepdims=True)
+        p = xp.exp(shifted)
+        total = p.sum(axis=-1)
+        log_z = xp.log(total)
+        nll = log_z - shifted[rows, t_safe]
+        if smoothing:
+            sum_logp = shifted.sum(axis=-1) - vocab * log_z
+            loss = (1.0 - smoothing) * nll - (smoothing / vocab) * sum_logp
+        else:
+            loss = nll
+        del shifted
+        p /= total[:, None]
         weight = keep.astype(logits.dtype)
         self.count = count = int(keep.sum())
         if reduction == "mean":
             weight = weight / max(count, 1)
-        self.logp, self.t_safe, self.weight, self.rows = logp, t_safe, weight, rows
+        self.p, self.t_safe, self.weight, self.rows = p, t_safe, weight, rows
         self.smoothing, self.shape, self.reduction = smoothing, logits.shape, reduction
         loss, nll = loss * weight, nll * weight
         if reduction == "none":
@@ -280,8 +289,8 @@ class CrossEntropy(Function):
     materialize_grads = False
 
     def backward(self, g_loss, g_nll):
-        xp = _xp(self.logp)
-        p = xp.exp(self.logp)
+        xp = _xp(self.p)
+        p = self.p
         vocab = p.shape[-1]
         zero = xp.zeros((), dtype=p.dtype)
         g_loss = zero if g_loss is None else g_loss

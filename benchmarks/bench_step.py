@@ -1,0 +1,607 @@
+"""One training step of the Transformer (forward, backward, Adam) at about 4,096 target tokens.
+
+For each preset (default ``small`` and ``base``) builds ``Transformer.from_preset`` with a
+shared vocabulary and times whole training steps on one fixed, seeded batch of sentence pairs:
+
+    zero_grad; logits = model(src, tgt_in);
+    loss = cross_entropy(logits, tgt_out, label_smoothing=0.1, ignore_index=pad);
+    loss.backward(); Adam(betas=(0.9, 0.98), eps=1e-9, lr=NoamSchedule(d_model, 4000)).step()
+
+in training mode (dropout as in the preset). It prints the median and the fastest step time,
+tokens/s (target tokens / median) and the peak memory of one step. ``--vs-torch`` builds the same
+model in PyTorch (post-LN ``nn.Transformer``, tied embeddings, same batch, same weights), checks
+that both give the same loss, and times the two in the same run: interleaved step by step
+(default), or ``--order blocks``, each framework's steps back to back as in a real training run.
+
+    python benchmarks/bench_step.py [--preset small,base] [--tokens 4096] [--vs-torch] [--markdown]
+"""
+
+import argparse
+import ctypes
+import datetime
+import gc
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import tracemalloc
+import warnings
+
+import numpy
+
+PAD, BOS, EOS = 0, 1, 2  # token ids; real words are drawn from [3, vocab)
+CHECK_ROWS = 8  # rows of the batch used for the same-model check (eval mode, no dropout)
+
+
+# ----------------------------------------------------------------------------- the batch
+def make_batch(tokens, length, vocab, seed):
+    """Sentence pairs padded to ``length``, rows added until the target holds ``tokens`` tokens.
+
+    Source and target lengths are drawn uniformly from [length - length // 4, length] (a
+    length-bucketed batch, as a token-based batcher builds); the last row's target is cut so the
+    count is exact. A target of n tokens (words plus EOS) gives tgt_in = BOS w1 .. w(n-1) and
+    tgt_out = w1 .. w(n-1) EOS; the target token count is the number of non-pad tgt_out positions
+    (fairseq's ``ntokens``).
+    """
+    if vocab < 4:
+        raise SystemExit("--vocab must be at least 4 (pad, bos, eos and one word)")
+    rng = numpy.random.default_rng(seed)
+    low = max(1, length - length // 4)
+    src_lens, tgt_lens, total = [], [], 0
+    while total < tokens:
+        n = min(int(rng.integers(low, length + 1)), tokens - total)
+        src_lens.append(int(rng.integers(low, length + 1)))
+        tgt_lens.append(n)
+        total += n
+    rows = len(tgt_lens)
+    src = numpy.full((rows, length), PAD, dtype=numpy.int64)
+    tgt_in = numpy.full((rows, length), PAD, dtype=numpy.int64)
+    tgt_out = numpy.full((rows, length), PAD, dtype=numpy.int64)
+    for i, (s, n) in enumerate(zip(src_lens, tgt_lens)):
+        src[i, :s] = rng.integers(3, vocab, s)
+        words = rng.integers(3, vocab, n - 1)
+        tgt_in[i, 0], tgt_in[i, 1:n] = BOS, words
+        tgt_out[i, :n - 1], tgt_out[i, n - 1] = words, EOS
+    return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out,
+            "tgt_tokens": int((tgt_out != PAD).sum()), "src_tokens": int((src != PAD).sum())}
+
+
+# ----------------------------------------------------------------------------- devices
+def synchronize(device):
+    if device == "cuda":
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- memory
+def _read_status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def rss_probe_available():
+    """Linux only: resettable peak RSS (/proc/self/clear_refs, Linux >= 4.0) and glibc's malloc_trim."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        _read_status("VmHWM")
+        ctypes.CDLL(None).malloc_trim
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def rss_growth(step):
+    """Peak resident set during ``step()`` minus the resident set just before it, in bytes.
+
+    Freed heap pages are first handed back to the OS (``malloc_trim``) so that memory reused from
+    earlier steps is counted again; then the kernel's high-water mark is reset and read after the
+    step. Works alike for NumPy and PyTorch (whose CPU tensors come from malloc too).
+    """
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _read_status("VmRSS")
+    step()
+    return _read_status("VmHWM") - before
+
+
+def traced_peak(step):
+    """Peak of the bytes allocated during ``step()`` and still live, as tracemalloc sees them."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        step()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def cupy_pool_growth(step):
+    """Bytes CuPy's default memory pool grows to during ``step()`` above what was in use before it."""
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    synchronize("cuda")
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    step()
+    synchronize("cuda")
+    return pool.total_bytes() - before
+
+
+def torch_cuda_growth(step):
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+# ----------------------------------------------------------------------------- tinyformer
+class TinyformerRunner:
+    def __init__(self, preset, vocab, batch, device, seed):
+        import tinyformer as tf
+        from tinyformer import backend, functional as F, optim
+        from tinyformer.nn import Transformer
+
+        self.F, self.tf = F, tf
+        tf.manual_seed(seed)
+        self.model = Transformer.from_preset(preset, vocab_size=vocab, pad_id=PAD, seed=seed)
+        self.config = self.model.config
+        if device == "cuda":
+            self.model.to("cuda")
+        self.model.train()
+        self.optimizer = optim.Adam(self.model.parameters(), lr=optim.NoamSchedule(self.config["d_model"], 4000),
+                                    betas=(0.9, 0.98), eps=1e-9)
+        move = (lambda a: backend.to_device(a, "cuda")) if device == "cuda" else (lambda a: a)
+        self.src, self.tgt_in, self.tgt_out = (move(batch[k]) for k in ("src", "tgt_in", "tgt_out"))
+        self.device = device
+        self.smoothing = self.config["label_smoothing"]
+
+    def num_parameters(self):
+        return self.model.num_parameters()
+
+    def step(self):
+        self.optimizer.zero_grad()
+        logits = self.model(self.src, self.tgt_in)
+        loss = self.F.cross_entropy(logits, self.tgt_out, label_smoothing=self.smoothing, ignore_index=PAD)
+        loss.backward()
+        self.optimizer.step()
+        value = loss.item()
+        synchronize(self.device)
+        return value
+
+    def eval_loss(self, rows):
+        self.model.eval()
+        try:
+            with self.tf.no_grad():
+                logits = self.model(self.src[:rows], self.tgt_in[:rows])
+                loss = self.F.cross_entropy(logits, self.tgt_out[:rows], label_smoothing=self.smoothing,
+                                            ignore_index=PAD)
+            return loss.item()
+        finally:
+            self.model.train()
+
+
+# ----------------------------------------------------------------------------- PyTorch
+def build_torch_model(config, device):
+    """The same post-LN Transformer in PyTorch, with the dropout placement of tinyformer's preset.
+
+    ``nn.Transformer`` applies its one ``dropout`` also to the attention probabilities and inside
+    the feed-forward network, and adds a final LayerNorm to the encoder and decoder even when
+    post-LN. tinyformer's presets drop only residual sub-layer outputs and the embedding sums (§5.4;
+    ``attention_dropout`` = ``activation_dropout`` = 0) and have no final LayerNorm when post-LN,
+    so those are switched off here; everything else is stock.
+    """
+    import torch
+    from torch import nn
+    from torch.nn import functional as TF
+
+    from tinyformer import functional as F
+
+    d_model, heads, layers = config["d_model"], config["heads"], config["num_layers"]
+
+    class TorchTransformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(config["src_vocab_size"], d_model)
+            nn.init.normal_(self.embed.weight, std=d_model ** -0.5)
+            self.register_buffer("pe", torch.from_numpy(F.sinusoid_table(config["max_len"], d_model)))
+            self.embed_dropout = nn.Dropout(config["dropout"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.transformer = nn.Transformer(
+                    d_model, heads, layers, layers, config["d_ff"], config["dropout"],
+                    batch_first=True, norm_first=False, layer_norm_eps=config["eps"])
+            self.stock_extra = sum(p.numel() for p in self.transformer.encoder.norm.parameters()) + sum(
+                p.numel() for p in self.transformer.decoder.norm.parameters())
+            self.transformer.encoder.norm = None
+            self.transformer.decoder.norm = None
+            for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+                layer.dropout = nn.Dropout(config["activation_dropout"])
+                for attn in (getattr(layer, "self_attn", None), getattr(layer, "multihead_attn", None)):
+                    if attn is not None:
+                        attn.dropout = config["attention_dropout"]
+
+        def _embed(self, ids):
+            x = self.embed(ids) * math.sqrt(d_model) + self.pe[:ids.shape[1]]
+            return self.embed_dropout(x)
+
+        def forward(self, src, tgt_in):
+            src_pad = src == PAD  # True = ignore (PyTorch's convention)
+            length = tgt_in.shape[1]
+            future = torch.triu(torch.ones(length, length, dtype=torch.bool, device=src.device), 1)
+            h = self.transformer(self._embed(src), self._embed(tgt_in), tgt_mask=future,
+                                 src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
+                                 tgt_is_causal=True)
+            return TF.linear(h, self.embed.weight)
+
+    model = TorchTransformer().to(device)
+    return model
+
+
+def copy_weights(tiny, model):
+    """tinyformer's weights into the PyTorch model, so both start from the same point."""
+    import torch
+
+    from tinyformer import backend
+
+    def put(target, *sources):
+        arrays = [backend.to_numpy(s.data) for s in sources]
+        value = torch.from_numpy(numpy.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy())
+        if tuple(value.shape) != tuple(target.shape):
+            raise RuntimeError(f"weight copy: shape {tuple(value.shape)} into {tuple(target.shape)}")
+        target.copy_(value)
+
+    def attention(ours, theirs):
+        put(theirs.in_proj_weight, ours.w_q.weight, ours.w_k.weight, ours.w_v.weight)
+        put(theirs.in_proj_bias, ours.w_q.bias, ours.w_k.bias, ours.w_v.bias)
+        put(theirs.out_proj.weight, ours.w_o.weight)
+        put(theirs.out_proj.bias, ours.w_o.bias)
+
+    def norm(ours, theirs):
+        put(theirs.weight, ours.weight)
+        put(theirs.bias, ours.bias)
+
+    def feed_forward(ours, theirs):
+        put(theirs.linear1.weight, ours.linear1.weight)
+        put(theirs.linear1.bias, ours.linear1.bias)
+        put(theirs.linear2.weight, ours.linear2.weight)
+        put(theirs.linear2.bias, ours.linear2.bias)
+
+    with torch.no_grad():
+        put(model.embed.weight, tiny.src_embed.weight)
+        for ours, theirs in zip(tiny.encoder.layers, model.transformer.encoder.layers):
+            attention(ours.self_attn, theirs.self_attn)
+            feed_forward(ours.feed_forward, theirs)
+            norm(ours.attn_block.norm, theirs.norm1)
+            norm(ours.ff_block.norm, theirs.norm2)
+        for ours, theirs in zip(tiny.decoder.layers, model.transformer.decoder.layers):
+            attention(ours.self_attn, theirs.self_attn)
+            attention(ours.cross_attn, theirs.multihead_attn)
+            feed_forward(ours.feed_forward, theirs)
+            norm(ours.self_block.norm, theirs.norm1)
+            norm(ours.cross_block.norm, theirs.norm2)
+            norm(ours.ff_block.norm, theirs.norm3)
+
+
+class TorchRunner:
+    def __init__(self, config, batch, device, seed):
+        import torch
+        from torch.nn import functional as TF
+
+        from tinyformer.optim import NoamSchedule
+
+        self.torch, self.TF = torch, TF
+        torch.manual_seed(seed)
+        self.device = device
+        self.model = build_torch_model(config, device)
+        self.model.train()
+        self.vocab = config["src_vocab_size"]
+        self.smoothing = config["label_smoothing"]
+        noam = NoamSchedule(config["d_model"], 4000)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        # LambdaLR counts from 0; tinyformer's schedule from 1.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: noam(i + 1))
+        self.src, self.tgt_in, self.tgt_out = (torch.from_numpy(batch[k]).to(device)
+                                               for k in ("src", "tgt_in", "tgt_out"))
+
+    def num_parameters(self):
+        return sum(p.numel() for p in self.model.parameters())
+
+    def _loss(self, logits, target):
+        return self.TF.cross_entropy(logits.reshape(-1, self.vocab), target.reshape(-1), ignore_index=PAD,
+                                     label_smoothing=self.smoothing)
+
+    def step(self):
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._loss(self.model(self.src, self.tgt_in), self.tgt_out)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        value = loss.item()
+        synchronize(self.device)
+        return value
+
+    def eval_loss(self, rows):
+        # Grad stays enabled so that PyTorch takes its ordinary path, not the inference fast path.
+        self.model.eval()
+        try:
+            loss = self._loss(self.model(self.src[:rows], self.tgt_in[:rows]), self.tgt_out[:rows])
+            return loss.item()
+        finally:
+            self.model.train()
+
+
+# ----------------------------------------------------------------------------- reporting
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_info():
+    try:
+        blas = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name = f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:
+        name = "unknown BLAS"
+    try:
+        from threadpoolctl import threadpool_info
+
+        threads = sorted({f"{p['internal_api']} {p['num_threads']} threads" for p in threadpool_info()
+                          if p.get("user_api") == "blas"})
+        return f"{name} ({', '.join(threads) or 'thread count unknown'}, via threadpoolctl)"
+    except ImportError:
+        env = [f"{k}={os.environ[k]}" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+               if k in os.environ]
+        return f"{name} ({', '.join(env) or 'threads: library default'}; threadpoolctl not installed)"
+
+
+def command_line():
+    script = sys.argv[0]
+    try:
+        script = os.path.relpath(script)
+    except ValueError:
+        pass
+    if os.path.isabs(script) or script.startswith(".."):
+        script = os.path.join("benchmarks", os.path.basename(script))
+    return " ".join(["python", shlex.quote(script), *map(shlex.quote, sys.argv[1:])])
+
+
+def mb(value):
+    return "n/a" if value is None else f"{value / 2**20:,.0f}"
+
+
+def print_table(header, rows, markdown):
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    print(fmt(header))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(fmt(row))
+
+
+# ----------------------------------------------------------------------------- main
+def parse_presets(values):
+    from tinyformer.nn.presets import PRESETS
+
+    names = [n.strip() for v in (values or ["small,base"]) for n in v.split(",") if n.strip()]
+    for n in names:
+        if n not in PRESETS:
+            raise SystemExit(f"unknown preset {n!r}; known: {', '.join(PRESETS)}")
+    return names
+
+
+def measure(preset, args, batch, lines):
+    tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed)
+    torch_runner = None
+    result = {"preset": preset, "params": tiny.num_parameters()}
+    if args.vs_torch:
+        torch_runner = TorchRunner(tiny.config, batch, args.device, args.seed)
+        result["torch_params"] = torch_runner.num_parameters()
+        copy_weights(tiny.model, torch_runner.model)
+        rows = min(CHECK_ROWS, len(batch["src"]))
+        ours, theirs = tiny.eval_loss(rows), torch_runner.eval_loss(rows)
+        lines.append(f"{preset}: same-model check (tinyformer's weights copied into PyTorch, eval mode, first "
+                     f"{rows} rows): loss {ours:.6f} vs {theirs:.6f}, |diff| {abs(ours - theirs):.1e}; "
+                     f"parameters {result['params']:,} vs {result['torch_params']:,} (stock nn.Transformer "
+                     f"would add {torch_runner.model.stock_extra:,} for its final LayerNorms, removed here)")
+
+    runners = [("tf", tiny)] + ([("torch", torch_runner)] if torch_runner else [])
+    times = {name: [] for name, _ in runners}
+    losses = {}
+
+    def timed(name, runner):
+        start = time.perf_counter()
+        losses[name] = runner.step()
+        times[name].append(time.perf_counter() - start)
+
+    if args.order == "interleaved":  # machine noise hits both alike
+        for _ in range(args.warmup):
+            for _, runner in runners:
+                runner.step()
+        for _ in range(args.repeats):
+            for name, runner in runners:
+                timed(name, runner)
+    else:  # each framework's warm-up and timed steps back to back, as in a real training run
+        for name, runner in runners:
+            for _ in range(args.warmup):
+                runner.step()
+            for _ in range(args.repeats):
+                timed(name, runner)
+    for name, _ in runners:
+        result[f"{name}_median"] = statistics.median(times[name])
+        result[f"{name}_min"] = min(times[name])
+        result[f"{name}_loss"] = losses.get(name)
+
+    # Memory: separate, untimed steps (tracing slows the step down).
+    if args.device == "cuda":
+        result["tf_mem"] = cupy_pool_growth(tiny.step)
+        if torch_runner:
+            result["torch_mem"] = torch_cuda_growth(torch_runner.step)
+    else:
+        result["tf_traced"] = traced_peak(tiny.step)
+        if args.rss:
+            result["tf_rss"] = rss_growth(tiny.step)
+            if torch_runner:
+                result["torch_rss"] = rss_growth(torch_runner.step)
+    del tiny, torch_runner, runners
+    gc.collect()
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", help="preset name(s), repeatable or comma-separated "
+                        "(default: small,base)")
+    parser.add_argument("--tokens", type=int, default=4096, help="target tokens per batch (default 4096)")
+    parser.add_argument("--length", type=int, default=32, help="padded source/target length (default 32)")
+    parser.add_argument("--vocab", type=int, default=8000, help="shared vocabulary size (default 8000)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per framework (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--vs-torch", action="store_true", help="time the same model in PyTorch alongside")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own)")
+    parser.add_argument("--order", choices=("interleaved", "blocks"), default="interleaved",
+                        help="with --vs-torch: alternate tinyformer and PyTorch steps (default), or run "
+                        "all of one framework's steps, then all of the other's")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    args = parser.parse_args(argv)
+    if args.tokens < 1 or args.length < 2 or args.repeats < 1 or args.warmup < 0:
+        parser.error("--tokens >= 1, --length >= 2, --repeats >= 1 and --warmup >= 0 are required")
+    presets = parse_presets(args.preset)
+
+    from tinyformer import backend
+
+    if args.device == "cuda" and not backend.is_gpu_available():
+        parser.error("--device cuda needs CuPy with a usable GPU (tinyformer.backend.is_gpu_available())")
+    torch = None
+    if args.vs_torch:
+        try:
+            import torch
+        except ImportError:
+            parser.error("--vs-torch needs PyTorch (pip install '.[bench]')")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            parser.error("--vs-torch --device cuda needs a CUDA build of PyTorch")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+    args.rss = args.device == "cpu" and rss_probe_available()
+
+    batch = make_batch(args.tokens, args.length, args.vocab, args.seed)
+    rows, length = batch["src"].shape
+
+    print("One training step (forward, backward, Adam) per preset")
+    print(f"command: {command_line()}")
+    print(f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} logical cpus ({cores} usable), {platform.machine()}, "
+          f"{platform.system()}")
+    versions = f"python {platform.python_version()}, numpy {numpy.__version__}"
+    if torch is not None:
+        threads = torch.get_num_threads()
+        versions += f", torch {torch.__version__} ({threads} intra-op thread{'s' if threads != 1 else ''})"
+    if args.device == "cuda":
+        import cupy
+
+        versions += f", cupy {cupy.__version__} on {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}"
+    print(f"versions: {versions}")
+    print(f"numpy BLAS: {blas_info()}")
+    print(f"device: {args.device}; median and fastest of {args.repeats} timed steps after {args.warmup} "
+          f"warm-up step(s)" + ("" if torch is None else ", tinyformer and PyTorch steps interleaved"
+                                  if args.order == "interleaved" else ", all tinyformer steps, then all PyTorch steps"))
+    print(f"batch: {rows} sentence pairs, src {rows}x{length} and tgt {rows}x{length} (padded), "
+          f"{batch['tgt_tokens']:,} target tokens (non-pad tgt_out positions, fairseq's ntokens; "
+          f"{1 - batch['tgt_tokens'] / (rows * length):.0%} padding) and {batch['src_tokens']:,} source tokens; "
+          f"shared vocabulary of {args.vocab:,}; label smoothing 0.1, pad ignored; dropout as in the preset")
+    print()
+
+    notes, results = [], []
+    for preset in presets:
+        results.append(measure(preset, args, batch, notes))
+
+    header = ["preset", "params", "batch", "tgt tokens", "median ms", "min ms", "tokens/s"]
+    mem_names = ["pool MB"] if args.device == "cuda" else ["traced MB"] + (["RSS MB"] if args.rss else [])
+    header += mem_names
+    if torch is not None:
+        header += ["torch median ms", "torch min ms", "torch tokens/s"]
+        header += ["torch pool MB"] if args.device == "cuda" else (["torch RSS MB"] if args.rss else [])
+        header += ["ratio"]
+    table = []
+    for r in results:
+        params = f"{r['params'] / 1e6:.2f} M"
+        if torch is not None and r["torch_params"] != r["params"]:
+            params += f" / {r['torch_params'] / 1e6:.2f} M"
+        row = [r["preset"], params, f"{rows}x{length}", f"{batch['tgt_tokens']:,}",
+               f"{r['tf_median'] * 1e3:,.0f}", f"{r['tf_min'] * 1e3:,.0f}",
+               f"{batch['tgt_tokens'] / r['tf_median']:,.0f}"]
+        if args.device == "cuda":
+            row.append(mb(r.get("tf_mem")))
+        else:
+            row.append(mb(r.get("tf_traced")))
+            if args.rss:
+                row.append(mb(r.get("tf_rss")))
+        if torch is not None:
+            row += [f"{r['torch_median'] * 1e3:,.0f}", f"{r['torch_min'] * 1e3:,.0f}",
+                    f"{batch['tgt_tokens'] / r['torch_median']:,.0f}"]
+            if args.device == "cuda":
+                row.append(mb(r.get("torch_mem")))
+            elif args.rss:
+                row.append(mb(r.get("torch_rss")))
+            row.append(f"{r['tf_median'] / r['torch_median']:.2f}x")
+        table.append(row)
+    print_table(header, table, args.markdown)
+    print()
+    print("ms: wall time of one whole step (time.perf_counter); tokens/s: target tokens / median step time.")
+    if args.device == "cuda":
+        print("pool MB: growth of the GPU memory pool (CuPy's default pool; torch.cuda.max_memory_allocated "
+              "for PyTorch) during one untimed step, above what was allocated before it.")
+    else:
+        print("traced MB: peak of the NumPy/Python memory allocated during one untimed step and live at "
+              "once (tracemalloc): activations, gradients, temporaries; parameters and Adam moments "
+              "allocated earlier are not in it.")
+        if args.rss:
+            print("RSS MB: peak resident set during one untimed step minus the resident set before it, "
+                  "after malloc_trim (Linux VmHWM reset via /proc/self/clear_refs); the same method for "
+                  "both frameworks.")
+    if torch is not None:
+        print("ratio: tinyformer median / PyTorch median (above 1: tinyformer slower).")
+    for r in results:
+        line = f"{r['preset']}: loss at the last timed step, tinyformer {r['tf_loss']:.4f}"
+        if torch is not None:
+            line += f", PyTorch {r['torch_loss']:.4f}"
+        notes.append(line)
+    for line in notes:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
