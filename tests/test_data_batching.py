@@ -1,0 +1,81 @@
+"""Token-count batching: budget kept, every pair once, seeded order, padding and masks."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinyformer.data import BOS_ID, EOS_ID, PAD_ID
+from tinyformer.data.batching import ParallelData, batch_indices, make_batch, pad
+
+lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=200)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=lengths, max_tokens=st.integers(1, 300), seed=st.integers(0, 5), epoch=st.integers(0, 3))
+def test_budget_kept_and_every_pair_exactly_once(pairs, max_tokens, seed, epoch):
+    src, tgt = np.array(pairs).T
+    batches = batch_indices(src, tgt, max_tokens, seed=seed, epoch=epoch)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(len(pairs)))
+    for b in batches:
+        cost = len(b) * max(src[b].max(), tgt[b].max())
+        assert cost <= max_tokens or len(b) == 1, (b, cost)
+
+
+@settings(max_examples=30, deadline=None)
+@given(pairs=lengths, max_tokens=st.integers(40, 300))
+def test_batches_are_length_buckets(pairs, max_tokens):
+    """Unshuffled batches come in length order: no batch's shortest is longer than the next's longest."""
+    src, tgt = np.array(pairs).T
+    longest = np.maximum(src, tgt)
+    batches = batch_indices(src, tgt, max_tokens, shuffle=False)
+    for a, b in zip(batches, batches[1:]):
+        assert longest[a].max() <= longest[b].min()
+
+
+def test_order_depends_on_seed_and_epoch_only():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 30, 500), rng.integers(1, 30, 500)
+    a = batch_indices(src, tgt, 200, seed=1, epoch=2)
+    b = batch_indices(src, tgt, 200, seed=1, epoch=2)
+    c = batch_indices(src, tgt, 200, seed=1, epoch=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+    assert [x.tolist() for x in a] != [x.tolist() for x in c]
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="max_tokens"):
+        batch_indices([1, 2], [1, 2], 0)
+    with pytest.raises(ValueError, match="src_lengths"):
+        batch_indices([1, 2], [1], 10)
+    with pytest.raises(ValueError, match="2 source but 1 target"):
+        ParallelData([[1], [2]], [[3]])
+
+
+def test_make_batch_adds_bos_eos_pads_and_masks():
+    batch = make_batch([[7, 8, 9], [5]], [[4, 4], [6, 6, 6]], indices=[10, 11])
+    np.testing.assert_array_equal(batch.src, [[7, 8, 9, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]])
+    np.testing.assert_array_equal(batch.tgt_in, [[BOS_ID, 4, 4, PAD_ID], [BOS_ID, 6, 6, 6]])
+    np.testing.assert_array_equal(batch.tgt_out, [[4, 4, EOS_ID, PAD_ID], [6, 6, 6, EOS_ID]])
+    np.testing.assert_array_equal(batch.src_mask[:, 0, 0], batch.src != PAD_ID)
+    assert batch.src_mask.shape == (2, 1, 1, 4)
+    assert batch.num_tokens == 7 and batch.num_src_tokens == 6 and len(batch) == 2
+    assert batch.padded_tokens == 8
+    assert batch.indices.tolist() == [10, 11]
+
+
+def test_parallel_data_drops_overlong_pairs_and_counts_them():
+    src = [[1] * 3, [1] * 10, [1] * 4, [1] * 2]
+    tgt = [[1] * 3, [1] * 2, [1] * 9, [1] * 2]
+    data = ParallelData(src, tgt, max_len=6)
+    assert len(data) == 2 and data.num_dropped == 2
+    assert data.original_index.tolist() == [0, 3]
+    batches = data.batches(max_tokens=100, seed=0)
+    assert sorted(np.concatenate([b.indices for b in batches]).tolist()) == [0, 1]
+    assert data.num_target_tokens == 4 + 3
+
+
+def test_pad_handles_empty_sequences():
+    np.testing.assert_array_equal(pad([[], [1, 2]]), [[PAD_ID, PAD_ID], [1, 2]])
+    assert pad([]).shape == (0, 0)
