@@ -7,7 +7,8 @@ one, which ``manual_seed`` resets, so runs repeat exactly.
 
 import numpy
 
-__all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like"]
+__all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "get_rng_state",
+           "set_rng_state"]
 
 _default = numpy.random.default_rng(0)
 
@@ -38,3 +39,16 @@ def uniform_like(generator, shape, reference):
 
     samples = (generator or _default).random(shape, dtype=numpy.float32)
     return backend.like(samples, reference)
+
+
+def get_rng_state():
+    """The default generator's state (a JSON-serialisable dict), for checkpoints."""
+    return _default.bit_generator.state
+
+
+def set_rng_state(state):
+    """Restore the default generator from ``get_rng_state()``: dropout then repeats exactly."""
+    global _default
+    generator = numpy.random.default_rng()
+    generator.bit_generator.state = state
+    _default = generator

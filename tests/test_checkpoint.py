@@ -1,0 +1,132 @@
+"""Checkpoints: round trip, atomic writes, pruning, averaging, refusing bad files."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyformer import checkpoint
+from tinyformer.checkpoint import CheckpointError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _state(seed):
+    rng = np.random.default_rng(seed)
+    return {"encoder.w": rng.standard_normal((3, 4)).astype(np.float32),
+            "bias": rng.standard_normal(4).astype(np.float32)}
+
+
+def test_round_trip_with_adam_state_and_metadata(tmp_path):
+    adam = {"step_count": 7, "betas": [0.9, 0.98], "eps": 1e-9, "m": [np.ones((3, 4)), None],
+            "v": [np.full((3, 4), 2.0), None]}
+    meta = {"step": 7, "config": {"preset": "tiny"}, "rng_state": {"state": 2**100}}
+    path = checkpoint.save_checkpoint(tmp_path / "c.npz", _state(0), meta, adam)
+    state, meta2, adam2 = checkpoint.load_checkpoint(path)
+    for k, v in _state(0).items():
+        np.testing.assert_array_equal(state[k], v)
+        assert state[k].dtype == np.float32
+    assert meta2["step"] == 7 and meta2["rng_state"]["state"] == 2**100
+    assert adam2["step_count"] == 7 and adam2["m"][1] is None
+    np.testing.assert_array_equal(adam2["v"][0], 2.0)
+
+
+def test_file_holds_no_pickles(tmp_path):
+    path = checkpoint.save_checkpoint(tmp_path / "c.npz", _state(0), {"step": 1})
+    with np.load(path, allow_pickle=False) as npz:
+        assert all(npz[k].dtype != object for k in npz.files)
+
+
+def test_failed_save_leaves_previous_checkpoint_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "c.npz"
+    checkpoint.save_checkpoint(path, _state(0), {"step": 1})
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # as if the process were stopped mid-write
+
+    monkeypatch.setattr(np, "savez", crash)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(path, _state(1), {"step": 2})
+    monkeypatch.undo()
+    state, meta, _ = checkpoint.load_checkpoint(path)
+    assert meta["step"] == 1
+    np.testing.assert_array_equal(state["bias"], _state(0)["bias"])
+    assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]
+
+
+def test_process_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
+    """A real SIGKILL while a large checkpoint is being written: the old file is intact."""
+    path = tmp_path / "checkpoint_0000001.npz"
+    checkpoint.save_checkpoint(path, _state(0), {"step": 1})
+    script = textwrap.dedent(f"""
+        import numpy as np, os, signal
+        from tinyformer import checkpoint
+        real_savez = np.savez
+        def savez_then_die(f, **arrays):
+            real_savez(f, **arrays)  # the temporary file is fully written ...
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # ... and the process dies before the rename
+        np.savez = savez_then_die
+        checkpoint.save_checkpoint({str(path)!r}, {{"bias": np.zeros(1_000_000, np.float32)}}, {{"step": 2}})
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    _, meta, _ = checkpoint.load_checkpoint(path)
+    assert meta["step"] == 1
+    assert checkpoint.list_checkpoints(tmp_path) == [path]
+
+
+def test_corrupt_or_missing_file_is_named(tmp_path):
+    bad = tmp_path / "checkpoint_0000003.npz"
+    bad.write_bytes(b"not a zip file")
+    with pytest.raises(CheckpointError, match="checkpoint_0000003.npz"):
+        checkpoint.load_checkpoint(bad)
+    with pytest.raises(CheckpointError, match="not found"):
+        checkpoint.load_checkpoint(tmp_path / "missing.npz")
+
+
+def test_list_and_prune_keep_the_newest(tmp_path):
+    for step in (5, 20, 10, 15):
+        checkpoint.save_checkpoint(checkpoint.checkpoint_path(tmp_path, step), _state(step), {"step": step})
+    (tmp_path / "notes.txt").write_text("kept")
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "checkpoint_0000005.npz", "checkpoint_0000010.npz", "checkpoint_0000015.npz", "checkpoint_0000020.npz"]
+    removed = checkpoint.prune_checkpoints(tmp_path, keep_last=2)
+    assert [p.name for p in removed] == ["checkpoint_0000005.npz", "checkpoint_0000010.npz"]
+    assert len(checkpoint.list_checkpoints(tmp_path)) == 2 and (tmp_path / "notes.txt").exists()
+
+
+def test_averaging_identical_checkpoints_is_the_identity(tmp_path):
+    paths = [checkpoint.save_checkpoint(tmp_path / f"c{i}.npz", _state(0),
+                                        {"step": i, "tokenizer_sha256": "abc"}) for i in range(5)]
+    out = checkpoint.average_checkpoints(paths, tmp_path / "avg.npz")
+    state, meta, adam = checkpoint.load_checkpoint(out)
+    for k, v in _state(0).items():
+        np.testing.assert_array_equal(state[k], v)
+    assert meta["step"] == 4 and adam is None and len(meta["averaged_from"]) == 5
+
+
+def test_averaging_takes_the_mean(tmp_path):
+    paths = [checkpoint.save_checkpoint(tmp_path / f"c{i}.npz", _state(i), {"step": i}) for i in range(3)]
+    state, _, _ = checkpoint.load_checkpoint(checkpoint.average_checkpoints(paths, tmp_path / "avg.npz"))
+    expected = np.mean([_state(i)["encoder.w"].astype(np.float64) for i in range(3)], axis=0)
+    np.testing.assert_allclose(state["encoder.w"], expected, rtol=1e-6)
+
+
+def test_averaging_refuses_mismatched_checkpoints(tmp_path):
+    a = checkpoint.save_checkpoint(tmp_path / "a.npz", _state(0), {"step": 1, "tokenizer_sha256": "x"})
+    other = dict(_state(0), extra=np.zeros(2, np.float32))
+    b = checkpoint.save_checkpoint(tmp_path / "b.npz", other, {"step": 2, "tokenizer_sha256": "x"})
+    c = checkpoint.save_checkpoint(tmp_path / "c.npz", _state(0), {"step": 3, "tokenizer_sha256": "y"})
+    with pytest.raises(CheckpointError, match="b.npz"):
+        checkpoint.average_checkpoints([a, b], tmp_path / "out.npz")
+    with pytest.raises(CheckpointError, match="different tokenizer"):
+        checkpoint.average_checkpoints([a, c], tmp_path / "out.npz")
+    with pytest.raises(CheckpointError, match="no checkpoints"):
+        checkpoint.average_checkpoints([], tmp_path / "out.npz")
+    assert not (tmp_path / "out.npz").exists()
