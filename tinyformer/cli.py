@@ -1,13 +1,32 @@
-"""The ``tinyformer`` command line."""
+"""The ``tinyformer`` command line: train, translate, eval, average, info.
+
+Usage errors exit with status 2 and one line on stderr; failures at run time
+(missing data, a bad checkpoint) with status 1 and one line; no tracebacks
+(set ``TINYFORMER_DEBUG=1`` to see them).
+"""
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import numpy
 
 from . import __version__, backend
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (and exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class UsageError(Exception):
+    """Arguments that parse but do not make sense together: exit status 2."""
+
+
+# ------------------------------------------------------------------ info
 def _info(args):
     print(f"tinyformer {__version__}")
     print(f"numpy {numpy.__version__}")
@@ -15,12 +34,235 @@ def _info(args):
     return 0
 
 
+# ------------------------------------------------------------------ train
+_TRAIN_OPTIONS = [
+    # (flag, config field, type, help)
+    ("--data", "data", str, "synthetic (built in, the default) or multi30k"),
+    ("--src", "src_lang", str, "source language (default en)"),
+    ("--tgt", "tgt_lang", str, "target language (default de)"),
+    ("--data-dir", "data_dir", str, "directory holding the Multi30k files (else $TINYFORMER_DATA, "
+                                    "the user cache, or a download)"),
+    ("--preset", "preset", str, "model size: tiny, small, base, big (default: tiny for synthetic, "
+                                "small for multi30k)"),
+    ("--vocab-size", "vocab_size", int, "joint BPE vocabulary size (default 400 synthetic, 8000 multi30k)"),
+    ("--max-tokens", "max_tokens", int, "padded tokens per batch (default 2048 synthetic, 4096 multi30k)"),
+    ("--accum", "accum", int, "batches per optimiser step (gradient accumulation; default 1)"),
+    ("--max-steps", "max_steps", int, "optimiser steps to train for (default 1200 synthetic, 3000 multi30k)"),
+    ("--max-epochs", "max_epochs", int, "stop after this many epochs as well"),
+    ("--warmup-steps", "warmup_steps", int, "Noam warm-up steps (default 200 synthetic, 800 multi30k)"),
+    ("--lr-factor", "lr_factor", float, "Noam factor: lr = factor * d_model^-0.5 * min(...) (default 1)"),
+    ("--label-smoothing", "label_smoothing", float, "default: the preset's (0.1)"),
+    ("--dropout", "dropout", float, "default: the preset's"),
+    ("--max-len", "max_len", int, "drop training pairs longer than this many tokens (default 256)"),
+    ("--max-grad-norm", "max_grad_norm", float, "clip the global gradient norm (default: no clipping)"),
+    ("--seed", "seed", int, "seed for initialisation, data order and dropout (default 0)"),
+    ("--threads", "threads", int, "BLAS threads (default 1 for the synthetic task, else all)"),
+    ("--device", "device", str, "cpu (default) or cuda"),
+    ("--save-dir", "save_dir", str, "checkpoints, tokenizer and metrics.jsonl go here "
+                                    "(default runs/<data>-<preset>)"),
+    ("--save-every", "save_every", int, "checkpoint every N steps (and at the end)"),
+    ("--keep-last", "keep_last", int, "keep the newest K checkpoints (default 5)"),
+    ("--eval-every", "eval_every", int, "validate every N steps (loss, perplexity, greedy BLEU)"),
+    ("--log-every", "log_every", int, "append training metrics to metrics.jsonl every N steps (default 10)"),
+    ("--bleu-samples", "bleu_samples", int, "validation sentences translated for BLEU (default 500)"),
+    ("--beam", "beam_size", int, "beam size of the final test evaluation (default 4, §6.1)"),
+    ("--alpha", "alpha", float, "length penalty of the final test evaluation (default 0.6, §6.1)"),
+]
+
+
+def _train(args):
+    from .train import TrainConfig, Trainer, evaluate
+
+    overrides = {field: getattr(args, field) for _, field, _, _ in _TRAIN_OPTIONS
+                 if getattr(args, field) is not None}
+    if args.resume:
+        save_dir = Path(overrides.get("save_dir") or _default_save_dir(overrides))
+        config = _saved_config(save_dir)
+        resumable = {"max_steps", "max_epochs", "save_every", "keep_last", "eval_every", "log_every",
+                     "bleu_samples", "beam_size", "alpha", "device", "data_dir", "threads"}
+        fixed = sorted(set(overrides) - resumable - {"save_dir"})
+        if fixed:
+            raise UsageError(f"--resume continues the saved run: {', '.join(fixed)} cannot change "
+                             "(only steps, epochs, saving, evaluation, device and data location can)")
+        for key, value in overrides.items():
+            setattr(config, key, value)
+    else:
+        config = TrainConfig(**overrides)
+        if "save_dir" not in overrides:
+            config.save_dir = _default_save_dir(overrides)
+    try:
+        config.resolved()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    trainer = Trainer(config, resume=args.resume, progress=not args.no_progress)
+    trainer.run()
+    print(f"checkpoints, tokenizer and metrics.jsonl are in {trainer.save_dir}")
+    if args.no_test:
+        return 0
+    from .train import load_corpus
+
+    sources, references = load_corpus(trainer.config, "test")
+    result = evaluate(trainer.model, trainer.tokenizer, sources, references,
+                      trainer.config.beam_size, trainer.config.alpha)
+    _print_evaluation(result, sources, references, "test")
+    trainer.log({"step": trainer.step, "split": "test", **{k: v for k, v in result.items() if k != "hypotheses"}})
+    return 0
+
+
+def _default_save_dir(overrides):
+    from .train import TrainConfig
+
+    data = overrides.get("data", "synthetic")
+    preset = overrides.get("preset") or TrainConfig.DEFAULTS.get(data, {}).get("preset", "model")
+    return str(Path("runs") / f"{data}-{preset}")
+
+
+def _saved_config(save_dir):
+    from . import checkpoint
+    from .train import TrainConfig
+
+    paths = checkpoint.list_checkpoints(save_dir)
+    if not paths:
+        raise FileNotFoundError(f"--resume: no checkpoint_*.npz in {save_dir}")
+    _, meta, _ = checkpoint.load_checkpoint(paths[-1])
+    return TrainConfig.from_dict(meta["config"])
+
+
+def _print_evaluation(result, sources, references, split, samples=3):
+    for source, reference, hypothesis in list(zip(sources, references, result["hypotheses"]))[:samples]:
+        print(f"  source:     {source}\n  reference:  {reference}\n  hypothesis: {hypothesis}")
+    print(f"{split}: BLEU {result['bleu']:.2f}  ({result['signature']})")
+    print(f"{split}: tokenized lowercased BLEU {result['tokenized_bleu']:.2f}  ({result['tokenized_signature']})")
+    print(f"{split}: exact match {result['exact_match']:.1%} of {result['sentences']} sentences")
+
+
+# ------------------------------------------------------------------ translate
+def _open_input(path):
+    return sys.stdin if path in (None, "-") else open(path, encoding="utf-8")
+
+
+def _translate(args):
+    from .decode import translate
+    from .train import load_model
+
+    model, tokenizer, _ = load_model(args.checkpoint, args.device, args.tokenizer)
+    with _open_input(args.input) as stream:
+        lines = [line.rstrip("\n").rstrip("\r") for line in stream]
+    outputs = translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
+                        batch_size=args.batch_size)
+    text = "".join(o + "\n" for o in outputs)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+    return 0
+
+
+# ------------------------------------------------------------------ eval
+def _eval(args):
+    from . import metrics
+
+    if args.hypotheses:
+        if args.checkpoint or not args.references:
+            raise UsageError("--hypotheses needs --references (and no --checkpoint)")
+        hypotheses = Path(args.hypotheses).read_text(encoding="utf-8").splitlines()
+        references = Path(args.references).read_text(encoding="utf-8").splitlines()
+        bleu = metrics.corpus_bleu(hypotheses, references)
+        tokenized = metrics.tokenized_bleu(hypotheses, references)
+        print(f"BLEU {bleu.score:.2f}  ({bleu.signature})")
+        print(f"tokenized lowercased BLEU {tokenized.score:.2f}  ({tokenized.signature})")
+        return 0
+    if not args.checkpoint:
+        raise UsageError("give --checkpoint (translate and score a split) or --hypotheses/--references")
+    from .train import TrainConfig, evaluate, load_corpus, load_model
+
+    model, tokenizer, meta = load_model(args.checkpoint, args.device, args.tokenizer)
+    config = TrainConfig.from_dict(meta["config"])
+    if args.data_dir:
+        config.data_dir = args.data_dir
+    sources, references = load_corpus(config, args.split)
+    if args.limit:
+        sources, references = sources[:args.limit], references[:args.limit]
+    result = evaluate(model, tokenizer, sources, references, args.beam, args.alpha)
+    _print_evaluation(result, sources, references, args.split)
+    return 0
+
+
+# ------------------------------------------------------------------ average
+def _average(args):
+    from . import checkpoint
+
+    if args.checkpoints and args.dir:
+        raise UsageError("give either checkpoint files or --dir, not both")
+    if args.dir:
+        paths = checkpoint.list_checkpoints(args.dir)[-args.last:]
+        if not paths:
+            raise FileNotFoundError(f"no checkpoint_*.npz in {args.dir}")
+    elif args.checkpoints:
+        paths = args.checkpoints
+    else:
+        raise UsageError("give checkpoint files or --dir DIR")
+    out = checkpoint.average_checkpoints(paths, args.output)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)}) into {out}")
+    return 0
+
+
+# ------------------------------------------------------------------ parser
+def _add_decoding_options(parser, beam=4):
+    parser.add_argument("--beam", type=int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
+    parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty α (default 0.6)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(prog="tinyformer", description=__doc__)
+    parser = _Parser(prog="tinyformer", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"tinyformer {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
     info = commands.add_parser("info", help="versions and whether a GPU is usable")
     info.set_defaults(run=_info)
+
+    train = commands.add_parser(
+        "train", help="train a translation model (default: `tiny` on the built-in task, on the CPU)",
+        description="Train a Transformer with the paper's recipe; with no options, `tiny` on the "
+                    "built-in synthetic English-German task, then evaluate it on its test split.")
+    for flag, field, kind, text in _TRAIN_OPTIONS:
+        train.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --save-dir from its newest checkpoint, exactly")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-test", action="store_true", help="skip the final test-set evaluation")
+    train.set_defaults(run=_train)
+
+    translate = commands.add_parser("translate", help="translate lines from stdin or a file",
+                                    description="One output line per input line; empty lines stay empty.")
+    translate.add_argument("--checkpoint", required=True, help="a checkpoint_*.npz (or an averaged one)")
+    translate.add_argument("--input", help="input file (default stdin)")
+    translate.add_argument("--output", help="output file (default stdout)")
+    translate.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
+    _add_decoding_options(translate)
+    translate.set_defaults(run=_translate)
+
+    evaluate = commands.add_parser("eval", help="BLEU of a checkpoint on a split, or of two files",
+                                   description="sacreBLEU (cased, detokenized, 13a) and tokenized "
+                                               "lowercased BLEU.")
+    evaluate.add_argument("--checkpoint", help="translate the split with this checkpoint")
+    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"),
+                          help="which split of the run's data (default test; Multi30k: test_2016_flickr)")
+    evaluate.add_argument("--data-dir", help="where the Multi30k files are")
+    evaluate.add_argument("--limit", type=int, help="only the first N sentences")
+    evaluate.add_argument("--hypotheses", help="score this file of translations instead ...")
+    evaluate.add_argument("--references", help="... against this file of references")
+    _add_decoding_options(evaluate)
+    evaluate.set_defaults(run=_eval)
+
+    average = commands.add_parser("average", help="average checkpoints into one (§6.1)")
+    average.add_argument("checkpoints", nargs="*", help="checkpoint files to average")
+    average.add_argument("--dir", help="average the newest --last checkpoints of this run directory")
+    average.add_argument("--last", type=int, default=5, help="how many (default 5)")
+    average.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    average.set_defaults(run=_average)
     return parser
 
 
@@ -30,7 +272,20 @@ def main(argv=None):
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
-    return args.run(args)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        print(f"tinyformer {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tinyformer {args.command}: interrupted; the last checkpoint is intact", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, KeyError, FloatingPointError, RuntimeError) as error:
+        if os.environ.get("TINYFORMER_DEBUG"):
+            raise
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"tinyformer {args.command}: error: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
