@@ -44,10 +44,10 @@ _TRAIN_OPTIONS = [
                                     "the user cache, or a download)"),
     ("--preset", "preset", str, "model size: tiny, small, base, big (default: tiny for synthetic, "
                                 "small for multi30k)"),
-    ("--vocab-size", "vocab_size", int, "joint BPE vocabulary size (default 400 synthetic, 8000 multi30k)"),
+    ("--vocab-size", "vocab_size", int, "joint BPE vocabulary size (default 600 synthetic, 8000 multi30k)"),
     ("--max-tokens", "max_tokens", int, "padded tokens per batch (default 2048 synthetic, 4096 multi30k)"),
     ("--accum", "accum", int, "batches per optimiser step (gradient accumulation; default 1)"),
-    ("--max-steps", "max_steps", int, "optimiser steps to train for (default 1200 synthetic, 3000 multi30k)"),
+    ("--max-steps", "max_steps", int, "optimiser steps to train for (default 1000 synthetic, 3000 multi30k)"),
     ("--max-epochs", "max_epochs", int, "stop after this many epochs as well"),
     ("--warmup-steps", "warmup_steps", int, "Noam warm-up steps (default 200 synthetic, 800 multi30k)"),
     ("--lr-factor", "lr_factor", float, "Noam factor: lr = factor * d_model^-0.5 * min(...) (default 1)"),

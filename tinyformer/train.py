@@ -66,8 +66,8 @@ class TrainConfig:
         # The built-in task: `tiny` reaches >= 95% exact match in a few CPU minutes.
         # One BLAS thread: its matrices are too small to gain from more, and spinning BLAS
         # threads slow down many-fold on a machine whose other core is busy.
-        "synthetic": dict(preset="tiny", vocab_size=400, max_tokens=2048, max_steps=1200,
-                          warmup_steps=200, lr_factor=1.0, save_every=400, eval_every=400, threads=1),
+        "synthetic": dict(preset="tiny", vocab_size=600, max_tokens=2048, max_steps=1000,
+                          warmup_steps=200, lr_factor=1.0, save_every=500, eval_every=500, threads=1),
         # Multi30k (§5 scaled down): joint BPE 8k, ~4,096 tokens per batch, warm-up 800.
         "multi30k": dict(preset="small", vocab_size=8000, max_tokens=4096, max_steps=3000,
                          warmup_steps=800, lr_factor=1.0, save_every=500, eval_every=500),

@@ -94,8 +94,8 @@ def _draw(rng):
     adverb = rng.choice([None] + list(_ADVERBS)) if rng.random() < 0.5 else None
     subject = str(rng.choice(list(_SUBJECTS)))
     verb = str(rng.choice(list(_VERBS)))
-    # one in six objects is singular (agreement with "ein-"); the rest spread over 2..999
-    number = 1 if rng.random() < 1 / 6 else int(rng.integers(2, 1000))
+    # one in four objects is singular (agreement with "ein-"); the rest spread over 2..999
+    number = 1 if rng.random() < 1 / 4 else int(rng.integers(2, 1000))
     adjective = str(rng.choice(list(_ADJECTIVES)))
     noun = str(rng.choice([k[0] for k in _NOUNS]))
     return (None if adverb is None else str(adverb)), subject, verb, number, adjective, noun
