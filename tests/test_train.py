@@ -98,3 +98,18 @@ def test_a_short_multi30k_run_on_the_real_files(tmp_path):
     history = losses(tmp_path)
     assert len(history) == 30 and np.mean(history[-5:]) < np.mean(history[:5]) - 1.0
     assert record["split"] == "val" and record["bleu_sentences"] == 10 and record["ppl"] > 1
+
+
+@pytest.mark.slow
+def test_the_default_run_translates_the_built_in_test_split(tmp_path):
+    """The quick start's main job (about 2 minutes on 2 cores): >= 95% exact match on the test split.
+
+    Kept out of the default run; `test_cli.py` runs the same command for a few steps.
+    """
+    from tinyformer.train import evaluate, load_corpus
+
+    trainer = Trainer(TrainConfig(save_dir=str(tmp_path)), **QUIET)
+    trainer.run()
+    sources, references = load_corpus(trainer.config, "test")
+    result = evaluate(trainer.model, trainer.tokenizer, sources, references, beam_size=4, alpha=0.6)
+    assert result["exact_match"] >= 0.95, result["exact_match"]
