@@ -30,6 +30,7 @@ import numpy as np
 
 from . import functional as F
 from .backend import to_numpy
+from .data.batching import pad
 from .data.special import BOS_ID, EOS_ID
 from .tensor import no_grad
 
@@ -320,10 +321,7 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
     sources.sort(key=lambda item: len(item[1]))  # stable: equal lengths keep their order
     for start in range(0, len(sources), batch_size):
         batch = sources[start:start + batch_size]
-        width = max(1, max(len(ids) for _, ids in batch))
-        src = np.full((len(batch), width), model.pad_id, dtype=np.int64)
-        for row, (_, ids) in enumerate(batch):
-            src[row, :len(ids)] = ids
+        src = pad([ids or [model.pad_id] for _, ids in batch], model.pad_id)
         common = dict(max_len_a=max_len_a, max_len_b=max_len_b, bos_id=bos_id, eos_id=eos_id)
         if beam_size == 1:
             hypotheses = greedy_decode(model, src, **common)
