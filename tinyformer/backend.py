@@ -96,5 +96,12 @@ def scatter_add(target, index, values):
     return target
 
 
+def raw_module(code, options, name_expressions):
+    """A ``cupy.RawModule`` compiling ``code`` with NVRTC for the given template instantiations."""
+    if _cupy is None:
+        raise RuntimeError("CUDA kernels need CuPy: install the 'gpu' extra")
+    return _cupy.RawModule(code=code, options=tuple(options), name_expressions=list(name_expressions))
+
+
 def is_floating(dtype):
     return numpy.issubdtype(dtype, numpy.floating)

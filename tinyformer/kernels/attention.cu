@@ -1,0 +1,292 @@
+// Fused scaled-dot-product attention, FlashAttention-style (Dao et al., 2022; Dao, 2023).
+// Reference: functional.ScaledDotProductAttention.
+//
+// Shapes: q (BH, Lq, D), k and v (BH, Lk, D), o (BH, Lq, D), all contiguous; BH = batch·heads.
+// The Lq × Lk score matrix never reaches global memory: each block streams tiles of 32 keys
+// through shared memory and keeps, per query row, the running maximum m, the running sum
+// l = Σ exp(s − m) and the output accumulator (online softmax). It saves the row's
+// log-sum-exp, lse = m + log l, from which the backward recomputes the probabilities.
+//
+// Work split: a warp owns ROWS query rows (or key rows in the dK/dV kernel); within a key
+// tile, lane j scores key j, and for the products with V, K, Q or dO lane j owns the
+// columns j, j+32, ... of the head dimension (D/32 of them). No tensor cores: plain FMA.
+//
+// Masks: key j of sequence b is visible to query i iff j < key_lengths[b] (when given) and,
+// if causal, j <= i + (Lk − Lq) (queries aligned with the last keys). A query that sees
+// no key gets o = 0 and lse = −inf, and contributes no gradient.
+//
+// Dropout on the probabilities: keep iff philox_uniform(seed, offset, (bh·Lq + i)·Lk + j) >= p,
+// kept values scaled by 1/(1 − p); the backward regenerates the same mask.
+#include "common.cuh"
+#include "philox.cuh"
+
+namespace tf_attention {
+
+constexpr int kWarps = 4;
+constexpr int kKeys = 32;  // keys per tile: one per lane
+
+template <int D>
+struct Shape {
+    static_assert(D % 32 == 0, "head dimension must be a multiple of 32");
+    static constexpr int kCols = D / 32;             // columns of the head dimension per lane
+    static constexpr int kRows = D >= 128 ? 2 : 4;   // rows per warp (fits 48 KB of shared memory)
+    static constexpr int kBlockRows = kWarps * kRows;
+};
+
+struct Problem {
+    int heads, len_q, len_k;
+    const int* key_lengths;  // (batch,) or nullptr
+    int causal;
+    float scale, dropout_p;
+    unsigned long long seed, offset;
+
+    __device__ int visible_keys(int bh) const {  // keys [0, n) may be visible to some query
+        return key_lengths ? min(len_k, max(key_lengths[bh / heads], 0)) : len_k;
+    }
+    __device__ bool visible(int bh, int i, int j) const {
+        return i < len_q && j < visible_keys(bh) && (!causal || j <= i + (len_k - len_q));
+    }
+    // 1/(1 − p) where kept, 0 where dropped (1 without dropout).
+    __device__ float dropout_scale(int bh, int i, int j) const {
+        if (dropout_p <= 0.0f) return 1.0f;
+        const unsigned long long index = ((unsigned long long)bh * len_q + i) * len_k + j;
+        return tf::philox_uniform(seed, offset, index) >= dropout_p ? 1.0f / (1.0f - dropout_p) : 0.0f;
+    }
+};
+
+// Loads rows [first, first + count) of a (len, D) matrix into shared rows of `stride` floats,
+// zero past `len`.
+template <typename T, int D>
+__device__ void load_rows(float* dst, int stride, const T* src, int first, int count, int len) {
+    for (int e = threadIdx.x; e < count * D; e += blockDim.x) {
+        const int r = e / D, c = e % D, row = first + r;
+        dst[r * stride + c] = row < len ? tf::to_float(src[(long long)row * D + c]) : 0.0f;
+    }
+}
+
+template <int D>
+__device__ float dot_shared(const float* a, const float* b) {
+    float s = 0.0f;
+#pragma unroll 8
+    for (int c = 0; c < D; ++c) s += a[c] * b[c];
+    return s;
+}
+
+}  // namespace tf_attention
+
+// o = softmax(q kᵀ · scale + mask) v, and lse per query row (float, −inf for a fully masked row).
+// grid (BH, ceil(Lq / kBlockRows)), block 128.
+template <typename T, int HEAD_DIM>
+__global__ void attention_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                  T* __restrict__ o, float* __restrict__ lse, const int* __restrict__ key_lengths,
+                                  int heads, int len_q, int len_k, int causal, float scale, float dropout_p,
+                                  unsigned long long seed, unsigned long long offset) {
+    using namespace tf_attention;
+    using S = Shape<HEAD_DIM>;
+    constexpr int D = HEAD_DIM;
+    __shared__ float q_rows[S::kBlockRows][D];
+    __shared__ float k_tile[kKeys][D + 1];  // +1: lane j reads row j without bank conflicts
+    __shared__ float v_tile[kKeys][D];
+    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const T* qb = q + (long long)bh * len_q * D;
+    const T* kb = k + (long long)bh * len_k * D;
+    const T* vb = v + (long long)bh * len_k * D;
+
+    load_rows<T, D>(&q_rows[0][0], D, qb, first_row, S::kBlockRows, len_q);
+
+    float row_max[S::kRows], row_sum[S::kRows], acc[S::kRows][S::kCols];
+    for (int r = 0; r < S::kRows; ++r) {
+        row_max[r] = -TF_INFINITY;
+        row_sum[r] = 0.0f;
+        for (int c = 0; c < S::kCols; ++c) acc[r][c] = 0.0f;
+    }
+    int key_end = P.visible_keys(bh);
+    if (causal) key_end = min(key_end, first_row + S::kBlockRows - 1 + (len_k - len_q) + 1);
+
+    for (int tile = 0; tile < key_end; tile += kKeys) {
+        __syncthreads();  // the previous tile is no longer read
+        load_rows<T, D>(&k_tile[0][0], D + 1, kb, tile, kKeys, len_k);
+        load_rows<T, D>(&v_tile[0][0], D, vb, tile, kKeys, len_k);
+        __syncthreads();
+        const int j = tile + lane;
+        for (int r = 0; r < S::kRows; ++r) {
+            const int local = warp * S::kRows + r, i = first_row + local;
+            const bool visible = P.visible(bh, i, j);
+            const float s = visible ? dot_shared<D>(q_rows[local], k_tile[lane]) * scale : -TF_INFINITY;
+            const float new_max = fmaxf(row_max[r], tf::warp_max(s));
+            if (new_max == -TF_INFINITY) continue;  // warp-uniform: nothing visible yet in this row
+            const float p = visible ? expf(s - new_max) : 0.0f;
+            const float correction = expf(row_max[r] - new_max);  // 0 when row_max was −inf
+            row_sum[r] = row_sum[r] * correction + tf::warp_sum(p);
+            row_max[r] = new_max;
+            const float p_out = visible ? p * P.dropout_scale(bh, i, j) : 0.0f;
+            for (int c = 0; c < S::kCols; ++c) acc[r][c] *= correction;
+            for (int src = 0; src < kKeys; ++src) {
+                const float weight = __shfl_sync(tf::kFullMask, p_out, src);
+                for (int c = 0; c < S::kCols; ++c) acc[r][c] += weight * v_tile[src][lane + 32 * c];
+            }
+        }
+    }
+    for (int r = 0; r < S::kRows; ++r) {
+        const int i = first_row + warp * S::kRows + r;
+        if (i >= len_q) continue;
+        const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+        for (int c = 0; c < S::kCols; ++c)
+            o[((long long)bh * len_q + i) * D + lane + 32 * c] = tf::from_float<T>(acc[r][c] * inv);
+        if (lane == 0) lse[(long long)bh * len_q + i] = row_sum[r] > 0.0f ? row_max[r] + logf(row_sum[r]) : -TF_INFINITY;
+    }
+}
+
+// delta = rowsum(dO ∘ O), one warp per row of the (rows, D) matrices. grid ceil(rows / 4), block 128.
+template <typename T, int HEAD_DIM>
+__global__ void attention_backward_delta(const T* __restrict__ o, const T* __restrict__ grad_o,
+                                         float* __restrict__ delta, long long rows) {
+    constexpr int D = HEAD_DIM;
+    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    float s = 0.0f;
+    if (row < rows)
+        for (int c = lane; c < D; c += 32) s += tf::to_float(o[row * D + c]) * tf::to_float(grad_o[row * D + c]);
+    s = tf::warp_sum(s);
+    if (row < rows && lane == 0) delta[row] = s;
+}
+
+// dK and dV for a block of keys, streaming tiles of 32 queries:
+//   p = exp(s − lse), z = dropout scale, dP = (dO · v)·z, dS = p ∘ (dP − delta)
+//   dV_j = Σ_i p·z·dO_i,   dK_j = scale · Σ_i dS·q_i
+// Each key's sums run over queries in a fixed order: deterministic, no atomics.
+// grid (BH, ceil(Lk / kBlockRows)), block 128.
+template <typename T, int HEAD_DIM>
+__global__ void attention_backward_kv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                      const T* __restrict__ grad_o, const float* __restrict__ lse,
+                                      const float* __restrict__ delta, T* __restrict__ grad_k, T* __restrict__ grad_v,
+                                      const int* __restrict__ key_lengths, int heads, int len_q, int len_k, int causal,
+                                      float scale, float dropout_p, unsigned long long seed,
+                                      unsigned long long offset) {
+    using namespace tf_attention;
+    using S = Shape<HEAD_DIM>;
+    constexpr int D = HEAD_DIM;
+    __shared__ float k_rows[S::kBlockRows][D];
+    __shared__ float v_rows[S::kBlockRows][D];
+    __shared__ float q_tile[kKeys][D + 1];
+    __shared__ float go_tile[kKeys][D + 1];
+    __shared__ float lse_tile[kKeys], delta_tile[kKeys];
+    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const int bh = blockIdx.x, first_key = blockIdx.y * S::kBlockRows;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;
+
+    load_rows<T, D>(&k_rows[0][0], D, k + k_base * D, first_key, S::kBlockRows, len_k);
+    load_rows<T, D>(&v_rows[0][0], D, v + k_base * D, first_key, S::kBlockRows, len_k);
+
+    float dk[S::kRows][S::kCols], dv[S::kRows][S::kCols];
+    for (int r = 0; r < S::kRows; ++r)
+        for (int c = 0; c < S::kCols; ++c) dk[r][c] = dv[r][c] = 0.0f;
+
+    // The first query that may see one of this block's keys.
+    const int query_start = causal ? max(0, first_key - (len_k - len_q)) / kKeys * kKeys : 0;
+    const bool any_key = first_key < P.visible_keys(bh);
+    for (int tile = any_key ? query_start : len_q; tile < len_q; tile += kKeys) {
+        __syncthreads();
+        load_rows<T, D>(&q_tile[0][0], D + 1, q + q_base * D, tile, kKeys, len_q);
+        load_rows<T, D>(&go_tile[0][0], D + 1, grad_o + q_base * D, tile, kKeys, len_q);
+        if (threadIdx.x < kKeys) {
+            const int i = tile + threadIdx.x;
+            lse_tile[threadIdx.x] = i < len_q ? lse[q_base + i] : 0.0f;
+            delta_tile[threadIdx.x] = i < len_q ? delta[q_base + i] : 0.0f;
+        }
+        __syncthreads();
+        const int i = tile + lane;
+        for (int r = 0; r < S::kRows; ++r) {
+            const int local = warp * S::kRows + r, j = first_key + local;
+            const bool visible = P.visible(bh, i, j);
+            float p = 0.0f, ds = 0.0f;
+            if (visible) {
+                const float z = P.dropout_scale(bh, i, j);
+                p = expf(dot_shared<D>(q_tile[lane], k_rows[local]) * scale - lse_tile[lane]);
+                const float dp = dot_shared<D>(go_tile[lane], v_rows[local]) * z;
+                ds = p * (dp - delta_tile[lane]);
+                p *= z;
+            }
+            for (int src = 0; src < kKeys; ++src) {
+                const float p_src = __shfl_sync(tf::kFullMask, p, src);
+                const float ds_src = __shfl_sync(tf::kFullMask, ds, src);
+                for (int c = 0; c < S::kCols; ++c) {
+                    dv[r][c] += p_src * go_tile[src][lane + 32 * c];
+                    dk[r][c] += ds_src * q_tile[src][lane + 32 * c];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < S::kRows; ++r) {
+        const int j = first_key + warp * S::kRows + r;
+        if (j >= len_k) continue;
+        for (int c = 0; c < S::kCols; ++c) {
+            grad_k[(k_base + j) * D + lane + 32 * c] = tf::from_float<T>(dk[r][c] * scale);
+            grad_v[(k_base + j) * D + lane + 32 * c] = tf::from_float<T>(dv[r][c]);
+        }
+    }
+}
+
+// dQ for a block of queries, streaming tiles of 32 keys: dQ_i = scale · Σ_j dS_ij k_j.
+// grid (BH, ceil(Lq / kBlockRows)), block 128.
+template <typename T, int HEAD_DIM>
+__global__ void attention_backward_q(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                     const T* __restrict__ grad_o, const float* __restrict__ lse,
+                                     const float* __restrict__ delta, T* __restrict__ grad_q,
+                                     const int* __restrict__ key_lengths, int heads, int len_q, int len_k, int causal,
+                                     float scale, float dropout_p, unsigned long long seed,
+                                     unsigned long long offset) {
+    using namespace tf_attention;
+    using S = Shape<HEAD_DIM>;
+    constexpr int D = HEAD_DIM;
+    __shared__ float q_rows[S::kBlockRows][D];
+    __shared__ float go_rows[S::kBlockRows][D];
+    __shared__ float k_tile[kKeys][D + 1];
+    __shared__ float v_tile[kKeys][D + 1];
+    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;
+
+    load_rows<T, D>(&q_rows[0][0], D, q + q_base * D, first_row, S::kBlockRows, len_q);
+    load_rows<T, D>(&go_rows[0][0], D, grad_o + q_base * D, first_row, S::kBlockRows, len_q);
+    float row_lse[S::kRows], row_delta[S::kRows], dq[S::kRows][S::kCols];
+    for (int r = 0; r < S::kRows; ++r) {
+        const int i = first_row + warp * S::kRows + r;
+        row_lse[r] = i < len_q ? lse[q_base + i] : 0.0f;
+        row_delta[r] = i < len_q ? delta[q_base + i] : 0.0f;
+        for (int c = 0; c < S::kCols; ++c) dq[r][c] = 0.0f;
+    }
+    int key_end = P.visible_keys(bh);
+    if (causal) key_end = min(key_end, first_row + S::kBlockRows - 1 + (len_k - len_q) + 1);
+
+    for (int tile = 0; tile < key_end; tile += kKeys) {
+        __syncthreads();
+        load_rows<T, D>(&k_tile[0][0], D + 1, k + k_base * D, tile, kKeys, len_k);
+        load_rows<T, D>(&v_tile[0][0], D + 1, v + k_base * D, tile, kKeys, len_k);
+        __syncthreads();
+        const int j = tile + lane;
+        for (int r = 0; r < S::kRows; ++r) {
+            const int local = warp * S::kRows + r, i = first_row + local;
+            float ds = 0.0f;
+            if (P.visible(bh, i, j)) {
+                const float p = expf(dot_shared<D>(q_rows[local], k_tile[lane]) * scale - row_lse[r]);
+                const float dp = dot_shared<D>(go_rows[local], v_tile[lane]) * P.dropout_scale(bh, i, j);
+                ds = p * (dp - row_delta[r]);
+            }
+            for (int src = 0; src < kKeys; ++src) {
+                const float ds_src = __shfl_sync(tf::kFullMask, ds, src);
+                for (int c = 0; c < S::kCols; ++c) dq[r][c] += ds_src * k_tile[src][lane + 32 * c];
+            }
+        }
+    }
+    for (int r = 0; r < S::kRows; ++r) {
+        const int i = first_row + warp * S::kRows + r;
+        if (i >= len_q) continue;
+        for (int c = 0; c < S::kCols; ++c)
+            grad_q[(q_base + i) * D + lane + 32 * c] = tf::from_float<T>(dq[r][c] * scale);
+    }
+}

@@ -1,0 +1,96 @@
+// Shared helpers of tinyformer's CUDA kernels: element types, warp and block reductions.
+//
+// Every kernel reads its inputs as T (float, __half or __nv_bfloat16), computes in float
+// and writes T. The same source also builds as plain C++ against cpu_emulation.h (where
+// TF_CPU_EMULATION is defined and only T = float is instantiated), so nothing here may
+// rely on a GPU-only feature outside the #ifndef below.
+#pragma once
+
+#ifndef TF_CPU_EMULATION
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define TF_INFINITY __int_as_float(0x7f800000)
+#else
+#define TF_INFINITY INFINITY
+#endif
+
+namespace tf {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+
+#ifndef TF_CPU_EMULATION
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+#endif
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+    return v;
+}
+
+// Online softmax statistics: the running maximum m and the sum s of exp(x - m).
+struct MaxSum {
+    float max;
+    float sum;
+};
+
+__device__ __forceinline__ MaxSum max_sum_add(MaxSum a, float x) {
+    if (x == -TF_INFINITY) return a;
+    if (x > a.max) return {x, a.sum * expf(a.max - x) + 1.0f};
+    return {a.max, a.sum + expf(x - a.max)};
+}
+
+__device__ __forceinline__ MaxSum max_sum_merge(MaxSum a, MaxSum b) {
+    if (b.max == -TF_INFINITY) return a;
+    if (a.max == -TF_INFINITY) return b;
+    float m = fmaxf(a.max, b.max);
+    return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+__device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+        MaxSum other = {__shfl_xor_sync(kFullMask, v.max, offset), __shfl_xor_sync(kFullMask, v.sum, offset)};
+        v = max_sum_merge(v, other);
+    }
+    return v;
+}
+
+// Block-wide reductions for blocks of up to 32 warps. `scratch` is __shared__ storage of
+// 32 entries; every thread of the block must call these (they contain __syncthreads).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int warps = (blockDim.x + kWarp - 1) / kWarp;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum v, MaxSum* scratch) {
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int warps = (blockDim.x + kWarp - 1) / kWarp;
+    v = warp_max_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : MaxSum{-TF_INFINITY, 0.0f};
+    return warp_max_sum(v);
+}
+
+}  // namespace tf

@@ -1,0 +1,131 @@
+"""The fp32 kernels built as C++ against ``cpu_emulation.h`` and called through ctypes.
+
+CI has no GPU; this runs the very kernel source on the CPU so that tests can compare its
+results with the NumPy references. Slow (every CUDA thread is an OS thread) and meant
+for small shapes. ``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer
+(the process must then preload libasan, as ``tests/test_kernels_emulation.py`` does).
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy
+
+from . import registry
+
+_CTYPES = {
+    numpy.dtype(numpy.int32): ctypes.c_int32,
+    numpy.dtype(numpy.uint32): ctypes.c_uint32,
+    numpy.dtype(numpy.int64): ctypes.c_int64,
+    numpy.dtype(numpy.uint64): ctypes.c_uint64,
+    numpy.dtype(numpy.float32): ctypes.c_float,
+}
+
+
+class EmulationError(RuntimeError):
+    """The C++ compiler is missing or rejected the kernels."""
+
+
+def symbol(expression):
+    """C symbol of the launcher of a name expression: attention_forward<float, 64> -> tf_attention_forward_float_64."""
+    return "tf_" + re.sub(r"\W+", "_", expression).strip("_")
+
+
+def _float_expressions():
+    return [e for source in registry.KERNELS for e in registry.instantiations(source, dtypes=("float32",))]
+
+
+def translation_unit():
+    """The C++ source: the emulation header, every .cu file, one extern "C" launcher per kernel."""
+    lines = ['#include "cpu_emulation.h"']
+    lines += [f'#include "{source}"' for source in registry.KERNELS]
+    for expression in _float_expressions():
+        lines.append(
+            f'extern "C" void {symbol(expression)}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
+            f"unsigned bz, void** args) {{ tf_emu::launch(&{expression}, dim3(gx, gy, gz), dim3(bx, by, bz), args); }}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def sanitize_requested():
+    return os.environ.get("TINYFORMER_EMULATION_SANITIZE", "") not in ("", "0")
+
+
+def _compiler():
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise EmulationError("no C++ compiler found (set CXX or install g++) to build the CPU emulation")
+    return cxx
+
+
+def compile_flags(sanitize):
+    flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}"]
+    return flags + (["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else ["-O2"])
+
+
+def build(sanitize=None):
+    """Compile (once per source hash, cached in the temp folder) and return the library's path."""
+    sanitize = sanitize_requested() if sanitize is None else sanitize
+    cxx, flags, unit = _compiler(), compile_flags(sanitize), translation_unit()
+    digest = hashlib.sha256()
+    for part in [cxx, " ".join(flags), unit, (registry.KERNEL_DIR / "cpu_emulation.h").read_text()]:
+        digest.update(part.encode())
+    for path in sorted(registry.KERNEL_DIR.glob("*.cu*")):
+        digest.update(path.read_bytes())
+    cache = Path(tempfile.gettempdir()) / f"tinyformer-emulation-{os.getuid()}"
+    cache.mkdir(parents=True, exist_ok=True)
+    library = cache / f"kernels-{digest.hexdigest()[:16]}{'-asan' if sanitize else ''}.so"
+    if library.exists():
+        return library
+    with tempfile.TemporaryDirectory(dir=cache) as work:
+        unit_path = Path(work) / "kernels_emulated.cpp"
+        unit_path.write_text(unit, encoding="utf-8")
+        partial = Path(work) / library.name
+        result = subprocess.run([cxx, *flags, str(unit_path), "-o", str(partial)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise EmulationError(f"building the CPU emulation failed ({cxx}):\n{result.stderr[-4000:]}")
+        os.replace(partial, library)  # atomic: a concurrent build sees the old name or the whole file
+    return library
+
+
+@functools.lru_cache(maxsize=2)
+def _library(sanitize):
+    return ctypes.CDLL(str(build(sanitize)))
+
+
+def _c_value(arg):
+    if isinstance(arg, numpy.ndarray):
+        if not arg.flags.c_contiguous:
+            raise ValueError(f"emulated kernel arguments must be C-contiguous arrays, got strides {arg.strides}")
+        return ctypes.c_void_p(arg.ctypes.data)
+    if isinstance(arg, numpy.generic) and arg.dtype in _CTYPES:
+        return _CTYPES[arg.dtype](arg.item())
+    raise TypeError(f"kernel argument must be an array or a typed NumPy scalar, got {type(arg).__name__}")
+
+
+class EmulatedFunction:
+    """Callable as ``function(grid, block, args)``, like a ``cupy.RawKernel``."""
+
+    def __init__(self, expression, sanitize=None):
+        sanitize = sanitize_requested() if sanitize is None else sanitize
+        self.expression = expression
+        self._launch = getattr(_library(sanitize), symbol(expression))
+        self._launch.restype = None
+
+    def __call__(self, grid, block, args):
+        grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+        values = [_c_value(a) for a in args]
+        pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+        self._launch(*(ctypes.c_uint(int(n)) for n in grid + block), pointers)
+
+
+@functools.lru_cache(maxsize=None)
+def function(expression):
+    return EmulatedFunction(expression)

@@ -1,0 +1,270 @@
+"""Python entry points of the CUDA kernels: shapes, grids, output buffers.
+
+Each function takes CuPy arrays (the GPU path) or NumPy float32 arrays (the same kernel
+through the CPU emulation, for tests) and returns arrays of the same kind. ``dtype`` names
+the element type when it is not the arrays' own: "bfloat16" for uint16 storage.
+"""
+
+import math
+
+import numpy
+
+from .. import backend
+from . import launch as _launch
+from .registry import HEAD_DIMS, cuda_type
+
+_ROW_BLOCK = 256
+_WARPS = 4
+
+
+def _xp(*arrays):
+    return backend.get_array_module(*arrays)
+
+
+def _element_dtype(array, dtype):
+    name = dtype or array.dtype.name
+    cuda_type(name)  # a clear TypeError for an unsupported dtype
+    if name == "bfloat16" and array.dtype != numpy.uint16:
+        raise TypeError(f"bfloat16 arrays are passed as uint16 storage, got dtype {array.dtype}")
+    if name != "bfloat16" and array.dtype.name != name:
+        raise TypeError(f"array of dtype {array.dtype} passed as {name}")
+    return name
+
+
+def _row_block(cols):
+    """Threads per row-block: a multiple of 32, at most 256, no more than the row needs."""
+    return max(32, min(_ROW_BLOCK, 32 * math.ceil(cols / 32)))
+
+
+def _contiguous(*arrays):
+    return [_xp(a).ascontiguousarray(a) for a in arrays]
+
+
+def _i32(n):
+    return numpy.int32(n)
+
+
+def _f32(x):
+    return numpy.float32(x)
+
+
+# ------------------------------------------------------------------------ softmax
+def softmax_forward(x, log=False, dtype=None):
+    """softmax (or log_softmax) over the last axis."""
+    (x,) = _contiguous(x)
+    name = _element_dtype(x, dtype)
+    cols = x.shape[-1]
+    rows = x.size // max(cols, 1)
+    y = _xp(x).empty_like(x)
+    if rows and cols:
+        _launch.launch("softmax_forward", name, (rows,), (_row_block(cols),), (x, y, _i32(cols), _i32(log)))
+    return y
+
+
+def softmax_backward(y, grad_y, log=False, dtype=None):
+    y, grad_y = _contiguous(y, grad_y)
+    name = _element_dtype(y, dtype)
+    cols = y.shape[-1]
+    rows = y.size // max(cols, 1)
+    grad_x = _xp(y).empty_like(y)
+    if rows and cols:
+        _launch.launch("softmax_backward", name, (rows,), (_row_block(cols),),
+                       (y, grad_y, grad_x, _i32(cols), _i32(log)))
+    return grad_x
+
+
+# ------------------------------------------------------------------------ layer norm
+def layer_norm_forward(x, weight, bias, eps=1e-5, dtype=None):
+    """Returns (y, mean, rstd); mean and rstd are float32 with one entry per row."""
+    x, weight, bias = _contiguous(x, weight, bias)
+    name = _element_dtype(x, dtype)
+    xp, cols = _xp(x), x.shape[-1]
+    rows = x.size // max(cols, 1)
+    y = xp.empty_like(x)
+    mean = xp.empty(rows, dtype=numpy.float32)
+    rstd = xp.empty(rows, dtype=numpy.float32)
+    if rows and cols:
+        _launch.launch("layer_norm_forward", name, (rows,), (_row_block(cols),),
+                       (x, weight, bias, y, mean, rstd, _i32(cols), _f32(eps)))
+    return y, mean, rstd
+
+
+def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_params=True, dtype=None,
+                        rows_per_chunk=64):
+    """Returns (grad_x, grad_weight, grad_bias); an entry is None when not asked for."""
+    x, weight, grad_y = _contiguous(x, weight, grad_y)
+    name = _element_dtype(x, dtype)
+    xp, cols = _xp(x), x.shape[-1]
+    rows = x.size // max(cols, 1)
+    grad_x = grad_w = grad_b = None
+    if need_input:
+        grad_x = xp.empty_like(x)
+        if rows and cols:
+            _launch.launch("layer_norm_backward_input", name, (rows,), (_row_block(cols),),
+                           (x, weight, grad_y, mean, rstd, grad_x, _i32(cols)))
+    if need_params:
+        chunks = max(1, math.ceil(rows / rows_per_chunk))
+        partial_w = xp.zeros((chunks, cols), dtype=numpy.float32)
+        partial_b = xp.zeros((chunks, cols), dtype=numpy.float32)
+        grad_w, grad_b = xp.empty_like(weight), xp.empty_like(weight)
+        threads = 128
+        column_blocks = math.ceil(cols / threads)
+        if rows and cols:
+            _launch.launch("layer_norm_backward_params", name, (column_blocks, chunks), (threads,),
+                           (x, grad_y, mean, rstd, partial_w, partial_b, _i32(rows), _i32(cols),
+                            _i32(rows_per_chunk)))
+        if cols:
+            _launch.launch("layer_norm_reduce_params", name, (column_blocks,), (threads,),
+                           (partial_w, partial_b, grad_w, grad_b, _i32(chunks), _i32(cols)))
+    return grad_x, grad_w, grad_b
+
+
+# ------------------------------------------------------------------------ cross entropy
+def _targets(target, xp):
+    return xp.ascontiguousarray(target.reshape(-1), dtype=numpy.int64)
+
+
+def cross_entropy_forward(logits, target, smoothing=0.0, ignore_index=None, dtype=None):
+    """Per-row (loss, nll, lse) as float32 for logits (..., V) flattened to rows."""
+    (logits,) = _contiguous(logits)
+    name = _element_dtype(logits, dtype)
+    xp, vocab = _xp(logits), logits.shape[-1]
+    rows = logits.size // max(vocab, 1)
+    target = _targets(target, xp)
+    loss, nll, lse = (xp.empty(rows, dtype=numpy.float32) for _ in range(3))
+    if rows:
+        _launch.launch("cross_entropy_forward", name, (rows,), (_row_block(vocab),),
+                       (logits, target, loss, nll, lse, _i32(vocab), numpy.int64(ignore_index or 0),
+                        _i32(ignore_index is not None), _f32(smoothing)))
+    return loss, nll, lse
+
+
+def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0.0, ignore_index=None, dtype=None):
+    """d logits from per-row upstream gradients of loss and nll (float32 arrays of rows)."""
+    (logits,) = _contiguous(logits)
+    name = _element_dtype(logits, dtype)
+    xp, vocab = _xp(logits), logits.shape[-1]
+    rows = logits.size // max(vocab, 1)
+    target = _targets(target, xp)
+    grad_loss, grad_nll = (xp.ascontiguousarray(g, dtype=numpy.float32) for g in (grad_loss, grad_nll))
+    grad = xp.empty_like(logits)
+    if rows:
+        _launch.launch("cross_entropy_backward", name, (rows,), (_row_block(vocab),),
+                       (logits, target, lse, grad_loss, grad_nll, grad, _i32(vocab),
+                        numpy.int64(ignore_index or 0), _i32(ignore_index is not None), _f32(smoothing)))
+    return grad
+
+
+# ------------------------------------------------------------------------ adam
+ADAM_CHUNK = 65536
+
+
+class AdamPlan:
+    """Pointer tables and chunk lists for one fixed list of parameter/grad/moment arrays."""
+
+    def __init__(self, params, grads, m, v, chunk_size=ADAM_CHUNK):
+        xp = _xp(*params)
+        sizes = [p.size for p in params]
+        for name, arrays in (("grads", grads), ("m", m), ("v", v)):
+            for i, (a, p) in enumerate(zip(arrays, params)):
+                if a.shape != p.shape or a.dtype != p.dtype or not a.flags.c_contiguous:
+                    raise ValueError(f"adam: {name}[{i}] must be a contiguous {p.dtype} array of shape {p.shape}, "
+                                     f"got {a.dtype} {a.shape}")
+        chunk_tensor, chunk_start = [], []
+        for i, n in enumerate(sizes):
+            for start in range(0, n, chunk_size):
+                chunk_tensor.append(i)
+                chunk_start.append(start)
+        self.tables = [xp.asarray(numpy.array([_pointer(a) for a in arrays], dtype=numpy.uint64))
+                       for arrays in (params, grads, m, v)]
+        self.sizes = xp.asarray(numpy.array(sizes, dtype=numpy.int64))
+        self.chunk_tensor = xp.asarray(numpy.array(chunk_tensor, dtype=numpy.int32))
+        self.chunk_start = xp.asarray(numpy.array(chunk_start, dtype=numpy.int64))
+        self.chunks, self.chunk_size = len(chunk_tensor), chunk_size
+        self.keep_alive = (params, grads, m, v)
+
+
+def _pointer(array):
+    return array.data.ptr if backend.is_cupy_array(array) else array.ctypes.data
+
+
+def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None):
+    """One fused Adam update of every array in ``plan`` (in place)."""
+    if not plan.chunks:
+        return
+    name = _element_dtype(plan.keep_alive[0][0], dtype)
+    _launch.launch("adam_update", name, (plan.chunks,), (256,),
+                   (*plan.tables, plan.sizes, plan.chunk_tensor, plan.chunk_start, _i32(plan.chunk_size),
+                    _f32(step_size), _f32(beta1), _f32(beta2), _f32(bias2), _f32(eps), _f32(weight_decay)))
+
+
+# ------------------------------------------------------------------------ attention
+def attention_rows_per_block(head_dim):
+    return _WARPS * (2 if head_dim >= 128 else 4)
+
+
+def _check_attention(q, k, v, key_lengths):
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"attention kernel: q, k, v must be (batch·heads, len, head_dim), got {q.shape}, {k.shape}, {v.shape}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"attention kernel: shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[2] not in HEAD_DIMS:
+        raise ValueError(f"attention kernel: head dimension {q.shape[2]} is not supported (supported: {HEAD_DIMS})")
+
+
+def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                      dtype=None):
+    """Fused attention on (batch·heads, len, head_dim) arrays; returns (o, lse)."""
+    _check_attention(q, k, v, key_lengths)
+    q, k, v = _contiguous(q, k, v)
+    name = _element_dtype(q, dtype)
+    xp = _xp(q)
+    bh, len_q, dim = q.shape
+    len_k = k.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    o = xp.empty_like(q)
+    lse = xp.empty((bh, len_q), dtype=numpy.float32)
+    lengths = _key_lengths(key_lengths, bh // heads, xp)
+    if bh and len_q:
+        rows = attention_rows_per_block(dim)
+        _launch.launch("attention_forward", name, (bh, math.ceil(len_q / rows)), (32 * _WARPS,),
+                       (q, k, v, o, lse, lengths, _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale),
+                        _f32(dropout_p), numpy.uint64(seed), numpy.uint64(offset)), head_dim=dim)
+    return o, lse
+
+
+def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                       seed=0, offset=0, dtype=None):
+    """Returns (grad_q, grad_k, grad_v), recomputing the probabilities from ``lse``."""
+    _check_attention(q, k, v, key_lengths)
+    q, k, v, o, grad_o = _contiguous(q, k, v, o, grad_o)
+    name = _element_dtype(q, dtype)
+    xp = _xp(q)
+    bh, len_q, dim = q.shape
+    len_k = k.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    lengths = _key_lengths(key_lengths, bh // heads, xp)
+    grad_q, grad_k, grad_v = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    delta = xp.empty((bh, len_q), dtype=numpy.float32)
+    rows = attention_rows_per_block(dim)
+    tail = (lengths, _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p),
+            numpy.uint64(seed), numpy.uint64(offset))
+    if bh and len_q:
+        _launch.launch("attention_backward_delta", name, (math.ceil(bh * len_q / _WARPS),), (32 * _WARPS,),
+                       (o, grad_o, delta, numpy.int64(bh * len_q)), head_dim=dim)
+        _launch.launch("attention_backward_q", name, (bh, math.ceil(len_q / rows)), (32 * _WARPS,),
+                       (q, k, v, grad_o, lse, delta, grad_q, *tail), head_dim=dim)
+    if bh and len_k:
+        _launch.launch("attention_backward_kv", name, (bh, math.ceil(len_k / rows)), (32 * _WARPS,),
+                       (q, k, v, grad_o, lse, delta, grad_k, grad_v, *tail), head_dim=dim)
+    return grad_q, grad_k, grad_v
+
+
+def _key_lengths(key_lengths, batch, xp):
+    """int32 array of per-sequence key counts, or a null pointer (every key visible)."""
+    if key_lengths is None:
+        return numpy.uint64(0)  # NULL for `const int*`
+    lengths = xp.ascontiguousarray(key_lengths, dtype=numpy.int32)
+    if lengths.shape != (batch,):
+        raise ValueError(f"attention kernel: key_lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+    return lengths

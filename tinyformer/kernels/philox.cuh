@@ -1,0 +1,44 @@
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011):
+// a counter-based generator, so a kernel can regenerate any element's random number from
+// (seed, counter) alone. kernels/philox.py is the same function in NumPy.
+#pragma once
+#include "common.cuh"
+
+namespace tf {
+
+struct Philox4 {
+    unsigned x, y, z, w;
+};
+
+__device__ __forceinline__ void mul_hi_lo(unsigned a, unsigned b, unsigned* hi, unsigned* lo) {
+    unsigned long long product = (unsigned long long)a * b;
+    *hi = (unsigned)(product >> 32);
+    *lo = (unsigned)product;
+}
+
+__device__ __forceinline__ Philox4 philox4x32_10(Philox4 counter, unsigned key0, unsigned key1) {
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            key0 += 0x9E3779B9u;
+            key1 += 0xBB67AE85u;
+        }
+        unsigned hi0, lo0, hi1, lo1;
+        mul_hi_lo(0xD2511F53u, counter.x, &hi0, &lo0);
+        mul_hi_lo(0xCD9E8D57u, counter.z, &hi1, &lo1);
+        counter = {hi1 ^ counter.y ^ key0, lo1, hi0 ^ counter.w ^ key1, lo0};
+    }
+    return counter;
+}
+
+// A uniform float in [0, 1) for element `index` of the stream (seed, offset): word index % 4
+// of the Philox block at counter (index / 4, offset).
+__device__ __forceinline__ float philox_uniform(unsigned long long seed, unsigned long long offset,
+                                                unsigned long long index) {
+    const unsigned long long block = index >> 2;
+    Philox4 r = philox4x32_10({(unsigned)block, (unsigned)(block >> 32), (unsigned)offset, (unsigned)(offset >> 32)},
+                              (unsigned)seed, (unsigned)(seed >> 32));
+    const unsigned word = (index & 3) == 0 ? r.x : (index & 3) == 1 ? r.y : (index & 3) == 2 ? r.z : r.w;
+    return (word >> 8) * (1.0f / 16777216.0f);
+}
+
+}  // namespace tf

@@ -1,0 +1,50 @@
+"""Where the CUDA pieces live: headers (cuda_fp16.h, cuda_bf16.h) and the NVRTC library.
+
+They come from a CUDA toolkit (``$CUDA_PATH``, ``/usr/local/cuda``) or from NVIDIA's
+wheels (``nvidia-cuda-runtime`` for the headers, ``nvidia-cuda-nvrtc`` for the compiler),
+which need neither a GPU nor a driver.
+"""
+
+import ctypes.util
+import glob
+import os
+import site
+import sys
+from pathlib import Path
+
+
+def _toolkit_roots():
+    roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    return [Path(r) for r in roots if r]
+
+
+def _wheel_roots():
+    """nvidia/<component>/ folders of the installed NVIDIA wheels (cu12: one per component; cu13: nvidia/cu13)."""
+    bases = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
+    roots = []
+    for base in bases:
+        for folder in sorted(glob.glob(os.path.join(base, "nvidia", "*"))):
+            if os.path.isdir(folder) and Path(folder) not in roots:
+                roots.append(Path(folder))
+    return roots
+
+
+def cuda_include_dirs():
+    """Folders holding cuda_fp16.h (the first toolkit or wheel found), for NVRTC's -I."""
+    for root in _toolkit_roots() + _wheel_roots():
+        if (root / "include" / "cuda_fp16.h").is_file():
+            return [root / "include"]
+    return []
+
+
+def find_nvrtc():
+    """Path of libnvrtc (newest wheel first, then a toolkit, then the system), or None."""
+    candidates = []
+    for root in _wheel_roots():
+        candidates += sorted(glob.glob(str(root / "lib" / "libnvrtc.so*")), reverse=True)
+    for root in _toolkit_roots():
+        candidates += sorted(glob.glob(str(root / "lib64" / "libnvrtc.so*")), reverse=True)
+    candidates = [c for c in candidates if "builtins" not in c and "alt" not in os.path.basename(c)]
+    if candidates:
+        return candidates[0]
+    return ctypes.util.find_library("nvrtc")
