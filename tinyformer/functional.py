@@ -14,7 +14,9 @@ import numbers
 
 import numpy
 
-from . import backend
+from . import backend, kernels
+from .kernels import ops as kernel_ops
+from .kernels.registry import HEAD_DIMS
 from .ops._helpers import normalize_axes, sum_to_shape
 from .random import uniform_like
 from .tensor import Function, Tensor
@@ -39,6 +41,15 @@ def _xp(*arrays):
     return backend.get_array_module(*arrays)
 
 
+_KERNEL_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16))
+
+
+def _use_kernel(*arrays):
+    """The single switch between a CUDA kernel and the NumPy/CuPy reference: CuPy arrays of
+    float32/float16 (float64, used by gradient checks, always takes the reference)."""
+    return kernels.enabled(*arrays) and all(a.dtype in _KERNEL_DTYPES for a in arrays)
+
+
 def _axis(axis, ndim):
     """One axis as a non-negative int; None or a tuple is an error, not a silent choice."""
     if ndim == 0:
@@ -60,11 +71,14 @@ class Softmax(Function):
 
     def forward(self, x, axis):
         self.axis = _axis(axis, x.ndim)
-        self.p = _stable_softmax(x, self.axis)
+        self.fused = _use_kernel(x) and self.axis == x.ndim - 1
+        self.p = kernel_ops.softmax_forward(x) if self.fused else _stable_softmax(x, self.axis)
         return self.p
 
     def backward(self, g):
         p = self.p
+        if self.fused:
+            return kernel_ops.softmax_backward(p, g.astype(p.dtype, copy=False))
         return p * (g - (g * p).sum(axis=self.axis, keepdims=True))
 
 
@@ -74,12 +88,18 @@ class LogSoftmax(Function):
     def forward(self, x, axis):
         xp = _xp(x)
         self.axis = axis = _axis(axis, x.ndim)
+        self.fused = _use_kernel(x) and axis == x.ndim - 1
+        if self.fused:
+            self.y = kernel_ops.softmax_forward(x, log=True)
+            return self.y
         shifted = x - x.max(axis=axis, keepdims=True)
         y = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
         self.y = y
         return y
 
     def backward(self, g):
+        if self.fused:
+            return kernel_ops.softmax_backward(self.y, g.astype(self.y.dtype, copy=False), log=True)
         return g - _xp(g).exp(self.y) * g.sum(axis=self.axis, keepdims=True)
 
 
@@ -109,15 +129,25 @@ class LayerNorm(Function):
                 f"weight and bias must have shape ({n},) for {n} features, "
                 f"got {weight.shape} and {bias.shape}"
             )
+        self.weight = weight
+        self.fused = _use_kernel(x, weight, bias)
+        if self.fused:  # kernels/layer_norm.cu keeps μ and r per row instead of x̂
+            y, self.mean, self.rstd = kernel_ops.layer_norm_forward(x, weight, bias, eps)
+            self.x = x
+            return y
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         var = (centered * centered).mean(axis=-1, keepdims=True)
         self.rstd = 1.0 / _xp(x).sqrt(var + eps)
         self.xhat = centered * self.rstd
-        self.weight = weight
         return self.xhat * weight + bias
 
     def backward(self, g):
+        if self.fused:
+            grad_x, grad_w, grad_b = kernel_ops.layer_norm_backward(
+                self.x, self.weight, g.astype(self.x.dtype, copy=False), self.mean, self.rstd,
+                need_input=self.needs_input_grad[0], need_params=any(self.needs_input_grad[1:3]))
+            return grad_x, grad_w, grad_b, None
         xhat = self.xhat
         batch_axes = tuple(range(g.ndim - 1))
         grad_w = (g * xhat).sum(axis=batch_axes) if self.needs_input_grad[1] else None
@@ -259,6 +289,9 @@ class CrossEntropy(Function):
         flat = logits.reshape(-1, vocab)
         t = target.reshape(-1)
         keep = xp.ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
+        self.fused = _use_kernel(logits)
+        if self.fused:
+            return self._fused_forward(flat, t, keep, smoothing, ignore_index, reduction, target.shape)
         t_safe = xp.where(keep, t, 0)
         rows = xp.arange(len(t))
         # Only p is kept for backward; log p is never materialised:
@@ -286,9 +319,39 @@ class CrossEntropy(Function):
             return loss.reshape(target.shape), nll.reshape(target.shape)
         return loss.sum(), nll.sum()
 
+    def _fused_forward(self, flat, t, keep, smoothing, ignore_index, reduction, target_shape):
+        """kernels/cross_entropy.cu: per-row loss and NLL; only the row's log-sum-exp is kept."""
+        loss, nll, self.lse = kernel_ops.cross_entropy_forward(flat, t, smoothing, ignore_index)
+        self.count = count = int(keep.sum())
+        weight = keep.astype(numpy.float32)
+        if reduction == "mean":
+            weight /= max(count, 1)
+        self.flat, self.t, self.weight, self.ignore_index = flat, t, weight, ignore_index
+        self.smoothing, self.reduction = smoothing, reduction
+        self.shape = tuple(target_shape) + (flat.shape[-1],)
+        loss, nll = (loss * weight).astype(flat.dtype), (nll * weight).astype(flat.dtype)
+        if reduction == "none":
+            return loss.reshape(target_shape), nll.reshape(target_shape)
+        return loss.sum(), nll.sum()
+
+    def _fused_backward(self, g_loss, g_nll):
+        xp, rows = _xp(self.flat), len(self.t)
+
+        def per_row(g):
+            if g is None:
+                return xp.zeros(rows, dtype=numpy.float32)
+            g = g.reshape(-1) if self.reduction == "none" else xp.broadcast_to(g, (rows,))
+            return g.astype(numpy.float32) * self.weight
+
+        grad = kernel_ops.cross_entropy_backward(self.flat, self.t, self.lse, per_row(g_loss), per_row(g_nll),
+                                                 self.smoothing, self.ignore_index)
+        return grad.reshape(self.shape), None
+
     materialize_grads = False
 
     def backward(self, g_loss, g_nll):
+        if self.fused:
+            return self._fused_backward(g_loss, g_nll)
         xp = _xp(self.p)
         p = self.p
         vocab = p.shape[-1]
@@ -420,6 +483,63 @@ class ScaledDotProductAttention(Function):
         )
 
 
+class FusedAttention(Function):
+    """The attention above through kernels/attention.cu (FlashAttention-style), CuPy only.
+
+    Forward keeps O and the row log-sum-exp L = log Σⱼ exp(sᵢⱼ), never P; backward
+    recomputes P = exp(QKᵀ/√d_k − L) tile by tile with the same formulas as above and
+    Δ = rowsum(dO∘O) in place of rowsum(dP∘P) (they are equal). Masks are per-sequence
+    key lengths and the causal flag; the dropout mask comes from Philox(seed), drawn
+    from ``generator``, and is regenerated in backward.
+    """
+
+    def forward(self, q, k, v, key_lengths, causal, dropout_p, generator):
+        from .random import default_generator
+
+        batch, heads, len_q, dim = q.shape
+        len_k = k.shape[2]
+        self.seed = int((generator or default_generator()).integers(2 ** 63)) if dropout_p else 0
+        self.q, self.k, self.v = (a.reshape(batch * heads, -1, dim) for a in (q, k, v))
+        self.args = dict(heads=heads, key_lengths=key_lengths, causal=causal, dropout_p=dropout_p, seed=self.seed)
+        self.o, self.lse = kernel_ops.attention_forward(self.q, self.k, self.v, **self.args)
+        self.shapes = (q.shape, (batch, heads, len_k, dim))
+        return self.o.reshape(batch, heads, len_q, dim)
+
+    def backward(self, g):
+        g = g.reshape(self.o.shape).astype(self.o.dtype, copy=False)
+        grad_q, grad_k, grad_v = kernel_ops.attention_backward(self.q, self.k, self.v, self.o, self.lse, g,
+                                                               **self.args)
+        q_shape, kv_shape = self.shapes
+        return grad_q.reshape(q_shape), grad_k.reshape(kv_shape), grad_v.reshape(kv_shape), None
+
+
+def _fused_attention_lengths(q, k, v, mask, return_weights):
+    """``(True, key lengths or None)`` when FusedAttention can run this call, else ``(False, None)``.
+
+    The kernel takes (batch, heads, len, d_k) tensors of one dtype, d_k in HEAD_DIMS,
+    and a mask that only hides trailing padded keys (shape (batch, 1, 1, len_k), as
+    ``padding_mask`` builds). Anything else, and ``return_weights``, takes the reference.
+    """
+    if return_weights or not _use_kernel(q.data, k.data, v.data):
+        return False, None
+    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] not in HEAD_DIMS:
+        return False, None
+    if len({q.dtype, k.dtype, v.dtype}) != 1:
+        return False, None
+    if mask is None:
+        return True, None
+    mask = mask.data if isinstance(mask, Tensor) else mask
+    batch, len_k = q.shape[0], k.shape[2]
+    if getattr(mask, "dtype", None) != bool or tuple(mask.shape) != (batch, 1, 1, len_k):
+        return False, None
+    xp = _xp(q.data)
+    keep = backend.like(mask, q.data)[:, 0, 0, :]
+    lengths = keep.sum(axis=-1)
+    if not bool((keep == (xp.arange(len_k)[None, :] < lengths[:, None])).all()):
+        return False, None  # holes in the mask: not a key-length mask
+    return True, lengths.astype(numpy.int32)
+
+
 def _attention_mask(mask, causal, q, k):
     """The boolean keep-mask for scores of shape (..., len_q, len_k), or None."""
     len_q, len_k = q.shape[-2], k.shape[-2]
@@ -469,6 +589,9 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, dropout_p=0.0
             f"scaled_dot_product_attention: q {q.shape} and k {k.shape} need the same d_k, and "
             f"k and v {v.shape} the same number of keys"
         )
+    fused, key_lengths = _fused_attention_lengths(q, k, v, mask, return_weights)
+    if fused:
+        return FusedAttention.apply(q, k, v, key_lengths, bool(causal), float(dropout_p), generator)
     mask = _attention_mask(mask, causal, q, k)
     out, weights = ScaledDotProductAttention.apply(q, k, v, mask, float(dropout_p), generator)
     return (out, weights) if return_weights else out

@@ -268,3 +268,17 @@ def _key_lengths(key_lengths, batch, xp):
     if lengths.shape != (batch,):
         raise ValueError(f"attention kernel: key_lengths must have shape ({batch},), got {tuple(lengths.shape)}")
     return lengths
+
+
+# ------------------------------------------------------------------------ bfloat16 storage
+def to_bfloat16(x):
+    """float32 -> bfloat16 bits as uint16 (round to nearest even), on x's device."""
+    xp = _xp(x)
+    bits = xp.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
+    rounded = bits + numpy.uint32(0x7FFF) + ((bits >> numpy.uint32(16)) & numpy.uint32(1))
+    return (rounded >> numpy.uint32(16)).astype(numpy.uint16)
+
+
+def from_bfloat16(bits):
+    """bfloat16 bits (uint16) -> float32."""
+    return (bits.astype(numpy.uint32) << numpy.uint32(16)).view(numpy.float32)

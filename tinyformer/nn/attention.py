@@ -73,11 +73,12 @@ class MultiHeadAttention(Module):
                 k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
         if cache is not None:
             cache["k"], cache["v"] = k, v
-        out, weights = F.scaled_dot_product_attention(
+        result = F.scaled_dot_product_attention(
             q, k, v, mask=mask, causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
-            return_weights=True, generator=self.dropout_generator,
+            return_weights=need_weights, generator=self.dropout_generator,
         )
+        out, weights = result if need_weights else (result, None)
         self.last_weights = weights.detach() if need_weights else None
         return self.w_o(self._merge(out))
 

@@ -2,7 +2,8 @@
 
 import math
 
-from .. import backend
+from .. import backend, kernels
+from ..kernels import ops as kernel_ops
 
 __all__ = ["Adam", "clip_grad_norm"]
 
@@ -72,6 +73,8 @@ class Adam:
         beta1, beta2 = self.betas
         bias1, bias2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
         step_size = lr / bias1
+        if self._fused_step(step_size, bias2):
+            return self.last_grad_norm
         for i, p in enumerate(self.params):
             g = p.grad
             if g is None:
@@ -91,6 +94,30 @@ class Adam:
             denom += self.eps
             p.data -= step_size * (m / denom)
         return self.last_grad_norm
+
+    def _fused_step(self, step_size, bias2):
+        """kernels/adam.cu: every parameter with a gradient in one launch (CuPy, one float dtype).
+
+        Returns False, doing nothing, when the reference loop above must run instead.
+        """
+        active = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not active or not kernels.enabled(self.params[active[0]].data):
+            return False
+        dtypes = {self.params[i].data.dtype for i in active} | {self.params[i].grad.dtype for i in active}
+        if len(dtypes) != 1 or dtypes.pop().name not in ("float32", "float16"):
+            return False
+        xp = backend.get_array_module(self.params[active[0]].data)
+        for i in active:
+            if self.m[i] is None:
+                self.m[i] = xp.zeros_like(self.params[i].data)
+                self.v[i] = xp.zeros_like(self.params[i].data)
+        # The pointer tables are rebuilt every step: gradients are new arrays each backward.
+        plan = kernel_ops.AdamPlan([self.params[i].data for i in active],
+                                   [xp.ascontiguousarray(self.params[i].grad) for i in active],
+                                   [self.m[i] for i in active], [self.v[i] for i in active])
+        beta1, beta2 = self.betas
+        kernel_ops.adam_update(plan, step_size, beta1, beta2, bias2, self.eps, self.weight_decay)
+        return True
 
     def state_dict(self):
         """Step count, hyper-parameters and moments (NumPy copies; None for untouched parameters)."""

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# One GPU check of tinyformer, at most 8 minutes on one GPU, everything into one report file.
+#
+#   benchmarks/gpu_check.sh [REPORT]      (default benchmarks/results/gpu_check_<date>.txt)
+#
+# Stages, each under `timeout` and clipped to what is left of an overall budget:
+#   nvidia-smi          GPU name, driver, memory
+#   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch; fails without a usable GPU
+#   compile_check       python -m tinyformer.kernels.compile_check (NVRTC, every kernel instantiation)
+#   gpu tests           python -m pytest -m gpu -q
+#   bench_attention     benchmarks/bench_attention.py (fused kernels vs unfused CuPy vs PyTorch)
+#   bench_step          benchmarks/bench_step.py --device cuda --preset small,base (--vs-torch when
+#                       PyTorch has CUDA)
+# A failing stage is recorded as FAIL and the next one runs; the exit status is 1 if any failed.
+# PYTHON names the interpreter (default: python, else python3); GPU_CHECK_BUDGET overrides the
+# overall budget in seconds (default 465, which keeps the whole run under 8 minutes).
+set -u
+
+BUDGET=${GPU_CHECK_BUDGET:-465}  # seconds for all stages together; `timeout -k` may add KILL_AFTER to one
+KILL_AFTER=5
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+report=${1:-$ROOT/benchmarks/results/gpu_check_$(date +%Y%m%d-%H%M%S).txt}
+case $report in /*) ;; *) report=$PWD/$report ;; esac
+mkdir -p "$(dirname "$report")" && : >"$report" || { echo "gpu_check: cannot write $report" >&2; exit 2; }
+
+PYTHON=${PYTHON:-$(command -v python || command -v python3 || echo python)}
+export PYTHONUNBUFFERED=1   # stage output reaches the report as it comes, even when a stage is killed
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+cd "$ROOT" || exit 2
+
+names=() statuses=() times=() notes=()
+
+log() {
+    printf '%s\n' "$*" | tee -a "$report"
+}
+
+# run_stage NAME CAP_SECONDS COMMAND...: run COMMAND under timeout, tee its output, record the outcome.
+run_stage() {
+    local name=$1 cap=$2
+    shift 2
+    local left=$((BUDGET - SECONDS))
+    local limit=$((cap < left ? cap : left))
+    log ""
+    if ((limit < 10)); then
+        log "== $name: not run, the ${BUDGET}s budget is spent"
+        record "$name" FAIL 0 "not run: budget spent"
+        return
+    fi
+    local shown=${*//$'\n'/ }
+    ((${#shown} > 160)) && shown="${shown:0:157}..."
+    log "== $name (limit ${limit}s): $shown"
+    local start=$SECONDS
+    timeout -k "$KILL_AFTER" "$limit" "$@" 2>&1 | tee -a "$report"
+    local rc=${PIPESTATUS[0]}
+    local took=$((SECONDS - start))
+    if ((rc == 0)); then
+        record "$name" PASS "$took" ""
+    elif ((rc == 124 || rc == 137)); then
+        record "$name" FAIL "$took" "timed out after ${limit}s"
+    else
+        record "$name" FAIL "$took" "exit status $rc$(stage_hint "$name" "$rc")"
+    fi
+}
+
+stage_hint() {
+    if [[ $1 == "gpu tests" && $2 == 5 ]]; then
+        echo " (no tests selected by -m gpu)"
+    elif [[ $2 == 127 ]]; then
+        echo " (command not found)"
+    fi
+}
+
+record() {
+    names+=("$1") statuses+=("$2") times+=("$3") notes+=("$4")
+    log "-- $1: $2 (${3}s)${4:+: $4}"
+}
+
+PYINFO=$(cat <<'EOF'
+import platform, sys
+import numpy
+print(f"python {platform.python_version()} ({sys.executable}), numpy {numpy.__version__}")
+try:
+    import cupy
+    rt, drv = cupy.cuda.runtime.runtimeGetVersion(), cupy.cuda.runtime.driverGetVersion()
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name, memory = props["name"].decode(), props["totalGlobalMem"] / 2**30
+    print(f"cupy {cupy.__version__}, CUDA runtime {rt}, driver API {drv}, device 0: {name} "
+          f"(sm_{props['major']}{props['minor']}, {memory:.0f} GiB)")
+except Exception as error:
+    print(f"cupy: unusable: {type(error).__name__}: {error}")
+try:
+    import torch
+    print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}, built for CUDA {torch.version.cuda}")
+except ImportError:
+    print("torch: not installed")
+from tinyformer import backend
+print(f"tinyformer.backend.is_gpu_available(): {backend.is_gpu_available()}")
+sys.exit(0 if backend.is_gpu_available() else 1)
+EOF
+)
+
+torch_has_cuda() {
+    timeout 30 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
+}
+
+log "tinyformer GPU check"
+log "report: $report"
+log "date: $(date -Is)"
+log "host: $(uname -srm), $(nproc) cpus"
+log "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo ' (working tree modified)')"
+log "python: $PYTHON"
+step_args=(--device cuda --preset small,base)
+if torch_has_cuda; then  # before the stages, so that its time counts against the budget
+    step_args+=(--vs-torch)
+    log "PyTorch with CUDA: yes, bench_step runs with --vs-torch"
+else
+    log "PyTorch with CUDA: no, bench_step runs without --vs-torch"
+fi
+
+run_stage "nvidia-smi" 15 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+run_stage "python env" 30 "$PYTHON" -c "$PYINFO"
+run_stage "compile_check" 70 "$PYTHON" -m tinyformer.kernels.compile_check
+run_stage "gpu tests" 130 "$PYTHON" -m pytest -m gpu -q
+run_stage "bench_attention" 110 "$PYTHON" benchmarks/bench_attention.py
+run_stage "bench_step" 110 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}"
+
+log ""
+log "== summary (${SECONDS}s in all)"
+failed=0
+for i in "${!names[@]}"; do
+    log "$(printf '%-16s %-4s %5ss  %s' "${names[$i]}" "${statuses[$i]}" "${times[$i]}" "${notes[$i]}")"
+    [[ ${statuses[$i]} == PASS ]] || failed=$((failed + 1))
+done
+if ((failed)); then
+    log "gpu_check: FAIL ($failed of ${#names[@]} stages); report: $report"
+    exit 1
+fi
+log "gpu_check: PASS (${#names[@]} stages); report: $report"

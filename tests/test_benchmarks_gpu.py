@@ -1,0 +1,93 @@
+"""The GPU benchmark scripts, checked on the CPU: they skip cleanly, parse, and count right."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_ATTENTION = ROOT / "benchmarks" / "bench_attention.py"
+GPU_CHECK = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def load_bench_attention():
+    spec = importlib.util.spec_from_file_location("bench_attention", BENCH_ATTENTION)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_bench_attention()
+
+
+def test_bench_attention_without_gpu_prints_one_skip_line_and_exits_0():
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so this takes the no-GPU path on every machine.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, str(BENCH_ATTENTION), "--quick"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and "status: skipped" in lines[0], result.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_check_script_parses():
+    result = subprocess.run(["bash", "-n", str(GPU_CHECK)], capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_attention_flops_forward_is_four_b_s2_h_d():
+    assert bench.attention_flops(batch=2, seq_len=128, heads=8, head_dim=64) == 4 * 2 * 128 * 128 * 8 * 64
+    assert bench.attention_flops(batch=2, seq_len=128, heads=8, head_dim=64) == 67_108_864
+    assert bench.attention_flops(batch=1, seq_len=3, heads=1, head_dim=1) == 36
+
+
+def test_attention_flops_forward_backward_is_three_and_a_half_forwards():
+    assert bench.attention_flops(2, 128, 8, 64, backward=True) == 234_881_024  # 3.5 x 67,108,864
+    assert bench.attention_flops(1, 3, 1, 1, backward=True) == 126
+
+
+def test_attention_flops_halved_when_causal():
+    assert bench.attention_flops(2, 128, 8, 64, causal=True) == 33_554_432
+    assert bench.attention_flops(2, 128, 8, 64, causal=True, backward=True) == 117_440_512
+    assert bench.attention_flops(1, 3, 1, 1, causal=True, backward=True) == 63
+
+
+def test_attention_flops_at_the_benchmark_sizes_are_exact_integers():
+    # 16,384 tokens x 2,048 channels, as the benchmark's defaults give at S = 4096, D = 128.
+    flops = bench.attention_flops(batch=4, seq_len=4096, heads=16, head_dim=128, backward=True)
+    assert flops == 1_924_145_348_608 and isinstance(flops, int)
+
+
+def test_bfloat16_bits_round_to_nearest_even():
+    x = numpy.array([1.0, -2.0, 0.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-7 + 2.0**-9],
+                    dtype=numpy.float32)
+    bits = bench.bfloat16_bits(x)
+    assert bits.dtype == numpy.uint16
+    # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to even (1.0); 1 + 3·2^-8 ties up to 1 + 2^-6.
+    assert bits.tolist() == [0x3F80, 0xC000, 0x0000, 0x3F80, 0x3F82, 0x3F81]
+    assert bench.bfloat16_to_float32(bits).tolist() == [1.0, -2.0, 0.0, 1.0, 1.0 + 2.0**-6, 1.0 + 2.0**-7]
+
+
+def test_row_op_bytes_count_each_input_and_output_once():
+    assert bench.row_op_bytes("softmax", "forward", 8192, 1024, "float32") == 2 * 8192 * 1024 * 4
+    assert bench.row_op_bytes("softmax", "backward", 8192, 1024, "bfloat16") == 3 * 8192 * 1024 * 2
+    assert bench.row_op_bytes("layer_norm", "forward", 4, 8, "float32") == (2 * 32 + 2 * 8) * 4 + 2 * 4 * 4
+    assert bench.row_op_bytes("cross_entropy", "forward", 8192, 8000, "bfloat16") == (
+        8192 * 8000 * 2 + 8192 * 8 + 3 * 8192 * 4)
+    assert bench.adam_bytes(10) == 7 * 10 * 4
+
+
+def test_quick_and_full_attention_cases():
+    full = bench.attention_cases(bench.parse_args([]))
+    assert {(c.seq_len, c.head_dim) for c in full} == {(s, d) for s in (128, 512, 1024, 4096) for d in (64, 128)}
+    assert {c.dtype for c in full} == {"bfloat16", "float32"} and {c.causal for c in full} == {False, True}
+    assert all(c.batch * c.seq_len == 16384 and c.heads * c.head_dim == 2048 for c in full)
+    quick = bench.attention_cases(bench.parse_args(["--quick"]))
+    assert 0 < len(quick) < len(full) and not any(c.causal for c in quick)

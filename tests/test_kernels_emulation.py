@@ -1,0 +1,182 @@
+"""The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
+the NumPy references in functional/optim. These run in CI, where there is no GPU.
+
+The emulation runs every CUDA thread as an OS thread, so shapes are small. The whole file
+runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tinyformer
+from tinyformer import Tensor, functional as F, kernels
+from tinyformer.kernels import ops
+from tinyformer.kernels.philox import philox4x32_10
+from tinyformer.optim import Adam
+
+from kernel_cases import Device, adam_case, attention_case, cross_entropy_case, layer_norm_case, rand, softmax_case
+
+pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
+                                reason="no C++ compiler for the CPU emulation")
+
+CPU = Device("cpu")
+
+
+@pytest.mark.parametrize("cols", [1, 7, 64, 129, 1000])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_kernel_matches_reference(cols, log):
+    softmax_case(CPU, 3, cols, log, seed=cols)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 7), (3, 64), (130, 129), (2, 1000)])
+def test_layer_norm_kernel_matches_reference(rows, cols):
+    layer_norm_case(CPU, rows, cols, seed=rows * cols)
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 129, 1000])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("ignore_index", [None, 0])
+def test_cross_entropy_kernel_matches_reference(vocab, smoothing, ignore_index):
+    cross_entropy_case(CPU, 9, vocab, smoothing, ignore_index, seed=vocab)
+
+
+def test_fused_adam_kernel_matches_reference_loop():
+    plan = adam_case(CPU, [(3, 5), (7,), (300,), (1,)], chunk_size=128)
+    assert plan.chunks == 6  # 300 elements in 3 chunks of 128
+
+
+def test_adam_plan_refuses_mismatched_arrays():
+    p = [np.zeros((2, 3), np.float32)]
+    with pytest.raises(ValueError, match=r"grads\[0\].*\(2, 3\)"):
+        ops.AdamPlan(p, [np.zeros((3, 2), np.float32)], [np.zeros_like(p[0])], [np.zeros_like(p[0])])
+
+
+@pytest.mark.parametrize("length", [1, 7, 64, 129])
+def test_attention_kernel_lengths(length):
+    attention_case(CPU, 1, 1, length, length, 32, rng_seed=length)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_attention_kernel_head_dims(dim):
+    attention_case(CPU, 1, 2, 9, 11, dim, lengths=[8])
+
+
+def test_attention_kernel_causal_with_padding_odd_batch_and_heads():
+    attention_case(CPU, 3, 3, 19, 19, 32, lengths=[19, 5, 12], causal=True)
+
+
+def test_attention_kernel_causal_queries_aligned_with_last_keys():
+    attention_case(CPU, 1, 1, 5, 37, 32, causal=True)
+
+
+def test_attention_kernel_fully_masked_rows_give_zero_output_and_gradient():
+    o, lse = attention_case(CPU, 2, 1, 6, 6, 32, lengths=[0, 6])
+    assert not o[0].any() and np.isneginf(lse[0]).all()
+
+
+def test_attention_kernel_dropout_matches_reference_with_the_same_philox_mask(monkeypatch):
+    attention_case(CPU, 2, 1, 13, 40, 32, lengths=[40, 33], causal=True, dropout_p=0.3, seed=1234567,
+                   monkeypatch=monkeypatch)
+
+
+def test_attention_kernel_is_deterministic():
+    rng = np.random.default_rng(5)
+    q, k, v, g = (rand(rng, 2, 33, 32) for _ in range(4))
+    runs = []
+    for _ in range(2):
+        o, lse = ops.attention_forward(q, k, v, 1, dropout_p=0.2, seed=9)
+        runs.append((o, lse) + ops.attention_backward(q, k, v, o, lse, g, 1, dropout_p=0.2, seed=9))
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+def test_attention_kernel_refuses_unsupported_head_dim_and_dtype():
+    x = np.zeros((1, 4, 48), np.float32)
+    with pytest.raises(ValueError, match="head dimension 48"):
+        ops.attention_forward(x, x, x, 1)
+    y = np.zeros((1, 4, 32), np.float64)
+    with pytest.raises(TypeError, match="float64"):
+        ops.attention_forward(y, y, y, 1)
+
+
+def test_philox_matches_the_random123_known_answers():
+    zero = [np.zeros(1, np.uint32)] * 4
+    assert [int(w[0]) for w in philox4x32_10(zero, (0, 0))] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    ones = [np.full(1, 0xFFFFFFFF, np.uint32)] * 4
+    assert [int(w[0]) for w in philox4x32_10(ones, (0xFFFFFFFF, 0xFFFFFFFF))] == [
+        0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+# ------------------------------------------------------------------------ through functional and the optimiser
+@pytest.fixture
+def emulated_kernels(monkeypatch):
+    """Make functional and Adam take their kernel path on NumPy arrays (through the emulation)."""
+    monkeypatch.setattr(kernels, "enabled", lambda *arrays: os.environ.get("TINYFORMER_KERNELS", "1") != "0")
+
+
+def test_functional_attention_dispatches_to_the_fused_kernel(emulated_kernels):
+    rng = np.random.default_rng(1)
+    q, k, v = (Tensor(rand(rng, 2, 2, 5, 32), requires_grad=True) for _ in range(3))
+    mask = F.padding_mask(np.array([[4, 5, 6, 0, 0], [1, 2, 3, 4, 5]]), 0)
+    out = F.scaled_dot_product_attention(q, k, v, mask, causal=True)
+    assert type(out.grad_fn).__name__ == "FusedAttention"
+    # a mask with holes, or asking for the weights, takes the reference
+    holes = mask.copy()
+    holes[1, 0, 0, 2] = False
+    assert type(F.scaled_dot_product_attention(q, k, v, holes).grad_fn).__name__ != "FusedAttention"
+    _, weights = F.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+    assert weights.shape == (2, 2, 5, 5)
+
+
+def training_step(use_kernels, monkeypatch):
+    monkeypatch.setenv("TINYFORMER_KERNELS", "1" if use_kernels else "0")
+    model = tinyformer.nn.Transformer(40, d_model=64, d_ff=96, heads=2, num_layers=1, dropout=0.0, seed=3)
+    adam = Adam(model.parameters(), lr=1e-3)
+    src = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    tgt_in = np.array([[2, 11, 12, 13], [2, 14, 15, 0]])
+    tgt_out = np.array([[11, 12, 13, 3], [14, 15, 3, 0]])
+    logits = model(src, tgt_in)
+    loss = F.cross_entropy(logits, tgt_out, 0.1, ignore_index=0)
+    loss.backward()
+    grads = {name: p.grad.copy() for name, p in model.named_parameters()}
+    adam.step()
+    return loss.item(), grads, {name: p.data.copy() for name, p in model.named_parameters()}
+
+
+def test_training_step_with_kernels_equals_the_reference_step(emulated_kernels, monkeypatch):
+    loss_ref, grads_ref, params_ref = training_step(False, monkeypatch)
+    loss_kernel, grads_kernel, params_kernel = training_step(True, monkeypatch)
+    assert loss_kernel == pytest.approx(loss_ref, rel=1e-5)
+    for name in grads_ref:
+        np.testing.assert_allclose(grads_kernel[name], grads_ref[name], rtol=1e-3, atol=1e-6)
+        # The key projections' bias has a zero gradient in exact arithmetic (a shift of every
+        # key adds the same q·b to a query's scores); Adam turns its rounding noise into ±lr
+        # steps, so its update is compared only where the gradient is not noise.
+        if np.abs(grads_ref[name]).max() > 1e-6:
+            np.testing.assert_allclose(params_kernel[name], params_ref[name], rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------ the same under AddressSanitizer
+def _libasan():
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    out = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    return out if os.path.isabs(out) and os.path.exists(out) else None
+
+
+@pytest.mark.skipif(os.environ.get("TINYFORMER_EMULATION_SANITIZE") == "1", reason="already under ASan")
+def test_emulation_under_address_sanitizer():
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("the C++ compiler has no AddressSanitizer runtime")
+    env = dict(os.environ, TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan,
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
+    selection = "attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or training_step"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
+                            env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout

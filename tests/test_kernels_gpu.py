@@ -1,0 +1,123 @@
+"""The CUDA kernels on a GPU against their NumPy references (skipped without a usable GPU).
+
+The same cases run on the CPU through the emulation in test_kernels_emulation.py; here they
+run on the real device, in float32, float16 and bfloat16 (tolerances in kernel_cases.py),
+at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
+"""
+
+import numpy as np
+import pytest
+
+import tinyformer
+from tinyformer import Tensor, backend, functional as F
+from tinyformer.kernels import ops
+from tinyformer.optim import Adam
+
+from kernel_cases import Device, adam_case, attention_case, cross_entropy_case, layer_norm_case, rand, softmax_case
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)"),
+]
+DTYPES = ["float32", "float16", "bfloat16"]
+LENGTHS = [1, 7, 64, 129, 1000]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", LENGTHS)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_kernel(dtype, cols, log):
+    softmax_case(Device("cuda", dtype), 37, cols, log, seed=cols)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", LENGTHS)
+def test_layer_norm_kernel(dtype, cols):
+    layer_norm_case(Device("cuda", dtype), 300, cols, seed=cols)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [7, 1000, 8000])
+@pytest.mark.parametrize("smoothing,ignore_index", [(0.0, None), (0.1, 0)])
+def test_cross_entropy_kernel(dtype, vocab, smoothing, ignore_index):
+    cross_entropy_case(Device("cuda", dtype), 129, vocab, smoothing, ignore_index, seed=vocab)
+
+
+def test_fused_adam_kernel():
+    adam_case(Device("cuda"), [(512, 512), (7,), (70000,), (1,)], chunk_size=65536)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("dim", [32, 64, 128])
+def test_attention_kernel_lengths_and_head_dims(dtype, length, dim):
+    attention_case(Device("cuda", dtype), 2, 3, length, length, dim, rng_seed=length)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_kernel_causal_with_padding_odd_batch_and_heads(dtype):
+    attention_case(Device("cuda", dtype), 5, 3, 129, 129, 64, lengths=[129, 1, 64, 100, 7], causal=True)
+
+
+def test_attention_kernel_fully_masked_rows():
+    o, lse = attention_case(Device("cuda"), 3, 2, 7, 7, 64, lengths=[0, 7, 3])
+    assert not o[:2].any() and np.isneginf(lse[:2]).all()
+
+
+def test_attention_kernel_causal_aligned_with_last_keys():
+    attention_case(Device("cuda"), 2, 2, 7, 1000, 64, lengths=[1000, 500], causal=True)
+
+
+def test_attention_kernel_dropout_matches_the_philox_reference(monkeypatch):
+    attention_case(Device("cuda"), 2, 2, 64, 129, 64, lengths=[129, 70], causal=True, dropout_p=0.1, seed=42,
+                   monkeypatch=monkeypatch)
+
+
+def test_attention_kernel_repeated_runs_are_identical():
+    import cupy
+
+    rng = np.random.default_rng(0)
+    q, k, v, g = (cupy.asarray(rand(rng, 6, 1000, 64)) for _ in range(4))
+    runs = []
+    for _ in range(2):
+        o, lse = ops.attention_forward(q, k, v, 3, causal=True, dropout_p=0.1, seed=7)
+        runs.append((o, lse) + ops.attention_backward(q, k, v, o, lse, g, 3, causal=True, dropout_p=0.1, seed=7))
+    for a, b in zip(*runs):
+        assert bool((a == b).all())
+
+
+def test_unsupported_head_dim_falls_back_to_the_reference_and_ops_refuse_it():
+    import cupy
+
+    rng = np.random.default_rng(0)
+    q = Tensor(cupy.asarray(rand(rng, 2, 2, 5, 48)), requires_grad=True)
+    out = F.scaled_dot_product_attention(q, q, q, causal=True)
+    assert type(out.grad_fn).__name__ == "ScaledDotProductAttention"
+    with pytest.raises(ValueError, match="head dimension 48"):
+        ops.attention_forward(q.data.reshape(4, 5, 48), q.data.reshape(4, 5, 48), q.data.reshape(4, 5, 48), 2)
+    with pytest.raises(TypeError, match="float64"):
+        x = cupy.zeros((1, 4, 64))
+        ops.attention_forward(x, x, x, 1)
+
+
+def _training_step(device):
+    model = tinyformer.nn.Transformer(60, d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
+    model = model.to(device)
+    adam = Adam(model.parameters(), lr=1e-3)
+    src = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 12, 13, 3]])
+    tgt_in = np.array([[2, 11, 12, 13, 0], [2, 14, 15, 16, 17]])
+    tgt_out = np.array([[11, 12, 13, 3, 0], [14, 15, 16, 17, 3]])
+    logits = model(backend.to_device(src, device), backend.to_device(tgt_in, device))
+    loss = F.cross_entropy(logits, backend.to_device(tgt_out, device), 0.1, ignore_index=0)
+    loss.backward()
+    grads = {n: backend.to_numpy(p.grad) for n, p in model.named_parameters()}
+    adam.step()
+    return loss.item(), grads
+
+
+def test_a_training_step_on_the_gpu_equals_the_cpu_step():
+    loss_cpu, grads_cpu = _training_step("cpu")
+    loss_gpu, grads_gpu = _training_step("cuda")
+    assert loss_gpu == pytest.approx(loss_cpu, rel=1e-5)
+    for name in grads_cpu:
+        np.testing.assert_allclose(grads_gpu[name], grads_cpu[name], rtol=1e-3, atol=1e-6, err_msg=name)
