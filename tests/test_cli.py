@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_info_prints_versions_and_gpu_availability(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
-    assert "tinyformer" in out and "GPU available" in out
+    assert "tinyformer" in out and "GPU available" in out and "CUDA kernels: on" in out
 
 
 def test_no_command_prints_help_and_exits_2(capsys):

@@ -59,3 +59,15 @@ ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem"""
 def test_emulation_launcher_symbols_are_valid_c_names():
     assert emulation.symbol("attention_forward<float, 64>") == "tf_attention_forward_float_64"
     assert "extern \"C\" void tf_softmax_forward_float" in emulation.translation_unit()
+
+
+def test_headers_of_the_compilers_cuda_version_are_preferred(tmp_path, monkeypatch):
+    for name in ("cu13", "cuda_runtime"):
+        (tmp_path / "nvidia" / name / "include").mkdir(parents=True)
+        (tmp_path / "nvidia" / name / "include" / "cuda_fp16.h").write_text("")
+    monkeypatch.setattr(toolchain, "_toolkit_roots", lambda: [])
+    monkeypatch.setattr(toolchain.sys, "path", [str(tmp_path)])
+    monkeypatch.setattr(toolchain.site, "getsitepackages", lambda: [])
+    monkeypatch.setattr(toolchain.site, "getusersitepackages", lambda: str(tmp_path / "none"))
+    assert toolchain.cuda_include_dirs(12) == [tmp_path / "nvidia" / "cuda_runtime" / "include"]
+    assert toolchain.cuda_include_dirs(13) == [tmp_path / "nvidia" / "cu13" / "include"]

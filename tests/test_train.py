@@ -40,6 +40,20 @@ def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
         np.testing.assert_array_equal(a[name], b[name])
 
 
+def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path):
+    straight = tmp_path / "straight"
+    Trainer(small_config(straight), **QUIET).run()
+    interrupted = tmp_path / "interrupted"
+    Trainer(small_config(interrupted, max_steps=3), **QUIET).run()
+    with open(interrupted / "metrics.jsonl", "a", encoding="utf-8") as f:  # a run killed at step 5
+        f.write(json.dumps({"step": 4, "loss": 99.0}) + "\n" + json.dumps({"step": 5, "loss": 98.0}) + "\n")
+        f.write('{"step": 6, "lo')  # torn by the kill
+    Trainer(small_config(interrupted), resume=True, **QUIET).run()
+    assert losses(interrupted) == losses(straight)
+    steps = [r["step"] for r in map(json.loads, open(interrupted / "metrics.jsonl")) if "split" not in r]
+    assert steps == sorted(steps) and len(steps) == len(set(steps))
+
+
 def test_accumulation_and_epochs_and_keep_last(tmp_path):
     config = small_config(tmp_path, accum=2, max_steps=4, save_every=1, keep_last=2)
     trainer = Trainer(config, **QUIET)

@@ -96,6 +96,16 @@ def scatter_add(target, index, values):
     return target
 
 
+def cuda_runtime_major():
+    """Major version of the CUDA runtime CuPy was built for (12, 13), or None without CuPy."""
+    if _cupy is None:
+        return None
+    try:
+        return _cupy.cuda.runtime.runtimeGetVersion() // 1000
+    except Exception:
+        return None
+
+
 def raw_module(code, options, name_expressions):
     """A ``cupy.RawModule`` compiling ``code`` with NVRTC for the given template instantiations."""
     if _cupy is None:

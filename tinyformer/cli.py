@@ -31,6 +31,10 @@ def _info(args):
     print(f"tinyformer {__version__}")
     print(f"numpy {numpy.__version__}")
     print(f"GPU available (cupy.is_available()): {backend.is_gpu_available()}")
+    from .kernels import toolchain
+
+    print(f"CUDA kernels: {'on' if os.environ.get('TINYFORMER_KERNELS', '1') != '0' else 'off (TINYFORMER_KERNELS=0)'}"
+          f" for CuPy arrays; NVRTC for compile checks: {toolchain.find_nvrtc() or 'not installed'}")
     return 0
 
 

@@ -10,6 +10,7 @@ generator's state, the position in the epoch — is in each checkpoint, so
 import dataclasses
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -240,7 +241,31 @@ class Trainer:
         self.step, self.epoch = meta["step"], meta["epoch"]
         self.batch_in_epoch, self.tokens_seen = meta["batch_in_epoch"], meta["tokens_seen"]
         tf_random.set_rng_state(meta["rng_state"])
+        self._truncate_log(self.step)
         self.echo(f"resumed from {path.name} at step {self.step} (epoch {self.epoch + 1}, batch {self.batch_in_epoch})")
+
+    def _truncate_log(self, step):
+        """Drop the metrics logged after ``step`` by the run that stopped (and a torn last line):
+        the resumed run logs those steps again, so the log reads as one uninterrupted run."""
+        log = self.save_dir / LOG_FILE
+        if not log.exists():
+            return
+        kept, dropped = [], 0
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            if isinstance(record, dict) and record.get("step", 0) > step:
+                dropped += 1
+            else:
+                kept.append(line)
+        if dropped:
+            partial = log.with_name(LOG_FILE + ".tmp")
+            partial.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(partial, log)
+            self.echo(f"{LOG_FILE}: dropped {dropped} record(s) logged after step {step} by the interrupted run")
 
     # ------------------------------------------------------------------ the loop
     def log(self, record):

@@ -12,7 +12,8 @@ from . import emulation, registry, toolchain
 @functools.lru_cache(maxsize=None)
 def _module(source):
     """Compiled once per process (CuPy also caches the binary on disk) with every instantiation."""
-    options = ["-std=c++17", f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in toolchain.cuda_include_dirs()]
+    headers = toolchain.cuda_include_dirs(backend.cuda_runtime_major())
+    options = ["-std=c++17", f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in headers]
     return backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
 
 

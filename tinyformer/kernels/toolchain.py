@@ -29,9 +29,20 @@ def _wheel_roots():
     return roots
 
 
-def cuda_include_dirs():
-    """Folders holding cuda_fp16.h (the first toolkit or wheel found), for NVRTC's -I."""
-    for root in _toolkit_roots() + _wheel_roots():
+def _cuda_major(root):
+    """12 for nvidia/cuda_runtime (the cu12 wheels' layout), 13 for nvidia/cu13, None if unknown."""
+    if root.name == "cuda_runtime":
+        return 12
+    return int(root.name[2:]) if root.name.startswith("cu") and root.name[2:].isdigit() else None
+
+
+def cuda_include_dirs(cuda_major=None):
+    """Folders holding cuda_fp16.h, for NVRTC's -I: a toolkit first, then NVIDIA's wheels,
+    preferring the headers of ``cuda_major`` (the CUDA version the compiler belongs to)."""
+    wheels = [r for r in _wheel_roots() if (r / "include" / "cuda_fp16.h").is_file()]
+    if cuda_major is not None:
+        wheels.sort(key=lambda r: _cuda_major(r) != cuda_major)
+    for root in _toolkit_roots() + wheels:
         if (root / "include" / "cuda_fp16.h").is_file():
             return [root / "include"]
     return []
