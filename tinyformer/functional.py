@@ -135,12 +135,15 @@ class LayerNorm(Function):
             y, self.mean, self.rstd = kernel_ops.layer_norm_forward(x, weight, bias, eps)
             self.x = x
             return y
-        mean = x.mean(axis=-1, keepdims=True)
-        centered = x - mean
-        var = (centered * centered).mean(axis=-1, keepdims=True)
-        self.rstd = 1.0 / _xp(x).sqrt(var + eps)
-        self.xhat = centered * self.rstd
-        return self.xhat * weight + bias
+        xp = _xp(x)
+        xhat = x - x.mean(axis=-1, keepdims=True)
+        var = xp.einsum("...i,...i->...", xhat, xhat)[..., None] / n  # Σ (x − μ)², no temporary
+        self.rstd = 1.0 / xp.sqrt(var + eps)
+        xhat *= self.rstd
+        self.xhat = xhat
+        y = xhat * weight
+        y += bias
+        return y
 
     def backward(self, g):
         if self.fused:
@@ -148,18 +151,19 @@ class LayerNorm(Function):
                 self.x, self.weight, g.astype(self.x.dtype, copy=False), self.mean, self.rstd,
                 need_input=self.needs_input_grad[0], need_params=any(self.needs_input_grad[1:3]))
             return grad_x, grad_w, grad_b, None
-        xhat = self.xhat
-        batch_axes = tuple(range(g.ndim - 1))
-        grad_w = (g * xhat).sum(axis=batch_axes) if self.needs_input_grad[1] else None
-        grad_b = g.sum(axis=batch_axes) if self.needs_input_grad[2] else None
+        xp, xhat = _xp(g), self.xhat
+        n = xhat.shape[-1]
+        rows_g, rows_xhat = g.reshape(-1, n), xhat.reshape(-1, n)
+        grad_w = xp.einsum("ri,ri->i", rows_g, rows_xhat) if self.needs_input_grad[1] else None
+        grad_b = rows_g.sum(axis=0) if self.needs_input_grad[2] else None
         grad_x = None
         if self.needs_input_grad[0]:
             dxhat = g * self.weight
-            grad_x = self.rstd * (
-                dxhat
-                - dxhat.mean(axis=-1, keepdims=True)
-                - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
-            )
+            mean_dxhat_xhat = xp.einsum("...i,...i->...", dxhat, xhat)[..., None] / n
+            dxhat -= dxhat.mean(axis=-1, keepdims=True)
+            dxhat -= xhat * mean_dxhat_xhat
+            dxhat *= self.rstd
+            grad_x = dxhat
         return grad_x, grad_w, grad_b, None
 
 
@@ -173,12 +177,16 @@ class Dropout(Function):
     """Inverted dropout: y = x ∘ m / (1 − p), m ~ Bernoulli(1 − p);  dx = dy ∘ m / (1 − p)."""
 
     def forward(self, x, p, generator):
-        keep = uniform_like(generator, x.shape, x) >= p
-        self.scale = keep * numpy.asarray(1.0 / (1.0 - p), dtype=x.dtype)
-        return x * self.scale
+        self.keep = uniform_like(generator, x.shape, x) >= p  # boolean: 1 byte per element
+        self.scale = numpy.asarray(1.0 / (1.0 - p), dtype=x.dtype)
+        y = x * self.keep
+        y *= self.scale
+        return y
 
     def backward(self, g):
-        return g * self.scale
+        grad = g * self.keep
+        grad *= self.scale
+        return grad
 
 
 def _check_probability(p, name):
@@ -224,7 +232,7 @@ class Embedding(Function):
 
     def backward(self, g):
         grad = _xp(g).zeros(self.vocab, dtype=g.dtype)
-        backend.scatter_add(grad, self.ids, g)
+        backend.scatter_add_rows(grad, self.ids.reshape(-1), g.reshape(-1, self.vocab[1]))
         return grad, None
 
 
@@ -251,7 +259,9 @@ class Linear(Function):
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
         y = (x.reshape(-1, x.shape[-1]) @ weight.T).reshape(x.shape[:-1] + (weight.shape[0],))
-        return y if bias is None else y + bias
+        if bias is not None:
+            y += bias  # y is ours: no second (batch, out) array
+        return y
 
     def backward(self, g):
         need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
@@ -294,19 +304,20 @@ class CrossEntropy(Function):
             return self._fused_forward(flat, t, keep, smoothing, ignore_index, reduction, target.shape)
         t_safe = xp.where(keep, t, 0)
         rows = xp.arange(len(t))
-        # Only p is kept for backward; log p is never materialised:
+        # One (N, V) buffer holds z − max, then exp of it, then p; log p is never materialised:
         # log pₜ = shiftedₜ − log Z and Σᵥ log pᵥ = Σᵥ shiftedᵥ − V·log Z.
-        shifted = flat - flat.max(axis=-1, keepdims=True)
-        p = xp.exp(shifted)
+        p = flat - flat.max(axis=-1, keepdims=True)
+        shifted_target = p[rows, t_safe]
+        shifted_sum = p.sum(axis=-1) if smoothing else None
+        xp.exp(p, out=p)
         total = p.sum(axis=-1)
         log_z = xp.log(total)
-        nll = log_z - shifted[rows, t_safe]
+        nll = log_z - shifted_target
         if smoothing:
-            sum_logp = shifted.sum(axis=-1) - vocab * log_z
+            sum_logp = shifted_sum - vocab * log_z
             loss = (1.0 - smoothing) * nll - (smoothing / vocab) * sum_logp
         else:
             loss = nll
-        del shifted
         p /= total[:, None]
         weight = keep.astype(logits.dtype)
         self.count = count = int(keep.sum())
@@ -360,7 +371,10 @@ class CrossEntropy(Function):
         g_nll = zero if g_nll is None else g_nll
         if self.reduction == "none":
             g_loss, g_nll = g_loss.reshape(-1, 1), g_nll.reshape(-1, 1)
-        grad = p * (g_loss + g_nll)  # both targets sum to one: the p part is shared
+        # both targets sum to one: the p part is shared. When the graph is released after this
+        # backward, p is not needed again and becomes the gradient in place.
+        grad = p if not self.retain_graph else p.copy()
+        grad *= g_loss + g_nll
         grad[self.rows, self.t_safe] -= ((1.0 - self.smoothing) * g_loss + g_nll).reshape(-1)
         if self.smoothing:
             grad -= (self.smoothing / vocab) * g_loss
@@ -437,14 +451,20 @@ class ScaledDotProductAttention(Function):
     def forward(self, q, k, v, mask, dropout_p, generator):
         xp = _xp(q, k, v)
         self.scale = scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = (q @ k.swapaxes(-1, -2)) * numpy.asarray(scale, dtype=q.dtype)
+        scores = q @ k.swapaxes(-1, -2)
+        scores *= numpy.asarray(scale, dtype=scores.dtype)
         if mask is not None:
-            scores = xp.where(mask, scores, -xp.inf)
+            full = numpy.broadcast_shapes(scores.shape, mask.shape)
+            if scores.shape != full:  # a mask with more batch/head entries than q and k
+                scores = xp.broadcast_to(scores, full).copy()
+            xp.copyto(scores, -xp.inf, where=~mask)
         row_max = scores.max(axis=-1, keepdims=True)
-        row_max = xp.where(xp.isfinite(row_max), row_max, 0)
-        e = xp.exp(scores - row_max)
-        total = e.sum(axis=-1, keepdims=True)
-        p = e / xp.where(total == 0, 1, total)
+        row_max[~xp.isfinite(row_max)] = 0  # a fully masked row: exp(−inf − 0) = 0
+        scores -= row_max
+        p = xp.exp(scores, out=scores)  # scores becomes the probabilities, in place
+        total = p.sum(axis=-1, keepdims=True)
+        total[total == 0] = 1
+        p /= total
         if dropout_p:
             keep = uniform_like(generator, p.shape, p) >= dropout_p
             self.drop = keep * numpy.asarray(1.0 / (1.0 - dropout_p), dtype=p.dtype)
@@ -469,8 +489,10 @@ class ScaledDotProductAttention(Function):
                 dp = dp * self.drop
             if g_weights is not None:
                 dp = dp + g_weights
-            ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-            ds *= numpy.asarray(self.scale, dtype=ds.dtype)
+            dp -= (dp * p).sum(axis=-1, keepdims=True)
+            dp *= p
+            dp *= numpy.asarray(self.scale, dtype=dp.dtype)
+            ds = dp
             if need_q:
                 grad_q = ds @ k
             if need_k:

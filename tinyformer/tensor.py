@@ -261,6 +261,9 @@ class Function:
     inputs = None  # set to the input tensors when the call is recorded; None once freed
     needs_input_grad = ()
     materialize_grads = True  # False: outputs no gradient reached arrive as None, not zeros
+    # Set by the engine before each backward: False means the Function is released right
+    # after, so its backward may reuse (overwrite) what it saved instead of copying it.
+    retain_graph = True
     _hooks = None
     _out_meta = None
 
@@ -436,6 +439,7 @@ def _run_backward(roots, root_grads, retain_graph, capture=None):
                 xp.zeros(shape, dtype) if g is None else g
                 for g, (shape, dtype) in zip(grads, fn._out_meta)
             ]
+        fn.retain_graph = retain_graph
         input_grads = fn.backward(*grads)
         if type(input_grads) is not tuple:
             input_grads = (input_grads,)
