@@ -389,6 +389,39 @@ def command_line():
     return " ".join(["python", shlex.quote(script), *map(shlex.quote, sys.argv[1:])])
 
 
+def model_flops(config, params, batch):
+    """FLOPs of one training step: 6 · parameters · tokens plus attention.
+
+    tokens: the target tokens (fairseq's ntokens). Attention adds, per layer and forward
+    pass, 4·rows·len_q·len_k·d_model (QKᵀ and PV over all heads), three times that for forward
+    plus backward: encoder self (src × src), decoder self (tgt × tgt) and cross (tgt × src),
+    on the padded lengths.
+    """
+    rows, len_src = batch["src"].shape
+    len_tgt = batch["tgt_in"].shape[1]
+    d, layers = config["d_model"], config["num_layers"]
+    pairs = layers * (len_src * len_src + len_tgt * len_tgt + len_tgt * len_src)
+    return 6 * params * batch["tgt_tokens"] + 3 * 4 * rows * pairs * d
+
+
+def sgemm_peak(repeats=5, shape=(4096, 256, 1024)):
+    """Measured float32 matrix-product rate of this machine (GFLOP/s) for (m×k)·(k×n) with NumPy:
+    the best of ``repeats`` after a warm-up; the issue's reference shape by default."""
+    m, k, n = shape
+    rng = numpy.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype=numpy.float32)
+    b = rng.standard_normal((k, n), dtype=numpy.float32)
+    a @ b
+    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
+    return 2 * m * k * n / best / 1e9
+
+
+def _seconds(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def mb(value):
     return "n/a" if value is None else f"{value / 2**20:,.0f}"
 
@@ -424,6 +457,7 @@ def measure(preset, args, batch, lines):
     tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed)
     torch_runner = None
     result = {"preset": preset, "params": tiny.num_parameters()}
+    result["flops"] = model_flops(tiny.config, result["params"], batch)
     if args.vs_torch:
         torch_runner = TorchRunner(tiny.config, batch, args.device, args.seed)
         result["torch_params"] = torch_runner.num_parameters()
@@ -544,15 +578,20 @@ def main(argv=None):
           f"shared vocabulary of {args.vocab:,}; label smoothing 0.1, pad ignored; dropout as in the preset")
     print()
 
+    peak = sgemm_peak() if args.device == "cpu" else None
+    if peak:
+        print(f"sgemm peak (NumPy, (4096x256)·(256x1024) float32, best of 5): {peak:,.0f} GFLOP/s")
+        print()
     notes, results = [], []
     for preset in presets:
         results.append(measure(preset, args, batch, notes))
 
     header = ["preset", "params", "batch", "tgt tokens", "median ms", "min ms", "tokens/s"]
+    header += ["MFU"] if peak else []
     mem_names = ["pool MB"] if args.device == "cuda" else ["traced MB"] + (["RSS MB"] if args.rss else [])
     header += mem_names
     if torch is not None:
-        header += ["torch median ms", "torch min ms", "torch tokens/s"]
+        header += ["torch median ms", "torch min ms", "torch tokens/s"] + (["torch MFU"] if peak else [])
         header += ["torch pool MB"] if args.device == "cuda" else (["torch RSS MB"] if args.rss else [])
         header += ["ratio"]
     table = []
@@ -563,6 +602,9 @@ def main(argv=None):
         row = [r["preset"], params, f"{rows}x{length}", f"{batch['tgt_tokens']:,}",
                f"{r['tf_median'] * 1e3:,.0f}", f"{r['tf_min'] * 1e3:,.0f}",
                f"{batch['tgt_tokens'] / r['tf_median']:,.0f}"]
+        mfu = (lambda seconds: f"{r['flops'] / seconds / (peak * 1e9):.1%}") if peak else None
+        if mfu:
+            row.append(mfu(r["tf_median"]))
         if args.device == "cuda":
             row.append(mb(r.get("tf_mem")))
         else:
@@ -572,6 +614,8 @@ def main(argv=None):
         if torch is not None:
             row += [f"{r['torch_median'] * 1e3:,.0f}", f"{r['torch_min'] * 1e3:,.0f}",
                     f"{batch['tgt_tokens'] / r['torch_median']:,.0f}"]
+            if mfu:
+                row.append(mfu(r["torch_median"]))
             if args.device == "cuda":
                 row.append(mb(r.get("torch_mem")))
             elif args.rss:
@@ -581,6 +625,9 @@ def main(argv=None):
     print_table(header, table, args.markdown)
     print()
     print("ms: wall time of one whole step (time.perf_counter); tokens/s: target tokens / median step time.")
+    if peak:
+        print("MFU: model FLOPs (6 · parameters · target tokens + attention, see model_flops) / median step "
+              "time / the sgemm peak above.")
     if args.device == "cuda":
         print("pool MB: growth of the GPU memory pool (CuPy's default pool; torch.cuda.max_memory_allocated "
               "for PyTorch) during one untimed step, above what was allocated before it.")
