@@ -17,11 +17,22 @@ def clip_grad_norm(params, max_norm):
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    total = math.sqrt(sum(float((g.astype("float64") ** 2).sum()) for g in grads))
+    total = math.sqrt(sum(_squared_norm(g) for g in grads))
     if max_norm is not None and math.isfinite(total) and total > max_norm:
         scale = max_norm / (total + 1e-12)
         for g in grads:
             g *= g.dtype.type(scale)
+    return total
+
+
+def _squared_norm(g):
+    """Σ g² as a Python float: one BLAS dot product in g's precision (no float64 copy), redone in
+    float64 only when float32 overflows on finite values."""
+    flat = g.reshape(-1)
+    xp = backend.get_array_module(flat)
+    total = float(xp.vdot(flat, flat))
+    if not math.isfinite(total) and bool(xp.isfinite(flat).all()):
+        total = float((flat.astype("float64") ** 2).sum())
     return total
 
 
@@ -54,6 +65,7 @@ class Adam:
         self.m = [None] * len(self.params)
         self.v = [None] * len(self.params)
         self.last_grad_norm = None
+        self._buffers = {}
 
     def current_lr(self, step=None):
         """The learning rate used at ``step`` (default: the next step)."""
@@ -85,15 +97,30 @@ class Adam:
             if self.m[i] is None:
                 self.m[i] = xp.zeros_like(p.data)
                 self.v[i] = xp.zeros_like(p.data)
-            m, v = self.m[i], self.v[i]
+            m, v, tmp = self.m[i], self.v[i], self._scratch(p.data)
             m *= beta1
-            m += (1.0 - beta1) * g
+            m += xp.multiply(g, 1.0 - beta1, out=tmp)
             v *= beta2
-            v += (1.0 - beta2) * (g * g)
-            denom = xp.sqrt(v / bias2)
-            denom += self.eps
-            p.data -= step_size * (m / denom)
+            xp.multiply(g, g, out=tmp)
+            tmp *= 1.0 - beta2
+            v += tmp
+            xp.divide(v, bias2, out=tmp)  # tmp = √(v / (1 − β₂ᵗ)) + ε
+            xp.sqrt(tmp, out=tmp)
+            tmp += self.eps
+            xp.divide(m, tmp, out=tmp)  # tmp = step size · m / tmp
+            tmp *= step_size
+            p.data -= tmp
         return self.last_grad_norm
+
+    def _scratch(self, like):
+        """A temporary of ``like``'s shape and dtype, carved from one buffer reused by every
+        parameter and step (instead of a handful of new arrays per parameter per step)."""
+        xp = backend.get_array_module(like)
+        key = (like.dtype.str, xp.__name__)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.size < like.size:
+            buffer = self._buffers[key] = xp.empty(max(p.data.size for p in self.params), dtype=like.dtype)
+        return buffer[: like.size].reshape(like.shape)
 
     def _fused_step(self, step_size, bias2):
         """kernels/adam.cu: every parameter with a gradient in one launch (CuPy, one float dtype).
