@@ -282,3 +282,142 @@ def test_attention_dropout_only_in_training_and_repeatable():
     assert not np.allclose(a, plain(x).data)
     mha.eval()
     np.testing.assert_allclose(mha(x).data, plain(x).data, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------- the hook point (keep_attention)
+def forward_and_grads(mha, inputs, upstream, seed, **kwargs):
+    """(output, gradients of the inputs and parameters) for ⟨upstream, mha(*inputs)⟩, dropout seeded."""
+    tf.manual_seed(seed)
+    out = mha(*inputs, **kwargs)
+    params = mha.parameters()
+    return out, tf.grad(out, [*inputs, *params], upstream)
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=attention_cases(), seed=seeds, dropout=st.sampled_from([0.0, 0.3]))
+def test_keep_attention_gives_the_fused_paths_outputs_and_gradients(case, seed, dropout):
+    batch, len_q, len_k, self_attention, mask_kind, causal = case
+    rng = np.random.default_rng(seed)
+    mha = make_mha(rng, dropout=dropout)
+    mask = draw_mask(rng, mask_kind, batch, len_q, len_k)
+    inputs = [leaf(rng.uniform(-1, 1, (batch, len_q, D_MODEL)))]
+    if not self_attention:
+        inputs += [leaf(rng.uniform(-1, 1, (batch, len_k, D_MODEL))) for _ in range(2)]
+    upstream = rng.standard_normal((batch, len_q, D_MODEL))
+    fused_out, fused_grads = forward_and_grads(mha, inputs, upstream, seed, mask=mask, causal=causal)
+    assert mha.attention_probs is None
+    mha.keep_attention = True
+    out, grads = forward_and_grads(mha, inputs, upstream, seed, mask=mask, causal=causal)
+    assert mha.attention_probs.shape == (batch, HEADS, len_q, len_k)
+    np.testing.assert_allclose(out.data, fused_out.data, rtol=1e-12, atol=1e-14)
+    for g, expected in zip(grads, fused_grads):
+        np.testing.assert_allclose(g, expected, rtol=1e-11, atol=1e-13)
+
+
+def split_heads(x, heads=HEADS):
+    batch, length, d_model = x.shape
+    return x.reshape(batch, length, heads, d_model // heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    batch, heads, length, d_k = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(batch, length, heads * d_k)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_hook_sees_dl_dp_equal_to_do_times_v_transposed_and_central_differences(causal):
+    rng = np.random.default_rng(11)
+    mha = make_mha(rng, keep_attention=True)
+    x, memory = leaf(rng.standard_normal((2, 3, D_MODEL))), rng.standard_normal((2, 4, D_MODEL))
+    if causal:
+        memory, len_k = x.data, 3
+    else:
+        len_k = 4
+    mask = np.ones((2, 1, 1, len_k), dtype=bool)
+    mask[1, ..., -1] = False  # a padded key in the second sentence
+    upstream = rng.standard_normal((2, 3, D_MODEL))
+    out = mha(x, tf.Tensor(memory), mask=mask, causal=causal)
+    probs = mha.attention_probs
+    seen = []
+    probs.register_hook(lambda g: seen.append(g.copy()))
+    probs.retain_grad()
+    out.backward(upstream)
+    assert len(seen) == 1 and seen[0].shape == (2, HEADS, 3, len_k)
+    np.testing.assert_array_equal(probs.grad, seen[0])
+
+    # By hand: y = concat(O) W_Oᵀ + b_O, so dO = split(dY W_O); O = P V, so dP = dO Vᵀ.
+    v = split_heads(memory @ mha.w_v.weight.data.T + mha.w_v.bias.data)
+    d_o = split_heads(upstream @ mha.w_o.weight.data)
+    np.testing.assert_allclose(seen[0], d_o @ v.swapaxes(-1, -2), rtol=1e-12, atol=1e-14)
+
+    # Central differences of L(P) = ⟨dY, concat(P V) W_Oᵀ + b_O⟩ at the forward pass's P.
+    def loss(p):
+        return np.sum(upstream * (merge_heads(p @ v) @ mha.w_o.weight.data.T + mha.w_o.bias.data))
+
+    numeric = np.zeros_like(probs.data)
+    eps = 1e-6
+    for index in np.ndindex(probs.shape):
+        plus, minus = probs.data.copy(), probs.data.copy()
+        plus[index] += eps
+        minus[index] -= eps
+        numeric[index] = (loss(plus) - loss(minus)) / (2 * eps)
+    np.testing.assert_allclose(seen[0], numeric, rtol=1e-6, atol=1e-8)
+
+
+def test_a_hook_on_the_probabilities_changes_the_gradient_that_flows_on():
+    # Q and K reach the output only through P: zeroing dL/dP zeroes their gradients, not V's or W_O's.
+    rng = np.random.default_rng(12)
+    mha = make_mha(rng, keep_attention=True)
+    x = tf.Tensor(rng.standard_normal((2, 3, D_MODEL)))
+    upstream = rng.standard_normal((2, 3, D_MODEL))
+    params = [mha.w_q.weight, mha.w_k.weight, mha.w_v.weight, mha.w_o.weight]
+    plain = tf.grad(mha(x, causal=True), params, upstream)
+    out = mha(x, causal=True)
+    handle = mha.attention_probs.register_hook(lambda g: np.zeros_like(g))
+    g_q, g_k, g_v, g_o = tf.grad(out, params, upstream)
+    np.testing.assert_array_equal(g_q, 0.0)
+    np.testing.assert_array_equal(g_k, 0.0)
+    np.testing.assert_allclose(g_v, plain[2], rtol=1e-12)
+    np.testing.assert_allclose(g_o, plain[3], rtol=1e-12)
+    handle.remove()
+
+
+def test_keep_attention_with_need_weights_cache_and_switching_off():
+    rng = np.random.default_rng(13)
+    mha = make_mha(rng, keep_attention=True).eval()
+    x = tf.Tensor(rng.standard_normal((2, 4, D_MODEL)))
+    full = mha(x, causal=True, need_weights=True)
+    assert not mha.last_weights.requires_grad
+    np.testing.assert_array_equal(mha.last_weights.data, mha.attention_probs.data)
+    cache, steps = {}, []
+    for t in range(4):
+        steps.append(mha(x[:, t:t + 1], causal=True, cache=cache).data)
+        assert mha.attention_probs.shape == (2, HEADS, 1, t + 1)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full.data, atol=1e-12)
+    mha.keep_attention = False
+    np.testing.assert_allclose(mha(x, causal=True).data, full.data, rtol=1e-12, atol=1e-14)
+    assert mha.attention_probs is None
+
+
+def test_keep_attention_in_every_layer_of_a_transformer_changes_nothing_but_exposes_p():
+    model = nn.Transformer(11, d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.1,
+                           attention_dropout=0.1).double()
+    rng = np.random.default_rng(14)
+    src, tgt = rng.integers(1, 11, (2, 5)), rng.integers(1, 11, (2, 4))
+    src[1, 3:] = 0
+
+    def loss_and_grads():
+        tf.manual_seed(0)
+        loss = tf.functional.cross_entropy(model(src, tgt[:, :-1]), tgt[:, 1:], ignore_index=0)
+        return loss.item(), tf.grad(loss, model.parameters())
+
+    loss, grads = loss_and_grads()
+    attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
+    assert len(attentions) == 3
+    for m in attentions:
+        m.keep_attention = True
+    kept_loss, kept_grads = loss_and_grads()
+    assert kept_loss == pytest.approx(loss, rel=1e-12)
+    for g, expected in zip(kept_grads, grads):
+        np.testing.assert_allclose(g, expected, rtol=1e-10, atol=1e-13)
+    assert all(m.attention_probs is not None and m.attention_probs.requires_grad for m in attentions)

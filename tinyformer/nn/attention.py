@@ -16,9 +16,14 @@ class MultiHeadAttention(Module):
     ``dropout`` drops attention probabilities during training. ``generator``
     initialises the projections; dropout masks come from ``dropout_generator``,
     by default the one ``tinyformer.manual_seed`` resets.
+
+    ``keep_attention=True`` (or setting ``mha.keep_attention = True`` later) keeps the
+    attention probabilities of each forward pass in the graph as ``attention_probs``,
+    the hook point for inspecting dL/dP (see ``forward``).
     """
 
-    def __init__(self, d_model, heads, dropout=0.0, generator=None, dropout_generator=None):
+    def __init__(self, d_model, heads, dropout=0.0, generator=None, dropout_generator=None,
+                 keep_attention=False):
         super().__init__()
         _check_positive("d_model", d_model)
         _check_positive("heads", heads)
@@ -33,7 +38,8 @@ class MultiHeadAttention(Module):
         self.w_k = Linear(d_model, d_model, generator=generator)
         self.w_v = Linear(d_model, d_model, generator=generator)
         self.w_o = Linear(d_model, d_model, generator=generator)
-        self.last_weights = None
+        self.keep_attention = keep_attention
+        self.last_weights = self.attention_probs = None
 
     def _split(self, x):
         """(batch, len, d_model) -> (batch, heads, len, d_k)."""
@@ -55,7 +61,18 @@ class MultiHeadAttention(Module):
         decoding incremental: for self-attention (``static_kv=False``) this step's
         keys and values are appended to the cached ones; for attention over a fixed
         memory (``static_kv=True``) they are projected once and reused. With
-        ``need_weights=True`` the probabilities are kept in ``last_weights``.
+        ``need_weights=True`` the probabilities are kept in ``last_weights`` (detached).
+
+        The hook point (§3.2.1). By default attention is one fused node
+        (``F.scaled_dot_product_attention``) and the output's gradient never passes
+        through a probabilities tensor. With ``keep_attention`` on, the masked
+        P = softmax(QKᵀ/√d_k), (batch, heads, len_q, len_k), is a graph tensor,
+        ``self.attention_probs``, and the output is computed from it as
+        Dropout(P)·V with tensor ops; so ``mha.attention_probs.retain_grad()`` or
+        ``.register_hook(fn)`` after the forward pass sees dL/dP = dO·Vᵀ (times the
+        dropout mask) for every head, where dO is the gradient at the heads' output
+        before W_O. Outputs and every other gradient equal the fused path's; it
+        costs one extra P·V product, and on a GPU it never takes the fused kernel.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -73,12 +90,20 @@ class MultiHeadAttention(Module):
                 k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
         if cache is not None:
             cache["k"], cache["v"] = k, v
-        result = F.scaled_dot_product_attention(
-            q, k, v, mask=mask, causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=need_weights, generator=self.dropout_generator,
-        )
-        out, weights = result if need_weights else (result, None)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.keep_attention:
+            # Only the probabilities output is used: its backward is softmax's and QKᵀ's.
+            _, weights = F.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal,
+                                                        return_weights=True)
+            out = F.dropout(weights, dropout_p, generator=self.dropout_generator) @ v
+            self.attention_probs = weights
+        else:
+            result = F.scaled_dot_product_attention(
+                q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
+                return_weights=need_weights, generator=self.dropout_generator,
+            )
+            out, weights = result if need_weights else (result, None)
+            self.attention_probs = None
         self.last_weights = weights.detach() if need_weights else None
         return self.w_o(self._merge(out))
 
