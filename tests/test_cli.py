@@ -1,13 +1,14 @@
 """The command line and the runnable scripts: they must keep working, not just import."""
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tinyformer import cli
+from tinyformer import backend, cli, functional as F, gradcheck_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,7 +80,7 @@ def test_reverse_task_example_trains_and_decodes():
 
 
 # ---------------------------------------------------------------- train / translate / eval / average
-@pytest.mark.parametrize("command", ["info", "train", "translate", "eval", "average"])
+@pytest.mark.parametrize("command", ["info", "train", "translate", "eval", "average", "gradcheck", "plot"])
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main([command, "--help"])
@@ -157,3 +158,104 @@ def test_average_and_eval_through_the_cli(trained_run, tmp_path, capsys):
 def test_resume_cannot_change_the_recipe(trained_run, capsys):
     code = cli.main(["train", "--save-dir", str(trained_run), "--resume", "--preset", "small"])
     assert code == 2 and "cannot change" in capsys.readouterr().err
+
+
+def test_translate_plots_the_attention_of_the_first_non_empty_line(trained_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    source = tmp_path / "in.txt"
+    source.write_text("\nI see 3 red cats\nToday we buy 1 old car\nWe sell 2 new houses\n", encoding="utf-8")
+    out, maps = tmp_path / "out.txt", tmp_path / "maps"
+    code = cli.main(["translate", "--checkpoint", str(trained_run / "checkpoint_0000004.npz"), "--input", str(source),
+                     "--output", str(out), "--beam", "1", "--plot-attention", str(maps)])
+    assert code == 0
+    assert len(out.read_text(encoding="utf-8").split("\n")) == 5  # the translations are still written
+    assert sorted(p.name for p in maps.iterdir()) == ["line2"]  # line 1 is empty; --plot-limit is 1
+    expected = sorted(f"{kind}_layer{n}.png" for kind in ("encoder_self", "decoder_self", "decoder_cross")
+                      for n in (1, 2))
+    for folder in maps.iterdir():
+        assert sorted(p.name for p in folder.iterdir()) == expected
+        assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in folder.iterdir())
+
+
+# ---------------------------------------------------------------- gradcheck
+def test_gradcheck_all_passes(capsys):
+    assert cli.main(["gradcheck", "--layer", "all"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.endswith(("PASS", "FAIL"))]
+    assert [row.split()[0] for row in rows] == list(gradcheck_suite.CASES)
+    assert all(row.endswith("PASS") for row in rows)
+    assert "mode full, device cpu" in out and f"{len(rows)} passed, 0 failed" in out
+
+
+def test_gradcheck_fast_mode_and_a_list_of_layers(capsys):
+    assert cli.main(["gradcheck", "--layer", "softmax,transformer", "--mode", "fast"]) == 0
+    out = capsys.readouterr().out
+    assert "mode fast" in out and "+85 params (234176)" in out and "2 passed, 0 failed" in out
+
+
+def test_gradcheck_unknown_layer_exits_2_listing_the_names(capsys):
+    assert cli.main(["gradcheck", "--layer", "attention"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "unknown --layer 'attention'; valid names: all, softmax," in err
+    for name in [*gradcheck_suite.CASES, *gradcheck_suite.KERNEL_CASES]:
+        assert name in err
+
+
+def test_gradcheck_a_broken_backward_gives_a_fail_row_and_exit_1(monkeypatch, capsys):
+    original = F.Softmax.backward
+    monkeypatch.setattr(F.Softmax, "backward", lambda self, g: 1.5 * original(self, g))
+    assert cli.main(["gradcheck", "--layer", "softmax,log_softmax"]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.endswith(("PASS", "FAIL"))}
+    assert rows["softmax"].endswith("FAIL") and rows["log_softmax"].endswith("PASS")
+    assert "softmax FAILED:" in out and "gradcheck FAILED" in out and "1 passed, 1 failed" in out
+
+
+@pytest.mark.skipif(backend.is_gpu_available(), reason="a GPU is present")
+def test_gradcheck_on_cuda_without_a_gpu_exits_2(capsys):
+    assert cli.main(["gradcheck", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no usable GPU" in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- plot
+def _png_size(path):
+    return struct.unpack(">II", Path(path).read_bytes()[16:24])
+
+
+def test_plot_schedule_through_the_cli(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "noam.png"
+    assert cli.main(["plot", "schedule", "--d-model", "64", "--warmup", "200", "--steps", "1000",
+                     "--output", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out and _png_size(out) == (800, 500)
+
+
+def test_plot_the_curves_of_a_run(trained_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "curves.png"
+    assert cli.main(["plot", str(trained_run / "metrics.jsonl"), "--output", str(out)]) == 0
+    assert _png_size(out) == (1300, 700)
+
+
+def test_plot_a_bad_log_exits_1_naming_the_line(tmp_path, capsys):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": \n', encoding="utf-8")
+    assert cli.main(["plot", str(log), "--output", str(tmp_path / "c.png")]) == 1
+    err = capsys.readouterr().err
+    assert f"{log}, line 2: not JSON" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plot_schedule_options_do_not_apply_to_a_log(tmp_path, capsys):
+    assert cli.main(["plot", str(tmp_path / "metrics.jsonl"), "--warmup", "10"]) == 2
+    assert "--warmup only applies to `tinyformer plot schedule`" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli.main(["plot", "schedule", "--output", str(tmp_path / "s.png")]) == 1
+    err = capsys.readouterr().err
+    assert "install the 'plot' extra: pip install -e '.[plot]'" in err and len(err.strip().splitlines()) == 1
+    code = cli.main(["translate", "--checkpoint", str(tmp_path / "missing.npz"), "--plot-attention", str(tmp_path)])
+    assert code == 1 and "pip install -e '.[plot]'" in capsys.readouterr().err  # before loading anything

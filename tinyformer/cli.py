@@ -1,4 +1,4 @@
-"""The ``tinyformer`` command line: train, translate, eval, average, info.
+"""The ``tinyformer`` command line: train, translate, eval, average, gradcheck, plot, info.
 
 Usage errors exit with status 2 and one line on stderr; failures at run time
 (missing data, a bad checkpoint) with status 1 and one line; no tracebacks
@@ -8,6 +8,7 @@ Usage errors exit with status 2 and one line on stderr; failures at run time
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy
@@ -149,6 +150,12 @@ def _translate(args):
     from .decode import translate
     from .train import load_model
 
+    if args.plot_attention:
+        if args.plot_limit < 1:
+            raise UsageError(f"--plot-limit must be at least 1, got {args.plot_limit}")
+        from . import viz
+
+        viz.require_matplotlib()  # before translating a whole file, not after
     model, tokenizer, _ = load_model(args.checkpoint, args.device, args.tokenizer)
     with _open_input(args.input) as stream:
         lines = [line.rstrip("\n").rstrip("\r") for line in stream]
@@ -159,7 +166,20 @@ def _translate(args):
         sys.stdout.write(text)
     else:
         Path(args.output).write_text(text, encoding="utf-8")
+    if args.plot_attention:
+        _plot_attention(model, tokenizer, lines, args)
     return 0
+
+
+def _plot_attention(model, tokenizer, lines, args):
+    """Heatmaps of the first --plot-limit non-empty lines, each in DIR/line<N> (N: its line number)."""
+    from . import viz
+
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()][:args.plot_limit]
+    for n, line in numbered:
+        folder = Path(args.plot_attention) / f"line{n}"
+        _, paths = viz.plot_attention(model, tokenizer, line, folder, beam_size=args.beam, alpha=args.alpha)
+        print(f"attention of line {n}: {len(paths)} figures in {folder}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------ eval
@@ -211,6 +231,52 @@ def _average(args):
     return 0
 
 
+# ------------------------------------------------------------------ gradcheck
+def _gradcheck(args):
+    from . import gradcheck_suite as suite
+
+    if args.device == "cuda" and not backend.is_gpu_available():
+        raise UsageError("--device cuda: no usable GPU (cupy.is_available() is false); install the 'gpu' "
+                         "extra on a machine with a CUDA driver, or use --device cpu")
+    valid = ["all", *suite.CASES, *suite.KERNEL_CASES]
+    selected = []
+    for name in (part.strip() for part in args.layer.split(",")):
+        if name not in valid:
+            raise UsageError(f"unknown --layer {name!r}; valid names: {', '.join(valid)}")
+        selected += suite.names(args.device) if name == "all" else [name]
+    print(f"gradcheck: mode {args.mode}, device {args.device}; {suite.TOLERANCE_NOTE}")
+    start = time.perf_counter()
+    rows = suite.run(dict.fromkeys(selected), args.mode, args.device)
+    print(suite.format_table(rows))
+    if any(r.name in suite.KERNEL_CASES for r in rows):
+        print(suite.KERNEL_TOLERANCE_NOTE)
+    failed = sum(not r.passed for r in rows)
+    print(f"{len(rows) - failed} passed, {failed} failed in {time.perf_counter() - start:.1f} s")
+    return 1 if failed else 0
+
+
+# ------------------------------------------------------------------ plot
+_SCHEDULE_DEFAULTS = {"d_model": 512, "warmup": 4000, "steps": 20000}
+
+
+def _plot(args):
+    from . import viz
+
+    schedule_options = [f"--{k.replace('_', '-')}" for k in _SCHEDULE_DEFAULTS if getattr(args, k) is not None]
+    if args.what == "schedule":
+        options = {k: default if getattr(args, k) is None else getattr(args, k)
+                   for k, default in _SCHEDULE_DEFAULTS.items()}
+        path = viz.plot_schedule(args.output or "schedule.png", options["d_model"], options["warmup"],
+                                 options["steps"])
+    elif schedule_options:
+        verb = "apply" if len(schedule_options) > 1 else "applies"
+        raise UsageError(f"{', '.join(schedule_options)} only {verb} to `tinyformer plot schedule`, not to a log")
+    else:
+        path = viz.plot_curves(args.what, args.output or "curves.png")
+    print(f"wrote {path}")
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 def _add_decoding_options(parser, beam=4):
     parser.add_argument("--beam", type=int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
@@ -245,6 +311,11 @@ def build_parser():
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
     translate.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
+    translate.add_argument("--plot-attention", metavar="DIR",
+                           help="also draw the attention of every layer and head (needs the 'plot' extra): "
+                                "one PNG per layer and kind in DIR/line<N> for input line N")
+    translate.add_argument("--plot-limit", type=int, default=1, metavar="N",
+                           help="with --plot-attention, plot the first N non-empty lines (default 1)")
     _add_decoding_options(translate)
     translate.set_defaults(run=_translate)
 
@@ -267,6 +338,33 @@ def build_parser():
     average.add_argument("--last", type=int, default=5, help="how many (default 5)")
     average.add_argument("--output", required=True, help="where to write the averaged checkpoint")
     average.set_defaults(run=_average)
+
+    check = commands.add_parser(
+        "gradcheck", help="gradient-check every fused op and layer (and, on cuda, every kernel)",
+        description="Check each fused op and layer's backward against central differences on random "
+                    "float64 inputs, one row each; exit status 1 if any fails. With --device cuda the "
+                    "checks run on CuPy arrays and every CUDA kernel is also compared with its NumPy "
+                    "reference (kernel_* rows).")
+    check.add_argument("--layer", default="all", metavar="NAME",
+                       help="a case name, a comma-separated list, or all (default); an unknown name "
+                            "lists the valid ones. kernel_* names on --device cpu run the kernel source "
+                            "through the C++ emulation (needs g++)")
+    check.add_argument("--mode", default="full", choices=("full", "fast"),
+                       help="full: every element by central differences (default); fast: one random "
+                            "direction per input")
+    check.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
+    check.set_defaults(run=_gradcheck)
+
+    plot = commands.add_parser(
+        "plot", help="plot the learning-rate schedule or a run's training curves (needs the 'plot' extra)",
+        description="`tinyformer plot schedule` draws the learning rate of §5.3; `tinyformer plot LOG` "
+                    "draws the curves of a metrics.jsonl written by `tinyformer train`.")
+    plot.add_argument("what", metavar="schedule|LOG", help="`schedule`, or a metrics.jsonl file")
+    plot.add_argument("--d-model", dest="d_model", type=int, help="schedule: d_model (default 512)")
+    plot.add_argument("--warmup", type=int, help="schedule: warm-up steps (default 4000)")
+    plot.add_argument("--steps", type=int, help="schedule: steps to draw (default 20000)")
+    plot.add_argument("--output", help="the PNG to write (default schedule.png or curves.png)")
+    plot.set_defaults(run=_plot)
     return parser
 
 
@@ -284,7 +382,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(f"tinyformer {args.command}: interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130
-    except (OSError, ValueError, KeyError, FloatingPointError, RuntimeError) as error:
+    except (OSError, ValueError, KeyError, FloatingPointError, RuntimeError, ImportError) as error:
         if os.environ.get("TINYFORMER_DEBUG"):
             raise
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -1,0 +1,444 @@
+"""Every fused op and layer through the gradient checker, and every CUDA kernel against NumPy.
+
+``tinyformer gradcheck`` runs this. A *case* builds, on random float64 inputs, a
+callable and the tensors whose gradients are checked: ``build(mode, device) -> (fn,
+inputs)``, registered under a name in ``CASES``. ``run`` hands each to
+``tinyformer.gradcheck.gradcheck`` (a random upstream gradient per output; ``full``
+compares every element with central differences, ``fast`` one random direction per
+input) and returns one ``Row`` per case; ``format_table`` prints them.
+
+Parameters initialised to a constant (LayerNorm's gain 1 and bias 0, the Linear
+biases 0) are moved off it first: with a gain of exactly 1 a backward that forgets
+the gain would pass.
+
+The ``kernel_*`` cases (``KERNEL_CASES``) compare a CUDA kernel of
+``tinyformer.kernels.ops``, in float32, with the NumPy reference of ``functional``
+(or ``optim.Adam``) in float64 on the same values: outputs and gradients for a
+random upstream gradient. On "cuda" the compiled kernel runs; on "cpu" its very
+source runs through the C++ emulation (``kernels/emulation.py``, needs g++).
+"""
+
+import math
+import time
+from typing import Callable, NamedTuple
+
+import numpy
+
+from . import backend, functional as F, nn
+from .gradcheck import gradcheck
+from .random import make_generator
+from .tensor import Tensor, grad
+
+__all__ = ["Case", "Row", "CASES", "KERNEL_CASES", "TOLERANCES", "names", "run", "format_table"]
+
+MODES = ("full", "fast")
+TOLERANCES = {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3}
+"""What every case is checked with (gradcheck's defaults, written out so the table's header can say them)."""
+TOLERANCE_NOTE = (f"float64 inputs, random upstream gradients, eps={TOLERANCES['eps']:g}; pass when "
+                  f"|analytic - numeric| <= {TOLERANCES['atol']:g} + {TOLERANCES['rtol']:g} * |numeric|")
+
+
+class Case(NamedTuple):
+    """A named check: ``build(mode, device)`` gives ``(fn, inputs)`` (kernel cases: a list of comparisons)."""
+
+    name: str
+    about: str
+    build: Callable
+
+
+class Row(NamedTuple):
+    """One line of the table; ``detail`` holds gradcheck's report or the error when it failed."""
+
+    name: str
+    inputs: str
+    max_abs_error: float
+    max_rel_error: float
+    seconds: float
+    passed: bool
+    detail: str = ""
+
+
+CASES = {}
+KERNEL_CASES = {}
+
+
+def _register(registry, name, about):
+    def register(build):
+        registry[name] = Case(name, about, build)
+        return build
+    return register
+
+
+def names(device="cpu"):
+    """The cases ``all`` stands for: every gradcheck case, and on "cuda" every kernel case too."""
+    return list(CASES) + (list(KERNEL_CASES) if device == "cuda" else [])
+
+
+# ------------------------------------------------------------------ inputs
+def _rng(seed):
+    return numpy.random.default_rng(seed)
+
+
+def _leaf(device, shape, seed, scale=1.0, shift=0.0):
+    """A float64 Tensor of N(shift, scale²) values on ``device`` that requires grad."""
+    values = _rng(seed).standard_normal(shape) * scale + shift
+    return Tensor(backend.to_device(values, device), requires_grad=True)
+
+
+def _key_mask(lengths, len_k):
+    """Padding keep-mask (batch, 1, 1, len_k): sequence b has ``lengths[b]`` real keys."""
+    return (numpy.arange(len_k)[None, :] < numpy.asarray(lengths)[:, None])[:, None, None, :]
+
+
+def _prepare(module, device, seed):
+    """``module`` in float64 on ``device``, eval mode, constant-initialised parameters made random."""
+    module.to(device=device, dtype=numpy.float64).eval()
+    rng = _rng(seed)
+    for p in module.parameters():
+        host = backend.to_numpy(p.data)
+        if host.size > 1 and numpy.all(host == host.flat[0]):
+            p.data = backend.to_device(host + 0.5 * rng.standard_normal(host.shape), device)
+    return module
+
+
+# ------------------------------------------------------------------ fused ops (functional.py)
+@_register(CASES, "softmax", "F.softmax over the last axis")
+def _softmax(mode, device):
+    return (lambda x: F.softmax(x, axis=-1)), [_leaf(device, (2, 3, 5), 1, scale=2.0)]
+
+
+@_register(CASES, "log_softmax", "F.log_softmax over the last axis")
+def _log_softmax(mode, device):
+    return (lambda x: F.log_softmax(x, axis=-1)), [_leaf(device, (2, 3, 5), 2, scale=2.0)]
+
+
+@_register(CASES, "layer_norm", "F.layer_norm: input, gain and bias")
+def _layer_norm(mode, device):
+    x = _leaf(device, (2, 3, 6), 3, scale=2.0, shift=1.0)
+    return F.layer_norm, [x, _leaf(device, (6,), 4, shift=1.0), _leaf(device, (6,), 5)]
+
+
+@_register(CASES, "embedding", "F.embedding with repeated ids (their gradients add up)")
+def _embedding(mode, device):
+    ids = numpy.array([[1, 3, 3], [0, 6, 1]])
+    return (lambda w: F.embedding(ids, w)), [_leaf(device, (7, 4), 6)]
+
+
+@_register(CASES, "cross_entropy", "F.cross_entropy, label smoothing 0.1, ignore_index 0; loss and NLL")
+def _cross_entropy(mode, device):
+    target = numpy.array([[2, 0, 6, 1], [0, 0, 3, 5]])
+    return ((lambda z: F.cross_entropy(z, target, 0.1, ignore_index=0, return_nll=True)),
+            [_leaf(device, (2, 4, 7), 7, scale=2.0)])
+
+
+@_register(CASES, "attention_padding",
+           "F.scaled_dot_product_attention, padding mask (key lengths 5, 2, 0); output and probabilities")
+def _attention_padding(mode, device):
+    mask = _key_mask([5, 2, 0], 5)
+    q, k, v = (_leaf(device, (3, 2, n, 4), seed) for n, seed in ((3, 8), (5, 9), (5, 10)))
+    return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, return_weights=True)), [q, k, v]
+
+
+@_register(CASES, "attention_causal", "F.scaled_dot_product_attention, causal mask; output and probabilities")
+def _attention_causal(mode, device):
+    q, k, v = (_leaf(device, (2, 2, 4, 4), seed) for seed in (11, 12, 13))
+    return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, causal=True, return_weights=True)), [q, k, v]
+
+
+# ------------------------------------------------------------------ layers (nn/)
+D_MODEL, HEADS, D_FF = 8, 2, 16
+
+
+def _mha(device, seed):
+    return _prepare(nn.MultiHeadAttention(D_MODEL, HEADS, generator=make_generator(seed)), device, seed)
+
+
+@_register(CASES, "mha_self", "MultiHeadAttention, self-attention with a padding mask")
+def _mha_self(mode, device):
+    mha, mask = _mha(device, 20), _key_mask([3, 2], 3)
+    return (lambda x, *params: mha(x, mask=mask)), [_leaf(device, (2, 3, D_MODEL), 21), *mha.parameters()]
+
+
+@_register(CASES, "mha_cross", "MultiHeadAttention, queries attending to a padded memory (keys = values)")
+def _mha_cross(mode, device):
+    mha, mask = _mha(device, 22), _key_mask([4, 2], 4)
+    query, memory = _leaf(device, (2, 3, D_MODEL), 23), _leaf(device, (2, 4, D_MODEL), 24)
+    return (lambda q, m, *params: mha(q, m, m, mask=mask)), [query, memory, *mha.parameters()]
+
+
+@_register(CASES, "mha_causal", "MultiHeadAttention, causal self-attention")
+def _mha_causal(mode, device):
+    mha = _mha(device, 25)
+    return (lambda x, *params: mha(x, causal=True)), [_leaf(device, (2, 4, D_MODEL), 26), *mha.parameters()]
+
+
+@_register(CASES, "feed_forward", "PositionwiseFeedForward: max(0, xW1 + b1)W2 + b2 (§3.3)")
+def _feed_forward(mode, device):
+    ffn = _prepare(nn.PositionwiseFeedForward(D_MODEL, D_FF, generator=make_generator(27)), device, 27)
+    return (lambda x, *params: ffn(x)), [_leaf(device, (2, 3, D_MODEL), 28), *ffn.parameters()]
+
+
+@_register(CASES, "layer_norm_module", "nn.LayerNorm (gain and bias moved off 1 and 0)")
+def _layer_norm_module(mode, device):
+    norm = _prepare(nn.LayerNorm(D_MODEL), device, 29)
+    return (lambda x, *params: norm(x)), [_leaf(device, (2, 3, D_MODEL), 30, scale=2.0), *norm.parameters()]
+
+
+@_register(CASES, "encoder_layer", "EncoderLayer: self-attention and feed-forward, residual + LayerNorm")
+def _encoder_layer(mode, device):
+    layer = _prepare(nn.EncoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0, generator=make_generator(31)), device, 31)
+    mask = _key_mask([3, 2], 3)
+    return (lambda x, *params: layer(x, mask)), [_leaf(device, (2, 3, D_MODEL), 32), *layer.parameters()]
+
+
+@_register(CASES, "decoder_layer", "DecoderLayer: causal self-attention, cross-attention, feed-forward")
+def _decoder_layer(mode, device):
+    layer = _prepare(nn.DecoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0, generator=make_generator(33)), device, 33)
+    mask = _key_mask([4, 2], 4)
+    x, memory = _leaf(device, (2, 3, D_MODEL), 34), _leaf(device, (2, 4, D_MODEL), 35)
+    return (lambda x, m, *params: layer(x, m, memory_mask=mask)), [x, memory, *layer.parameters()]
+
+
+@_register(CASES, "transformer",
+           "the `tiny` Transformer, dropout 0, vocabulary 11; full mode: the shared embedding element by "
+           "element (every layer and the tied output projection feed its gradient), fast mode: all parameters")
+def _transformer(mode, device):
+    model = _prepare(nn.Transformer.from_preset("tiny", vocab_size=11, dropout=0.0, seed=36), device, 36)
+    src = numpy.array([[4, 7, 5, 9, 3], [6, 8, 3, 0, 0]])  # EOS = 3, padding = 0
+    tgt_in = numpy.array([[2, 5, 10, 4], [2, 9, 6, 0]])  # BOS = 2
+    params = model.parameters()
+    checked = [model.src_embed.weight] if mode == "full" else params
+    return (lambda *params: model(src, tgt_in)), checked
+
+
+# ------------------------------------------------------------------ running
+def _describe(inputs):
+    """'(2, 3, 8) (2, 4, 8) +16 params (288)': the checked inputs, parameters summed up."""
+    params = [t for t in inputs if isinstance(t, nn.Parameter)]
+    parts = [str(tuple(t.shape)).replace(" ", "") for t in inputs if not isinstance(t, nn.Parameter)]
+    if params:
+        count = sum(p.size for p in params)
+        parts.append(f"+{len(params)} param{'s' if len(params) > 1 else ''} ({count})")
+    return " ".join(parts)
+
+
+def _check_case(case, mode, device):
+    fn, inputs = case.build(mode, device)
+    described = _describe(inputs)
+    report = gradcheck(fn, inputs, mode=mode, raise_on_failure=False, **TOLERANCES)
+    worst_abs = max((r.max_abs_error for r in report.inputs), default=0.0, key=_nan_last)
+    worst_rel = max((r.max_rel_error for r in report.inputs), default=0.0, key=_nan_last)
+    return described, worst_abs, worst_rel, report.passed, "" if report.passed else str(report)
+
+
+def _nan_last(value):
+    """Sort key that makes NaN the maximum (a NaN error must show in the table)."""
+    return math.inf if math.isnan(value) else value
+
+
+def run(selected=None, mode="full", device="cpu"):
+    """Run the named cases (default: ``names(device)``) and return one ``Row`` each.
+
+    An exception inside a case becomes a failed row whose ``detail`` names it.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    backend.check_device(device)
+    selected = names(device) if selected is None else list(selected)
+    unknown = [n for n in selected if n not in CASES and n not in KERNEL_CASES]
+    if unknown:
+        raise ValueError(f"unknown case {unknown[0]!r}; valid names: {', '.join(list(CASES) + list(KERNEL_CASES))}")
+    rows = []
+    for name in selected:
+        start = time.perf_counter()
+        try:
+            if name in CASES:
+                described, abs_err, rel_err, passed, detail = _check_case(CASES[name], mode, device)
+            else:
+                described, abs_err, rel_err, passed, detail = _compare_kernel(KERNEL_CASES[name], device)
+        except Exception as error:  # a crash in backward is a failure to report, not to hide the rest
+            described, abs_err, rel_err, passed = "-", math.nan, math.nan, False
+            detail = f"{name}: {type(error).__name__}: {error}"
+        rows.append(Row(name, described, abs_err, rel_err, time.perf_counter() - start, passed, detail))
+    return rows
+
+
+def format_table(rows):
+    """The rows as an aligned text table (the details of failed rows follow it)."""
+    header = ["case", "checked inputs", "max abs err", "max rel err", "time", "result"]
+    lines = [header] + [
+        [r.name, r.inputs, f"{r.max_abs_error:.2e}", f"{r.max_rel_error:.2e}", f"{r.seconds:.2f} s",
+         "PASS" if r.passed else "FAIL"]
+        for r in rows
+    ]
+    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
+    numeric = {2, 3, 4}
+    text = ["  ".join(cell.rjust(w) if c in numeric else cell.ljust(w)
+                      for c, (cell, w) in enumerate(zip(line, widths))).rstrip() for line in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    for r in rows:
+        if r.detail:
+            text += ["", f"{r.name} FAILED:", r.detail]
+    return "\n".join(text)
+
+
+# ------------------------------------------------------------------ CUDA kernels against NumPy
+KERNEL_RTOL, KERNEL_ATOL = 1e-4, 2e-5
+"""float32 kernels against the float64 reference: |kernel − reference| ≤ atol + rtol·|reference|."""
+KERNEL_TOLERANCE_NOTE = (f"kernel_* rows: the float32 kernel against the float64 NumPy reference, pass when "
+                         f"|kernel - reference| <= {KERNEL_ATOL:g} + {KERNEL_RTOL:g} * |reference|")
+
+
+def _compare_kernel(case, device):
+    """Run a kernel case: (inputs, max abs err, max rel err, passed, detail)."""
+    described, pairs = case.build(device)
+    worst_abs = worst_rel = 0.0
+    failures = []
+    for label, actual, expected in pairs:
+        actual = backend.to_numpy(actual).astype(numpy.float64)
+        expected = numpy.asarray(expected, dtype=numpy.float64)
+        if actual.shape != expected.shape:
+            failures.append(f"{label}: shape {actual.shape}, reference {expected.shape}")
+            continue
+        error = numpy.abs(actual - expected)
+        allowed = KERNEL_ATOL + KERNEL_RTOL * numpy.abs(expected)
+        if error.size:
+            worst_abs = max(worst_abs, float(error.max()), key=_nan_last)
+            worst_rel = max(worst_rel, float((error / (numpy.abs(expected) + KERNEL_ATOL)).max()), key=_nan_last)
+        bad = ~(error <= allowed)
+        if bad.any():
+            at = numpy.unravel_index(int(numpy.argmax(numpy.where(bad, error, -1.0))), error.shape)
+            failures.append(f"{label}: {int(bad.sum())} of {error.size} values off, worst at {at}: "
+                            f"kernel {actual[at]:.7g}, reference {expected[at]:.7g}")
+    detail = "" if not failures else "\n".join(
+        [f"tolerance |kernel - reference| <= {KERNEL_ATOL:g} + {KERNEL_RTOL:g} * |reference|"] + failures)
+    return described, worst_abs, worst_rel, not failures, detail
+
+
+def _float32(device, rng, *shape, scale=1.0, shift=0.0):
+    """Random float32 values as (kernel input on ``device``, float64 host copy of the same values)."""
+    host = (rng.standard_normal(shape) * scale + shift).astype(numpy.float32)
+    return backend.to_device(host, device), host.astype(numpy.float64)
+
+
+def _reference(fn, arrays, upstream):
+    """Outputs and input gradients of ``fn`` on float64 NumPy tensors for upstream gradients ``upstream``."""
+    tensors = [Tensor(a, requires_grad=True) for a in arrays]
+    outputs = fn(*tensors)
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    grads = grad(outputs, tensors, [numpy.asarray(u, dtype=numpy.float64) for u in upstream])
+    return [o.data for o in outputs], grads
+
+
+def _softmax_kernel(device, log):
+    from .kernels import ops
+
+    rng = _rng(40 + log)
+    (x, x64), (g, g64) = _float32(device, rng, 6, 37, scale=3.0), _float32(device, rng, 6, 37)
+    (expected,), (expected_grad,) = _reference(F.log_softmax if log else F.softmax, [x64], [g64])
+    y = ops.softmax_forward(x, log=log)
+    return "x (6,37)", [("output", y, expected), ("grad x", ops.softmax_backward(y, g, log=log), expected_grad)]
+
+
+@_register(KERNEL_CASES, "kernel_softmax", "softmax.cu forward and backward against F.softmax")
+def _kernel_softmax(device):
+    return _softmax_kernel(device, log=False)
+
+
+@_register(KERNEL_CASES, "kernel_log_softmax", "softmax.cu (log) forward and backward against F.log_softmax")
+def _kernel_log_softmax(device):
+    return _softmax_kernel(device, log=True)
+
+
+@_register(KERNEL_CASES, "kernel_layer_norm", "layer_norm.cu forward and the three backward kernels")
+def _kernel_layer_norm(device):
+    from .kernels import ops
+
+    rng = _rng(42)
+    x, x64 = _float32(device, rng, 10, 48, scale=2.0, shift=1.5)
+    (w, w64), (b, b64), (g, g64) = (_float32(device, rng, *s) for s in ((48,), (48,), (10, 48)))
+    (expected,), (gx, gw, gb) = _reference(lambda x, w, b: F.layer_norm(x, w, b, 1e-5), [x64, w64, b64], [g64])
+    y, mean, rstd = ops.layer_norm_forward(x, w, b, 1e-5)
+    kx, kw, kb = ops.layer_norm_backward(x, w, g, mean, rstd, rows_per_chunk=4)
+    return "x (10,48) w,b (48,)", [("output", y, expected), ("grad x", kx, gx), ("grad w", kw, gw),
+                                   ("grad b", kb, gb)]
+
+
+@_register(KERNEL_CASES, "kernel_cross_entropy",
+           "cross_entropy.cu, label smoothing 0.1, ignore_index 0: per-row loss, NLL, log-sum-exp, gradient")
+def _kernel_cross_entropy(device):
+    from .kernels import ops
+
+    rng = _rng(43)
+    logits, logits64 = _float32(device, rng, 9, 50, scale=4.0)
+    target = rng.integers(0, 50, 9)
+    target[:2] = 0
+    keep = (target != 0).astype(numpy.float32)
+    g_loss, g_nll = (rng.standard_normal(9).astype(numpy.float32) * keep for _ in range(2))
+    (loss, nll), (expected_grad,) = _reference(
+        lambda z: F.cross_entropy(z, target, 0.1, 0, reduction="none", return_nll=True), [logits64], [g_loss, g_nll])
+    device_target = backend.to_device(target, device)
+    k_loss, k_nll, lse = ops.cross_entropy_forward(logits, device_target, 0.1, 0)
+    k_grad = ops.cross_entropy_backward(logits, device_target, lse, backend.to_device(g_loss, device),
+                                        backend.to_device(g_nll, device), 0.1, 0)
+    shift = logits64.max(axis=-1)
+    expected_lse = shift + numpy.log(numpy.exp(logits64 - shift[:, None]).sum(axis=-1))
+    return "logits (9,50)", [("loss", k_loss, loss), ("nll", k_nll, nll), ("lse", lse, expected_lse),
+                             ("grad logits", k_grad, expected_grad)]
+
+
+def _attention_kernel(device, batch, heads, len_q, len_k, dim, lengths, causal, seed):
+    """attention.cu on (batch·heads, len, dim) arrays against F.scaled_dot_product_attention."""
+    from .kernels import ops
+
+    rng = _rng(seed)
+    (q, q64), (k, k64), (v, v64), (g, g64) = (
+        _float32(device, rng, batch * heads, n, dim) for n in (len_q, len_k, len_k, len_q))
+    mask = None if lengths is None else _key_mask(lengths, len_k)
+
+    def four_d(a):
+        return a.reshape(batch, heads, a.shape[1], dim)
+
+    (expected,), grads = _reference(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, causal), [four_d(a) for a in (q64, k64, v64)],
+        [four_d(g64)])
+    key_lengths = None if lengths is None else backend.to_device(numpy.asarray(lengths, numpy.int32), device)
+    args = dict(key_lengths=key_lengths, causal=causal)
+    o, lse = ops.attention_forward(q, k, v, heads, **args)
+    kq, kk, kv = ops.attention_backward(q, k, v, o, lse, g, heads, **args)
+    flat = [a.reshape(batch * heads, -1, dim) for a in (expected, *grads)]
+    return (f"q ({batch},{heads},{len_q},{dim}) k,v ({batch},{heads},{len_k},{dim})",
+            [("output", o, flat[0]), ("grad q", kq, flat[1]), ("grad k", kk, flat[2]), ("grad v", kv, flat[3])])
+
+
+@_register(KERNEL_CASES, "kernel_attention_padding", "attention.cu with key lengths 7 and 3, head size 32")
+def _kernel_attention_padding(device):
+    return _attention_kernel(device, 2, 2, 5, 7, 32, [7, 3], False, 44)
+
+
+@_register(KERNEL_CASES, "kernel_attention_causal", "attention.cu, causal, head size 64")
+def _kernel_attention_causal(device):
+    return _attention_kernel(device, 1, 2, 6, 6, 64, None, True, 45)
+
+
+@_register(KERNEL_CASES, "kernel_adam", "adam.cu: three fused steps against optim.Adam's NumPy loop")
+def _kernel_adam(device):
+    from .kernels import ops
+    from .optim import Adam
+
+    rng = _rng(46)
+    shapes = [(3, 5), (7,), (300,)]
+    start = [rng.standard_normal(s).astype(numpy.float32) for s in shapes]
+    reference = [Tensor(a.astype(numpy.float64), requires_grad=True) for a in start]
+    lr, betas, eps, decay = 0.01, (0.9, 0.98), 1e-9, 0.01
+    adam = Adam(reference, lr=lr, betas=betas, eps=eps, weight_decay=decay)
+    params = [backend.to_device(a.copy(), device) for a in start]
+    m, v = ([backend.to_device(numpy.zeros_like(a), device) for a in start] for _ in range(2))
+    for t in range(1, 4):
+        grads = [rng.standard_normal(s).astype(numpy.float32) for s in shapes]
+        for p, g in zip(reference, grads):
+            p.grad = g.astype(numpy.float64)
+        adam.step()
+        plan = ops.AdamPlan(params, [backend.to_device(g, device) for g in grads], m, v, chunk_size=128)
+        ops.adam_update(plan, lr / (1 - betas[0] ** t), *betas, 1 - betas[1] ** t, eps, decay)
+    return "3 params (15, 7, 300)", [(f"param {i}", p, r.data) for i, (p, r) in enumerate(zip(params, reference))]
