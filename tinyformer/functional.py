@@ -195,7 +195,7 @@ def _check_probability(p, name):
 
 
 def dropout(x, p=0.1, training=True, generator=None):
-    """Zero each element with probability ``p`` and scale the rest by 1/(1 − p).
+    """Zero each element with probability ``p`` and scale the rest by 1/(1 − p) (residual dropout, §5.4).
 
     The identity when ``training`` is false or ``p == 0``. Masks are drawn from
     ``generator`` (a ``numpy.random.Generator``), or from the default generator
@@ -405,7 +405,7 @@ def _check_target(logits, target, ignore_index):
 
 def cross_entropy(logits, target, label_smoothing=0.0, ignore_index=None, reduction="mean",
                   return_nll=False):
-    """Cross entropy of ``logits`` (..., V) against integer ``target`` (...).
+    """Cross entropy of ``logits`` (..., V) against integer ``target`` (...), label smoothing as in §5.4.
 
     ``label_smoothing`` ε spreads ε over all V classes as PyTorch does; positions
     where ``target == ignore_index`` contribute nothing and are left out of the
