@@ -247,17 +247,66 @@ def test_positional_encoding_passes_gradient_through():
     tf.gradcheck(pe, [x])
 
 
+POSITIONS = {"sinusoid": nn.PositionalEncoding, "learned": nn.LearnedPositionalEmbedding}
+
+
+@pytest.mark.parametrize("kind", POSITIONS)
 @pytest.mark.parametrize("length, offset", [(9, 0), (5, 4), (1, 8)])
-def test_positional_encoding_beyond_max_len_raises(length, offset):
-    pe = nn.PositionalEncoding(4, max_len=8)
+def test_positional_encoding_beyond_max_len_raises(kind, length, offset):
+    pe = POSITIONS[kind](4, max_len=8)
     with pytest.raises(ValueError, match="max_len"):
         pe(tf.Tensor(np.zeros((1, length, 4), dtype=np.float32)), offset=offset)
     pe(tf.Tensor(np.zeros((1, 8 - offset, 4), dtype=np.float32)), offset=offset)  # the last legal length
 
 
-def test_positional_encoding_rejects_wrong_feature_count():
+@pytest.mark.parametrize("kind", POSITIONS)
+def test_positional_encoding_rejects_wrong_feature_count(kind):
     with pytest.raises(ValueError, match="features"):
-        nn.PositionalEncoding(4, max_len=8)(tf.Tensor(np.zeros((1, 2, 5), dtype=np.float32)))
+        POSITIONS[kind](4, max_len=8)(tf.Tensor(np.zeros((1, 2, 5), dtype=np.float32)))
+
+
+def test_learned_positions_are_a_parameter_initialised_like_embeddings():
+    tf.manual_seed(0)
+    pe = nn.LearnedPositionalEmbedding(64, max_len=300)
+    assert pe.parameters() == [pe.weight] and pe.weight.shape == (300, 64)
+    assert pe.weight.dtype == np.float32
+    assert abs(pe.weight.data.std() - 64 ** -0.5) < 0.01 and abs(pe.weight.data.mean()) < 0.01
+    a = nn.LearnedPositionalEmbedding(8, 5, generator=make_generator(3)).weight.data
+    b = nn.LearnedPositionalEmbedding(8, 5, generator=make_generator(3)).weight.data
+    np.testing.assert_array_equal(a, b)
+
+
+def test_learned_positions_are_added_with_offset_and_gradient_reaches_their_rows():
+    rng = np.random.default_rng(0)
+    pe = randomize(nn.LearnedPositionalEmbedding(6, max_len=10), rng)
+    x = rng.standard_normal((2, 3, 6))
+    out = pe(tf.Tensor(x), offset=4).data
+    np.testing.assert_array_equal(out, x + pe.weight.data[4:7])
+    full = pe(tf.Tensor(np.concatenate([np.zeros((2, 4, 6)), x], axis=1))).data
+    np.testing.assert_array_equal(out, full[:, 4:])
+    # position p's row gets the sum over the batch of the upstream gradient at p, the others none
+    upstream = rng.standard_normal((2, 3, 6))
+    (g,) = tf.grad(pe(leaf(x), offset=4), [pe.weight], upstream)
+    np.testing.assert_allclose(g[4:7], upstream.sum(axis=0), rtol=1e-12)
+    assert not g[:4].any() and not g[7:].any()
+
+
+@settings(max_examples=10, deadline=None)
+@given(batch=st.integers(1, 3), length=st.integers(1, 4), offset=st.integers(0, 2),
+       d=st.integers(1, 5), seed=seeds)
+def test_learned_positions_gradcheck(batch, length, offset, d, seed):
+    rng = np.random.default_rng(seed)
+    pe = randomize(nn.LearnedPositionalEmbedding(d, max_len=6), rng)
+    x = leaf(rng.standard_normal((batch, length, d)))
+    check_module(lambda x: pe(x, offset=offset), [x], pe)
+
+
+def test_unknown_positional_kind_is_named():
+    assert isinstance(nn.layers.positional_encoding("sinusoid", 4, 8), nn.PositionalEncoding)
+    assert isinstance(nn.layers.positional_encoding("learned", 4, 8), nn.LearnedPositionalEmbedding)
+    with pytest.raises(ValueError) as error:
+        nn.layers.positional_encoding("rotary", 4, 8)
+    assert all(word in str(error.value) for word in ("positional", "'sinusoid'", "'learned'", "'rotary'"))
 
 
 # ---------------------------------------------------------------------------- feed-forward

@@ -157,6 +157,61 @@ def test_gradient_reaches_memory():
     tf.gradcheck(lambda m: model.decode(TGT, m, mask), [memory], mode="full")
 
 
+# ---------------------------------------------------------------------------- positions (§3.5, Table 3 (E))
+def test_sinusoids_are_the_default_and_add_no_parameters():
+    model = nn.Transformer.from_preset("tiny", vocab_size=13)
+    assert model.config["positional"] == "sinusoid" and isinstance(model.positional, nn.PositionalEncoding)
+    assert "positional" not in {n.split(".")[0] for n, _ in model.named_parameters()}
+    assert model.num_parameters() == expected_parameter_count(13, 64, 256, 2)
+
+
+def test_learned_positions_add_one_parameter_and_keep_every_other_initial_weight():
+    sinusoid = small_model(seed=4, max_len=6)
+    learned = small_model(seed=4, max_len=6, positional="learned")
+    assert isinstance(learned.positional, nn.LearnedPositionalEmbedding)
+    assert learned.config["positional"] == "learned" and "positional=learned" in learned.extra_repr()
+    assert learned.num_parameters() == sinusoid.num_parameters() + 6 * 8
+    own, other = learned.state_dict(), sinusoid.state_dict()
+    assert set(own) - set(other) == {"positional.weight"} and own["positional.weight"].shape == (6, 8)
+    for name in other:  # the same seed draws the same weights everywhere else
+        np.testing.assert_array_equal(own[name], other[name])
+    assert not np.allclose(learned(SRC, TGT).data, sinusoid(SRC, TGT).data)
+
+
+def test_learned_positions_gradcheck():
+    """Every parameter of a tiny model with learned positions, float64, random upstream gradient."""
+    model = small_model(max_len=6, num_layers=1, positional="learned")
+    params = model.parameters()
+    weight = model.positional.weight
+    assert any(p is weight for p in params)
+    tf.gradcheck(lambda *ps: model(SRC, TGT), params, mode="fast", seed=5)
+    tf.gradcheck(lambda w: model(SRC, TGT), [weight], mode="full", seed=6)
+    (g,) = tf.grad(model(SRC, TGT), [weight], np.random.default_rng(7).standard_normal((3, 4, 11)))
+    assert np.abs(g[:5]).min(axis=1).all()  # positions 0-4 hold source (and target) tokens
+    assert not g[5].any()  # no sequence reaches position 5
+
+
+def test_learned_positions_round_trip_through_state_dict_and_config():
+    model = small_model(seed=1, max_len=6, positional="learned")
+    model.positional.weight.data = model.positional.weight.data + 0.5  # as if trained
+    rebuilt = nn.Transformer(**model.config).double().eval()  # what load_model does with a checkpoint
+    assert isinstance(rebuilt.positional, nn.LearnedPositionalEmbedding)
+    assert not np.allclose(rebuilt(SRC, TGT).data, model(SRC, TGT).data)
+    rebuilt.load_state_dict(model.state_dict())
+    np.testing.assert_array_equal(rebuilt(SRC, TGT).data, model(SRC, TGT).data)
+    with pytest.raises(nn.StateDictError, match="positional.weight"):
+        small_model(max_len=6).load_state_dict(model.state_dict())
+
+
+@pytest.mark.parametrize("bad", ["rotary", "Learned", None, 1])
+def test_unknown_positional_is_named(bad):
+    with pytest.raises(ValueError) as error:
+        nn.Transformer.from_preset("tiny", vocab_size=11, positional=bad)
+    message = str(error.value)
+    assert "positional" in message and "'sinusoid'" in message and "'learned'" in message
+    assert repr(bad) in message
+
+
 # ---------------------------------------------------------------------------- causality and padding
 @pytest.mark.parametrize("t", [0, 1, 2])
 def test_decoder_is_causal_in_logits_and_gradients(t):
@@ -195,8 +250,9 @@ def test_source_mask_hides_pad_id():
 
 
 # ---------------------------------------------------------------------------- incremental decoding
-def test_incremental_decode_equals_full_decode():
-    model = small_model()
+@pytest.mark.parametrize("positional", ["sinusoid", "learned"])
+def test_incremental_decode_equals_full_decode(positional):
+    model = small_model(positional=positional)
     memory = model.encode(SRC)
     mask = model.source_mask(SRC)
     full = model.decode(TGT, memory, mask).data

@@ -8,6 +8,7 @@ generator's state, the position in the epoch — is in each checkpoint, so
 """
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -49,6 +50,7 @@ class TrainConfig:
     lr_factor: float = None
     label_smoothing: float = None
     dropout: float = None
+    model_overrides: dict = None  # Transformer arguments over the preset's: {"heads": 8, "positional": "learned"}
     max_len: int = 256
     max_grad_norm: float = None
     seed: int = 0
@@ -94,6 +96,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if config.src_lang == config.tgt_lang:
             raise ValueError(f"source and target language are both {config.src_lang!r}")
+        _check_model_overrides(config.model_overrides)
         backend.check_device(config.device)
         return config
 
@@ -104,6 +107,27 @@ class TrainConfig:
     def from_dict(cls, values):
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+# Transformer arguments a run sets from its own fields (or the tokenizer), never through model_overrides.
+_RUN_SET = {"src_vocab_size": "vocab_size", "tgt_vocab_size": "vocab_size", "pad_id": None,
+            "label_smoothing": "label_smoothing", "dropout": "dropout", "max_len": "max_len", "seed": "seed"}
+
+
+def _check_model_overrides(overrides):
+    """``model_overrides``: None or a dict of Transformer arguments that change the preset's model."""
+    if overrides is None:
+        return
+    if not isinstance(overrides, dict):
+        raise ValueError(f"model_overrides must be a dict of Transformer arguments, got {overrides!r}")
+    allowed = sorted(set(inspect.signature(Transformer.__init__).parameters) - {"self"} - set(_RUN_SET))
+    for key in overrides:
+        if key in _RUN_SET:
+            field = _RUN_SET[key]
+            raise ValueError(f"model_overrides: {key!r} is set by the run"
+                             + (f"; use TrainConfig.{field}" if field else ""))
+        if key not in allowed:
+            raise ValueError(f"model_overrides: unknown Transformer argument {key!r}; allowed: {', '.join(allowed)}")
 
 
 def blas_threads(count):
@@ -189,6 +213,7 @@ class Trainer:
         if self.train_data.num_dropped:
             self.echo(f"dropped {self.train_data.num_dropped} training pairs longer than {c.max_len} tokens")
         overrides = {} if c.dropout is None else {"dropout": c.dropout}
+        overrides.update(c.model_overrides or {})
         tf_random.manual_seed(c.seed)
         self.model = Transformer.from_preset(
             c.preset, vocab_size=len(self.tokenizer), pad_id=PAD_ID, label_smoothing=c.label_smoothing,

@@ -2,14 +2,15 @@
 
 from . import init
 from .attention import MultiHeadAttention
-from .layers import Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, PositionwiseFeedForward
+from .layers import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Linear, PositionalEncoding,
+                     PositionwiseFeedForward)
 from .module import Module, ModuleList, Parameter, StateDictError
 from .presets import PRESETS
 from .transformer import Decoder, DecoderLayer, DecoderState, Encoder, EncoderLayer, Transformer
 
 __all__ = [
     "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding", "LayerNorm",
-    "Dropout", "PositionalEncoding", "PositionwiseFeedForward", "MultiHeadAttention",
-    "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState",
+    "Dropout", "PositionalEncoding", "LearnedPositionalEmbedding", "PositionwiseFeedForward",
+    "MultiHeadAttention", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState",
     "PRESETS", "init",
 ]

@@ -1,4 +1,4 @@
-"""The basic layers: Linear, Embedding, LayerNorm, Dropout, PositionalEncoding, feed-forward."""
+"""The basic layers: Linear, Embedding, LayerNorm, Dropout, positional encodings, feed-forward."""
 
 import math
 
@@ -8,6 +8,7 @@ from . import init
 from .module import Module, Parameter
 
 __all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "PositionalEncoding",
+           "LearnedPositionalEmbedding", "POSITIONAL_KINDS", "positional_encoding",
            "PositionwiseFeedForward"]
 
 
@@ -57,11 +58,14 @@ class LayerNorm(Module):
     def __init__(self, d_model, eps=1e-5):
         super().__init__()
         _check_positive("d_model", d_model)
+        F._check_eps(eps, "LayerNorm: eps")
         self.d_model, self.eps = d_model, eps
         self.weight = Parameter(init.ones(d_model))
         self.bias = Parameter(init.zeros(d_model))
 
     def forward(self, x):
+        if x.ndim == 0 or x.shape[-1] != self.d_model:
+            raise ValueError(f"LayerNorm: input of shape {x.shape} must end in d_model={self.d_model} features")
         return F.layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
@@ -83,34 +87,80 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
-class PositionalEncoding(Module):
-    """Adds the fixed sinusoids of §3.5, precomputed for positions 0 .. max_len − 1."""
+class _Positions(Module):
+    """What both kinds of position signal share: the (max_len, d_model) shape and its checks."""
 
-    def __init__(self, d_model, max_len=1024):
+    def __init__(self, d_model, max_len):
         super().__init__()
         _check_positive("d_model", d_model)
         _check_positive("max_len", max_len)
         self.d_model, self.max_len = d_model, max_len
-        self.register_buffer("table", F.sinusoid_table(max_len, d_model))
 
-    def forward(self, x, offset=0):
-        """x (batch, len, d_model) plus the encodings of positions offset .. offset + len − 1."""
+    def _check(self, x, offset):
+        if x.ndim < 2:
+            raise ValueError(f"{type(self).__name__}: input must be (batch, len, d_model) or (len, d_model), "
+                             f"got shape {x.shape}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"{type(self).__name__}: offset must be an integer >= 0, got {offset!r}")
         length = x.shape[-2]
         if offset + length > self.max_len:
             raise ValueError(
-                f"PositionalEncoding: positions up to {offset + length - 1} requested (length "
+                f"{type(self).__name__}: positions up to {offset + length - 1} requested (length "
                 f"{length} at offset {offset}) but max_len is {self.max_len}; build the model "
                 "with a larger max_len"
             )
         if x.shape[-1] != self.d_model:
-            raise ValueError(f"PositionalEncoding: input has {x.shape[-1]} features, expected {self.d_model}")
+            raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features, expected {self.d_model}")
+        return length
+
+    def extra_repr(self):
+        return f"{self.d_model}, max_len={self.max_len}"
+
+
+class PositionalEncoding(_Positions):
+    """Adds the fixed sinusoids of §3.5, precomputed for positions 0 .. max_len − 1."""
+
+    def __init__(self, d_model, max_len=1024):
+        super().__init__(d_model, max_len)
+        self.register_buffer("table", F.sinusoid_table(max_len, d_model))
+
+    def forward(self, x, offset=0):
+        """x (batch, len, d_model) plus the encodings of positions offset .. offset + len − 1."""
+        length = self._check(x, offset)
         table = self.table[offset:offset + length]
         if table.dtype != x.dtype:
             table = table.astype(x.dtype)
         return x + Tensor(table)
 
-    def extra_repr(self):
-        return f"{self.d_model}, max_len={self.max_len}"
+
+class LearnedPositionalEmbedding(_Positions):
+    """Adds a learned vector per position (§3.5, Table 3 row (E)) in place of the sinusoids.
+
+    A (max_len, d_model) Parameter initialised N(0, d_model^-0.5) like the token
+    embeddings (as fairseq's learned positions); position p's row receives the summed
+    gradient of every sequence that reaches p.
+    """
+
+    def __init__(self, d_model, max_len=1024, generator=None):
+        super().__init__(d_model, max_len)
+        self.weight = Parameter(init.normal((max_len, d_model), d_model ** -0.5, generator))
+
+    def forward(self, x, offset=0):
+        """x (batch, len, d_model) plus the rows of positions offset .. offset + len − 1."""
+        length = self._check(x, offset)
+        return x + self.weight[offset:offset + length]
+
+
+POSITIONAL_KINDS = ("sinusoid", "learned")
+
+
+def positional_encoding(kind, d_model, max_len=1024, generator=None):
+    """The position signal named ``kind``: "sinusoid" (fixed, §3.5) or "learned" (Table 3 (E))."""
+    if kind == "sinusoid":
+        return PositionalEncoding(d_model, max_len)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(d_model, max_len, generator)
+    raise ValueError(f"positional must be one of {', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {kind!r}")
 
 
 class PositionwiseFeedForward(Module):
@@ -118,6 +168,8 @@ class PositionwiseFeedForward(Module):
 
     def __init__(self, d_model, d_ff, dropout=0.0, generator=None):
         super().__init__()
+        _check_positive("d_model", d_model)
+        _check_positive("d_ff", d_ff)
         self.linear1 = Linear(d_model, d_ff, generator=generator)
         self.linear2 = Linear(d_ff, d_model, generator=generator)
         self.dropout = Dropout(dropout)

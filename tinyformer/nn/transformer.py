@@ -1,9 +1,12 @@
 """Encoder and decoder stacks and the full Transformer (§3.1, §3.4, §3.5)."""
 
+import numbers
+
 from .. import functional as F
 from ..random import make_generator
 from .attention import MultiHeadAttention
-from .layers import Dropout, Embedding, LayerNorm, PositionalEncoding, PositionwiseFeedForward, scale_embedding
+from .layers import (POSITIONAL_KINDS, Dropout, Embedding, LayerNorm, PositionwiseFeedForward,
+                     positional_encoding, scale_embedding)
 from .module import Module, ModuleList
 
 __all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState"]
@@ -131,12 +134,14 @@ class Transformer(Module):
     to give logits. With one shared vocabulary (``tgt_vocab_size`` None) the
     source embedding, target embedding and pre-softmax projection are a single
     matrix; with two vocabularies the target embedding is the projection.
+    ``positional`` is "sinusoid" (the fixed encodings of §3.5) or "learned" (one
+    learned vector per position, shared by encoder and decoder: Table 3 row (E)).
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
                  num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
                  label_smoothing=0.1, max_len=1024, pad_id=0, norm_first=False, eps=1e-5,
-                 seed=None):
+                 seed=None, positional="sinusoid"):
         """``seed`` gives the initialisation a generator of its own; dropout always draws
         from the default generator, which ``tinyformer.manual_seed`` resets."""
         super().__init__()
@@ -145,22 +150,38 @@ class Transformer(Module):
             d_ff=d_ff, heads=heads, num_layers=num_layers, dropout=dropout,
             attention_dropout=attention_dropout, activation_dropout=activation_dropout,
             label_smoothing=label_smoothing, max_len=max_len, pad_id=pad_id,
-            norm_first=norm_first, eps=eps, seed=seed,
+            norm_first=norm_first, eps=eps, seed=seed, positional=positional,
         )
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+        for name, p in (("dropout", dropout), ("attention_dropout", attention_dropout),
+                        ("activation_dropout", activation_dropout)):
+            F._check_probability(p, f"Transformer: {name}")
+        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
+                or not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"Transformer: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
+        if positional not in POSITIONAL_KINDS:
+            raise ValueError(f"Transformer: positional must be one of "
+                             f"{', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {positional!r}")
         generator = None if seed is None else make_generator(seed)
         self.d_model, self.pad_id = d_model, pad_id
         self.shared_vocab = tgt_vocab_size is None
         self.label_smoothing = label_smoothing
         self.src_embed = Embedding(src_vocab_size, d_model, generator)
         self.tgt_embed = self.src_embed if self.shared_vocab else Embedding(tgt_vocab_size, d_model, generator)
-        self.positional = PositionalEncoding(d_model, max_len)
+        vocab = min(self.src_vocab_size, self.tgt_vocab_size)
+        if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral) or not 0 <= pad_id < vocab:
+            raise ValueError(f"Transformer: pad_id must be an id of the vocabulary, 0 <= pad_id < {vocab}, "
+                             f"got {pad_id!r}")
+        self.positional = None  # set below; assigned here to keep its place among the modules
         self.embed_dropout = Dropout(dropout)
         layer_args = dict(heads=heads, d_ff=d_ff, dropout=dropout, attention_dropout=attention_dropout,
                           activation_dropout=activation_dropout, generator=generator)
         self.encoder = Encoder(num_layers, d_model, norm_first, eps, **layer_args)
         self.decoder = Decoder(num_layers, d_model, norm_first, eps, **layer_args)
+        # Learned positions are drawn after the stacks, so that with the same seed such a model
+        # starts from the sinusoid model's weights everywhere else (a controlled Table 3 (E)).
+        self.positional = positional_encoding(positional, d_model, max_len, generator)
 
     @classmethod
     def from_preset(cls, name, vocab_size=None, **overrides):
@@ -199,6 +220,10 @@ class Transformer(Module):
         only the new tokens: earlier keys and values come from the cache.
         """
         _check_ids_2d(tgt, "tgt")
+        if memory.ndim != 3 or memory.shape[0] != tgt.shape[0] or memory.shape[-1] != self.d_model:
+            raise ValueError(f"Transformer.decode: memory must be (batch, len_src, d_model) = "
+                             f"({tgt.shape[0]}, len_src, {self.d_model}) for tgt of shape {tuple(tgt.shape)}, "
+                             f"got shape {memory.shape}")
         offset = 0 if state is None else state.position
         x = self._embed(self.tgt_embed, tgt, offset)
         h = self.decoder(x, memory, src_mask, tgt_mask, state)
@@ -213,6 +238,10 @@ class Transformer(Module):
     def forward(self, src, tgt_in, src_mask=None, tgt_mask=None):
         """Teacher-forced logits (batch, len_tgt, tgt_vocab) for target inputs ``tgt_in``."""
         _check_ids_2d(src, "src")
+        _check_ids_2d(tgt_in, "tgt_in")
+        if src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"Transformer: src {tuple(src.shape)} and tgt_in {tuple(tgt_in.shape)} must hold "
+                             "the same number of sentences (batch)")
         if src_mask is None:
             src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
@@ -221,10 +250,13 @@ class Transformer(Module):
     def extra_repr(self):
         c = self.config
         return (f"N={c['num_layers']}, d_model={c['d_model']}, d_ff={c['d_ff']}, heads={c['heads']}, "
-                f"vocab={self.src_vocab_size}" + ("" if self.shared_vocab else f"/{self.tgt_vocab_size}"))
+                f"vocab={self.src_vocab_size}" + ("" if self.shared_vocab else f"/{self.tgt_vocab_size}")
+                + ("" if c["positional"] == "sinusoid" else f", positional={c['positional']}"))
 
 
 def _check_ids_2d(ids, name):
     shape = getattr(ids, "shape", None)
-    if shape is None or len(shape) != 2:
-        raise ValueError(f"{name} must be token ids of shape (batch, len), got shape {shape}")
+    if shape is None:
+        raise TypeError(f"{name} must be an integer array of token ids (batch, len), got {type(ids).__name__}")
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be token ids of shape (batch, len), got shape {tuple(shape)}")
