@@ -87,3 +87,20 @@ def test_numpy_masks_and_indices_follow_a_gpu_tensor():
     y = x.masked_fill(mask, 0.0) + tf.where(mask, x, 1.0) + x[np.array([1, 1])].sum(axis=0)
     y.sum().backward()
     assert y.device == "cuda"
+
+
+def test_map_row_blocks_covers_every_row_once_in_order(monkeypatch):
+    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    old = backend.set_num_threads(3)
+    try:
+        blocks = backend.map_row_blocks(lambda a, b: (a, b), 10, np.zeros(1))
+    finally:
+        backend.set_num_threads(old)
+    assert blocks == [(0, 3), (3, 6), (6, 10)]
+    assert backend.map_row_blocks(lambda a, b: (a, b), 10, np.zeros(1)) in ([(0, 10)], blocks, [(0, 5), (5, 10)],
+                                                                             [(0, 2), (2, 5), (5, 7), (7, 10)])
+
+
+def test_set_num_threads_refuses_nonsense():
+    with pytest.raises(ValueError, match="count must be a positive int"):
+        backend.set_num_threads(0)

@@ -5,6 +5,9 @@ array module of the arrays at hand (``get_array_module``), the way Chainer and
 CuPy code does, so the same op code runs on either device.
 """
 
+import concurrent.futures
+import os
+
 import numpy
 
 try:  # CuPy is optional: the ``gpu`` extra.
@@ -104,6 +107,49 @@ def cuda_runtime_major():
         return _cupy.cuda.runtime.runtimeGetVersion() // 1000
     except Exception:
         return None
+
+
+# ------------------------------------------------------------------ threads for large row-wise work
+# NumPy runs one ufunc loop on one core but releases the GIL inside it, so a large row-wise
+# computation (the vocabulary-wide softmax of the loss) can be split into row blocks that run
+# on several cores at once, the way PyTorch's CPU kernels use its intra-op threads. BLAS
+# products keep their own threads (see train.blas_threads, which sets both).
+_num_threads = None
+_pool = None
+ROW_BLOCK_MIN_ELEMENTS = 1 << 20  # elements per thread below which splitting costs more than it saves
+
+
+def get_num_threads():
+    """Threads for row-parallel NumPy work: ``set_num_threads``'s value, else the usable cores (at most 4)."""
+    if _num_threads is not None:
+        return _num_threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores))
+
+
+def set_num_threads(count):
+    """Use ``count`` threads (>= 1) for row-parallel work; None restores the default. Returns the old setting."""
+    global _num_threads
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ValueError(f"set_num_threads: count must be a positive int or None, got {count!r}")
+    old, _num_threads = _num_threads, count
+    return old
+
+
+def map_row_blocks(fn, rows, like, row_size=1, min_elements=None):
+    """``[fn(start, stop), ...]`` over consecutive row blocks covering ``range(rows)``, in parallel
+    threads when ``like`` is a NumPy array, several threads are allowed and the work is large
+    (each thread gets at least ``min_elements``, default ROW_BLOCK_MIN_ELEMENTS, of
+    rows × row_size); otherwise one call ``fn(0, rows)``. Blocks must write disjoint rows."""
+    global _pool
+    min_elements = ROW_BLOCK_MIN_ELEMENTS if min_elements is None else min_elements
+    threads = min(get_num_threads(), (rows * row_size) // max(min_elements, 1), rows)
+    if threads <= 1 or is_cupy_array(like):
+        return [fn(0, rows)]
+    if _pool is None or _pool._max_workers < threads:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tinyformer")
+    bounds = [(rows * i // threads, rows * (i + 1) // threads) for i in range(threads)]
+    return list(_pool.map(lambda b: fn(*b), bounds))
 
 
 def scatter_add_rows(target, index, rows):
