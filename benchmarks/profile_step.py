@@ -34,7 +34,7 @@ def main(argv=None):
     batch = bench_step.make_batch(args.tokens, 32, args.vocab, 0)
     runner = bench_step.TinyformerRunner(args.preset, args.vocab, batch, "cpu", 0)
     runner.step()
-    profiler = Profiler(interval=0.001)
+    profiler = Profiler(interval=0.01)
     profiler.start()
     for _ in range(args.steps):
         runner.step()
