@@ -130,3 +130,51 @@ def test_averaging_refuses_mismatched_checkpoints(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoints"):
         checkpoint.average_checkpoints([], tmp_path / "out.npz")
     assert not (tmp_path / "out.npz").exists()
+
+
+# ------------------------------------------------------------------ never a NaN or Inf on disk
+@pytest.mark.parametrize("where, bad, named", [
+    ("model", np.nan, "parameter 'encoder.w'"),
+    ("model", -np.inf, "parameter 'encoder.w'"),
+    ("adam", np.inf, "Adam moment 'adam/v/0'"),
+])
+def test_a_state_holding_nan_or_inf_is_never_written(tmp_path, where, bad, named):
+    path = tmp_path / "checkpoint_0000002.npz"
+    checkpoint.save_checkpoint(path, _state(0), {"step": 2})
+    before = path.read_bytes()
+    state = _state(1)
+    adam = {"step_count": 3, "m": [np.zeros((3, 4)), None], "v": [np.ones((3, 4)), None]}
+    if where == "model":
+        state["encoder.w"][1, 2] = bad
+    else:
+        adam["v"][0][0, 0] = bad
+    with pytest.raises(CheckpointError, match=f"refusing to write checkpoint .*checkpoint_0000002.npz: {named} "
+                                              "holds 1 non-finite value"):
+        checkpoint.save_checkpoint(path, state, {"step": 3}, adam)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_metadata_must_be_plain_json(tmp_path):
+    with pytest.raises(CheckpointError, match="metadata is not plain JSON"):
+        checkpoint.save_checkpoint(tmp_path / "c.npz", _state(0), {"step": 1, "lr": float("nan")})
+    assert not list(tmp_path.iterdir())
+
+
+def test_averaging_refuses_another_architecture_with_the_same_shapes(tmp_path):
+    """heads=4 and heads=8 give identical shapes: only model_config tells them apart."""
+    a = checkpoint.save_checkpoint(tmp_path / "a.npz", _state(0), {"step": 1, "model_config": {"heads": 4}})
+    b = checkpoint.save_checkpoint(tmp_path / "b.npz", _state(1), {"step": 2, "model_config": {"heads": 8}})
+    with pytest.raises(CheckpointError, match=r"b.npz is another model than .*a.npz \(heads: 8 vs 4\)"):
+        checkpoint.average_checkpoints([a, b], tmp_path / "out.npz")
+
+
+def test_partial_files_of_a_killed_save_are_recognised_and_removed(tmp_path):
+    keep = [checkpoint.save_checkpoint(checkpoint.checkpoint_path(tmp_path, 1), _state(0), {"step": 1}),
+            tmp_path / "notes.npz.txt", tmp_path / "metrics.jsonl"]
+    for p in keep[1:]:
+        p.write_text("kept")
+    partial = tmp_path / "checkpoint_0000002.npz.k3j_x9ab.tmp"
+    partial.write_bytes(b"PK\x03\x04 half a zip")
+    assert checkpoint.list_checkpoints(tmp_path) == [keep[0]]
+    assert checkpoint.remove_partial_files(tmp_path) == [partial]
+    assert sorted(tmp_path.iterdir()) == sorted(keep)

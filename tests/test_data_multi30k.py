@@ -7,12 +7,13 @@ import http.server
 import os
 import socket
 import threading
+import urllib.request
 
 import pytest
 
 from tinyformer.data import multi30k
-from tinyformer.data.multi30k import (NUM_LINES, SHA256, SPLITS, ChecksumError, default_cache_dir,
-                                      find_file, load_multi30k, read_lines)
+from tinyformer.data.multi30k import (NUM_LINES, SHA256, SPLITS, ChecksumError, InsecureURLError,
+                                      default_cache_dir, find_file, load_multi30k, read_lines)
 
 # Read before the autouse fixture below hides it from every test.
 REAL_DATA = os.environ.get("TINYFORMER_DATA")
@@ -177,6 +178,59 @@ def test_no_download_when_told_not_to(server, tmp_path):
     with pytest.raises(FileNotFoundError, match="download=False"):
         find_file("val", "en", base_url=url, download=False, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------ HTTPS only
+@pytest.mark.parametrize("base_url", [
+    "http://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/",
+    "HTTP://example.org/raw/", "ftp://example.org/raw/", "file:///etc/", "//example.org/raw/",
+    "https:///raw/", "example.org/raw/",
+])
+def test_a_download_url_that_is_not_https_is_refused_before_connecting(base_url, tmp_path, monkeypatch):
+    def connect(*args, **kwargs):
+        raise AssertionError("a connection was attempted")
+
+    monkeypatch.setattr(urllib.request.OpenerDirector, "open", connect)
+    monkeypatch.setattr(socket, "create_connection", connect)
+    with pytest.raises(InsecureURLError, match=r"refusing the download URL '.*val\.en\.gz': Multi30k is "
+                                               r"downloaded over https:// only") as info:
+        load_multi30k("val", "en", "de", base_url=base_url, cache_dir=tmp_path / "cache", progress=False)
+    assert isinstance(info.value, ValueError) and base_url.rstrip("/") in str(info.value)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_upstream_url_is_https():
+    assert multi30k.check_url(multi30k.BASE_URL) == multi30k.BASE_URL
+    assert multi30k.BASE_URL.startswith("https://")
+
+
+class _Redirect(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(302)
+        self.send_header("Location", "http://example.invalid/raw" + self.path)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_redirect_away_from_https_is_refused(tmp_path, monkeypatch):
+    """The loopback server (plain HTTP is allowed to it) redirects to a plain-HTTP host: refused."""
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.setenv(name, "*")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirect)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/raw/"
+        with pytest.raises(InsecureURLError, match=r"refusing the redirect of .*val\.de\.gz to "
+                                                   r"'http://example\.invalid/raw/raw/val\.de\.gz'"):
+            find_file("val", "de", base_url=url, cache_dir=tmp_path / "cache", progress=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+    assert _files(tmp_path / "cache") == []
 
 
 # ------------------------------------------------------------------ local copies

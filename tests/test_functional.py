@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tinyformer as tf
 import tinyformer.random as tf_random
 from strategies import broadcasts_to, distinct, leaf, seeds, shapes, uniform
-from tinyformer import functional as F
+from tinyformer import Tensor, backend, functional as F
 
 FEW = settings(max_examples=20, deadline=None)
 SOME = settings(max_examples=30, deadline=None)
@@ -817,3 +817,26 @@ def test_float32_stays_float32(name):
         assert g.dtype == np.float32 and g.shape == x.shape and np.all(np.isfinite(g))
     # and the float32 gradients agree with central differences at float32 tolerances
     tf.gradcheck(fn, inputs, allow_float32=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_in_parallel_row_blocks_equals_one_block(reduction, monkeypatch):
+    """The vocabulary-wide softmax runs in row blocks on several threads: same values, same gradients."""
+    rng = np.random.default_rng(0)
+    logits, target = rng.standard_normal((2, 9, 11)), rng.integers(0, 11, (2, 9))
+    target[0, :3] = 0
+    upstream = rng.standard_normal((2, 9)) if reduction == "none" else rng.standard_normal(())
+
+    def run(threads):
+        old = backend.set_num_threads(threads)
+        try:
+            x = Tensor(logits.copy(), requires_grad=True)
+            loss, nll = F.cross_entropy(x, target, 0.1, ignore_index=0, reduction=reduction, return_nll=True)
+            (loss * Tensor(upstream) + nll * Tensor(upstream * 0.5)).sum().backward()
+            return loss.data, nll.data, x.grad
+        finally:
+            backend.set_num_threads(old)
+
+    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    for one, many in zip(run(1), run(4)):
+        np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-15)

@@ -6,10 +6,28 @@ import os
 import numpy as np
 import pytest
 
-from tinyformer import checkpoint
-from tinyformer.train import TrainConfig, Trainer, load_model
+from tinyformer import checkpoint, cli, train
+from tinyformer import functional as F
+from tinyformer.optim import Adam
+from tinyformer.tensor import Tensor
+from tinyformer.train import TrainConfig, Trainer, TrainingDiverged, load_model
 
 QUIET = dict(echo=lambda *a: None, progress=False)
+_CORPUS, _LOAD_CORPUS = {}, train.load_corpus
+
+
+def cached_load_corpus(config, split):
+    """``train.load_corpus``, each (data, languages, split) computed once: the synthetic task's
+    20,000 pairs take seconds to generate."""
+    key = (config.data, config.src_lang, config.tgt_lang, config.data_dir, split)
+    if key not in _CORPUS:
+        _CORPUS[key] = _LOAD_CORPUS(config, split)
+    return _CORPUS[key]
+
+
+@pytest.fixture(autouse=True)
+def cached_corpus(monkeypatch):
+    monkeypatch.setattr(train, "load_corpus", cached_load_corpus)
 
 
 def small_config(save_dir, **overrides):
@@ -86,11 +104,144 @@ def test_checkpoint_with_another_tokenizer_is_refused(tmp_path):
         load_model(checkpoint.checkpoint_path(first, 3), tokenizer_path=second / "spm.model")
 
 
+# ------------------------------------------------------------------ non-finite losses and gradients
+# NumPy warns about the NaN and Inf these tests inject; the trainer's handling of them is the point.
+non_finite = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def poison(monkeypatch, bad_call, where="loss", value=np.nan, trainer=None):
+    """Make the training forward passes numbered by ``bad_call(n)`` (1, 2, ...) non-finite: their loss
+    (times ``value``) or, with ``where="gradient"``, the gradient of the shared embedding (times ``value``)."""
+    real = F.cross_entropy
+    state = {"calls": 0, "bad": False}
+
+    def cross_entropy(*args, **kwargs):
+        loss, nll = real(*args, **kwargs)
+        state["calls"] += 1
+        state["bad"] = bad_call(state["calls"])
+        return (loss * value if state["bad"] and where == "loss" else loss), nll
+
+    monkeypatch.setattr(F, "cross_entropy", cross_entropy)
+    if where == "gradient":
+        trainer.model.src_embed.weight.register_hook(lambda grad: grad * value if state["bad"] else None)
+    return state
+
+
+def records(save_dir):
+    with open(os.path.join(save_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+@non_finite
+@pytest.mark.parametrize("where, value", [("loss", np.nan), ("loss", np.inf), ("gradient", np.nan),
+                                          ("gradient", np.inf)])
+def test_a_non_finite_loss_or_gradient_skips_the_update(tmp_path, monkeypatch, where, value):
+    trainer = Trainer(small_config(tmp_path), **QUIET)
+    trainer.setup()
+    batches = trainer.train_data.batches(256, seed=0, epoch=0)
+    before = [p.data.copy() for p in trainer.model.parameters()]
+    poison(monkeypatch, lambda n: n == 1, where, value, trainer)
+    loss, _, _, grad_norm = trainer.train_step(batches[:1])
+    if where == "loss":
+        assert not np.isfinite(loss) and grad_norm is None
+    else:
+        assert np.isfinite(loss) and not np.isfinite(grad_norm)
+    assert trainer.step == 0 and trainer.batch_in_epoch == 1 and trainer.tokens_seen == 0
+    assert trainer.adam.step_count == 0 and all(m is None for m in trainer.adam.m)
+    for p, b in zip(trainer.model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)
+    loss, _, _, grad_norm = trainer.train_step(batches[1:2])  # the next batch is fine: it is applied
+    assert np.isfinite(grad_norm) and trainer.step == 1 and trainer.batch_in_epoch == 2
+    assert any(not np.array_equal(p.data, b) for p, b in zip(trainer.model.parameters(), before))
+
+
+@non_finite
+def test_skipped_updates_are_counted_in_the_log_the_bar_and_the_checkpoint(tmp_path, monkeypatch, capsys):
+    poison(monkeypatch, lambda n: n == 2)
+    trainer = Trainer(small_config(tmp_path, max_steps=4, save_every=100), echo=lambda *a: None, progress=True)
+    trainer.run()
+    assert trainer.step == 4 and trainer.skipped_updates == 1 and trainer.batch_in_epoch == 5
+    log = [r for r in records(tmp_path) if "split" not in r]
+    skipped = [r for r in log if "skipped" in r]
+    assert skipped == [{"step": 2, "epoch": 1, "skipped": "non-finite loss (nan)", "skipped_updates": 1,
+                        "bad_in_a_row": 1}]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4]
+    assert [r["skipped_updates"] for r in log if "loss" in r] == [0, 1, 1, 1]
+    _, meta, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(tmp_path, 4))
+    assert meta["skipped_updates"] == 1
+    out, err = capsys.readouterr()
+    assert "step 2: update skipped, non-finite loss (nan) (1 in a row, 1 in all)" in out
+    assert "skipped=1" in err  # the progress bar's postfix
+
+
+@non_finite
+def test_max_bad_steps_in_a_row_stop_the_run_keeping_the_last_good_checkpoint(tmp_path, monkeypatch):
+    poison(monkeypatch, lambda n: n >= 4)  # steps 1-3 are applied, checkpoint at 2, then every update is bad
+    config = small_config(tmp_path, max_steps=10, save_every=2, max_bad_steps=3)
+    saved = {}
+    real_save = checkpoint.save_checkpoint
+    monkeypatch.setattr(checkpoint, "save_checkpoint",
+                        lambda path, *a: saved.setdefault(path.name, real_save(path, *a).read_bytes()))
+    with pytest.raises(TrainingDiverged) as info:
+        Trainer(config, **QUIET).run()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "training stopped: 3 updates in a row were skipped for a non-finite loss or gradient" in message
+    assert "max_bad_steps=3" in message and "at step 4" in message
+    assert f"the last checkpoint, {checkpoint.checkpoint_path(tmp_path, 2)}, is intact" in message
+    assert checkpoint.list_checkpoints(tmp_path) == [checkpoint.checkpoint_path(tmp_path, 2)]
+    assert checkpoint.checkpoint_path(tmp_path, 2).read_bytes() == saved["checkpoint_0000002.npz"]
+    assert list(saved) == ["checkpoint_0000002.npz"]
+    assert [r["bad_in_a_row"] for r in records(tmp_path) if "skipped" in r] == [1, 2, 3]
+    monkeypatch.undo()
+    trainer = Trainer(config, resume=True, **QUIET)  # the good checkpoint resumes and finishes
+    trainer.run()
+    assert trainer.step == 10 and trainer.skipped_updates == 0
+
+
+@non_finite
+def test_the_cli_stops_a_diverging_run_with_exit_1_and_one_line(tmp_path, monkeypatch, capsys):
+    poison(monkeypatch, lambda n: n >= 3)
+    code = cli.main(["train", "--save-dir", str(tmp_path), "--max-steps", "20", "--max-tokens", "256",
+                     "--vocab-size", "120", "--warmup-steps", "4", "--save-every", "1", "--no-progress",
+                     "--no-test"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1
+    assert err.startswith("tinyformer train: error: training stopped: 5 updates in a row were skipped")
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["checkpoint_0000001.npz",
+                                                                        "checkpoint_0000002.npz"]
+
+
+def test_a_trainer_never_saves_a_non_finite_parameter(tmp_path):
+    trainer = Trainer(small_config(tmp_path), **QUIET)
+    trainer.setup()
+    trainer.model.src_embed.weight.data[5, 3] = np.inf
+    with pytest.raises(checkpoint.CheckpointError, match="parameter 'src_embed.weight' holds 1 non-finite"):
+        trainer.save()
+    assert checkpoint.list_checkpoints(tmp_path) == []
+
+
+@non_finite
+def test_adam_can_skip_a_non_finite_gradient():
+    p = Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    adam = Adam([p], lr=0.1)
+    p.grad = np.full((2, 3), np.nan, np.float32)
+    assert np.isnan(adam.step(skip_nonfinite=True))
+    assert adam.step_count == 0 and adam.m == [None] and np.array_equal(p.data, np.ones((2, 3)))
+    p.grad = np.ones((2, 3), np.float32)
+    assert adam.step(skip_nonfinite=True) == pytest.approx(6 ** 0.5)
+    assert adam.step_count == 1 and (p.data < 1).all()
+    p.grad = np.full((2, 3), np.inf, np.float32)
+    adam.step()  # the default is unchanged: the update is applied
+    assert adam.step_count == 2 and not np.isfinite(p.data).all()
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("data", "wmt", "data must be one of"),
     ("preset", "huge", "unknown preset"),
     ("max_tokens", 0, "max_tokens must be a positive integer"),
     ("tgt_lang", "en", "both 'en'"),
+    ("max_bad_steps", 0, "max_bad_steps must be a positive integer"),
 ])
 def test_bad_configuration_is_named(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):

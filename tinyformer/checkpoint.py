@@ -5,21 +5,32 @@ moments (``adam/m/<i>``, ``adam/v/<i>``) and a JSON document (``metadata``:
 config, step, optimiser and schedule state, RNG state, tokenizer hash, ...).
 It is written to a temporary file in the same directory and renamed into
 place, so a save killed half-way leaves the previous checkpoint untouched; it
-is read with ``allow_pickle=False``, so loading one never runs code.
+is read with ``allow_pickle=False``, so loading one never runs code. A state
+holding NaN or Inf is never written: ``save_checkpoint`` refuses it, naming the array.
+Any other file (a pickle, an object array, a truncated, corrupt or foreign file)
+is refused on loading with a ``CheckpointError`` naming the file and the problem.
 """
 
 import json
 import os
 import re
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy
 
 __all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "average_checkpoints",
-           "prune_checkpoints", "CheckpointError"]
+           "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "TRAINING_ONLY",
+           "CheckpointError"]
 
 _NAME = re.compile(r"checkpoint_(\d+)\.npz$")
+_PARTIAL = re.compile(r"^checkpoint_\d+\.npz\.[^.]+\.tmp$")  # a temporary of _atomic_write_npz
+_ZIP_MAGIC = b"PK\x03\x04"
+
+# Model settings that shape no parameter: models differing only in them share an architecture.
+TRAINING_ONLY = frozenset({"dropout", "attention_dropout", "activation_dropout", "label_smoothing", "seed"})
 
 
 class CheckpointError(ValueError):
@@ -40,10 +51,39 @@ def _atomic_write_npz(path, arrays):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory):
+    """Make the rename itself durable (a power cut after it keeps the new name); POSIX only."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _check_finite(path, arrays):
+    """Refuse a state holding NaN or Inf: such a checkpoint would only spread the failure to a resume."""
+    for key, array in arrays.items():
+        if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
+            bad = int(array.size - numpy.count_nonzero(numpy.isfinite(array)))
+            what = (f"parameter {key[len('model/'):]!r}" if key.startswith("model/")
+                    else f"Adam moment {key!r}" if key.startswith("adam/") else f"array {key!r}")
+            raise CheckpointError(f"refusing to write checkpoint {path}: {what} holds {bad} non-finite "
+                                  f"value(s) (NaN or Inf) of {array.size}")
 
 
 def save_checkpoint(path, model_state, metadata, adam_state=None):
-    """Write ``model_state`` ({name: array}), Adam's state and ``metadata`` to ``path`` atomically."""
+    """Write ``model_state`` ({name: array}), Adam's state and ``metadata`` to ``path`` atomically.
+
+    Refuses (CheckpointError, nothing written) a parameter or moment holding NaN or Inf.
+    """
     arrays = {f"model/{k}": numpy.asarray(v) for k, v in model_state.items()}
     meta = dict(metadata)
     if adam_state is not None:
@@ -53,30 +93,80 @@ def save_checkpoint(path, model_state, metadata, adam_state=None):
         for i, (m, v) in enumerate(zip(adam_state["m"], adam_state["v"])):
             if m is not None:
                 arrays[f"adam/m/{i}"], arrays[f"adam/v/{i}"] = m, v
-    arrays["metadata"] = numpy.frombuffer(json.dumps(meta).encode("utf-8"), dtype=numpy.uint8)
+    arrays = {k: numpy.asarray(v) for k, v in arrays.items()}
+    _check_finite(path, arrays)
+    try:
+        text = json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"refusing to write checkpoint {path}: its metadata is not plain JSON "
+                              f"({error})") from None
+    arrays["metadata"] = numpy.frombuffer(text.encode("utf-8"), dtype=numpy.uint8)
     _atomic_write_npz(path, arrays)
     return Path(path)
 
 
 def load_checkpoint(path):
-    """(model_state, metadata, adam_state or None) from a checkpoint written by ``save_checkpoint``."""
+    """(model_state, metadata, adam_state or None) from a checkpoint written by ``save_checkpoint``.
+
+    Never unpickles (``allow_pickle=False``). A missing, empty, truncated or non-zip file, an
+    object (pickled) array, or missing or unreadable metadata is a CheckpointError naming the
+    file and what is wrong with it.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+
+    def refuse(problem):
+        return CheckpointError(f"cannot read checkpoint {path}: {problem}")
+
+    with open(path, "rb") as f:
+        head = f.read(len(_ZIP_MAGIC))
+    if head != _ZIP_MAGIC:
+        what = "the file is empty" if not head else f"it starts with {head!r}"
+        raise refuse(f"not a tinyformer checkpoint (an .npz, i.e. zip, file): {what}")
+    arrays = {}
     try:
         with numpy.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
+            for key in npz.files:
+                try:
+                    arrays[key] = npz[key]
+                except ValueError as error:
+                    if "allow_pickle" not in str(error):
+                        raise
+                    raise refuse(f"array {key!r} is a pickled object array; checkpoints are read without "
+                                 "unpickling (allow_pickle=False), so this file was not written by "
+                                 "tinyformer") from None
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        problem = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise refuse(f"the file is truncated or corrupt ({problem})") from error
+    if "metadata" not in arrays:
+        raise refuse("no 'metadata' entry: not a tinyformer checkpoint")
+    try:
         metadata = json.loads(bytes(arrays.pop("metadata")).decode("utf-8"))
-    except (OSError, ValueError, KeyError, EOFError) as error:
-        raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
+    except (UnicodeDecodeError, ValueError) as error:
+        raise refuse(f"its metadata is not JSON ({error})") from None
+    if not isinstance(metadata, dict):
+        raise refuse(f"its metadata is a JSON {type(metadata).__name__}, not an object")
     model_state = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
     adam_state = None
     if "adam" in metadata:
-        adam_state = dict(metadata["adam"])
-        flags = adam_state.pop("has_moment")
-        adam_state["m"] = [arrays[f"adam/m/{i}"] if has else None for i, has in enumerate(flags)]
-        adam_state["v"] = [arrays[f"adam/v/{i}"] if has else None for i, has in enumerate(flags)]
+        try:
+            adam_state = dict(metadata["adam"])
+            flags = adam_state.pop("has_moment")
+            adam_state["m"] = [arrays[f"adam/m/{i}"] if has else None for i, has in enumerate(flags)]
+            adam_state["v"] = [arrays[f"adam/v/{i}"] if has else None for i, has in enumerate(flags)]
+        except (KeyError, TypeError, ValueError) as error:
+            raise refuse(f"its optimiser state is incomplete (missing {error})") from None
     return model_state, metadata, adam_state
+
+
+def model_config_mismatch(saved, expected, ignore=TRAINING_ONLY):
+    """The architecture differences of two model configurations, as "key: saved vs expected" strings."""
+    keys = sorted((set(saved) | set(expected)) - set(ignore))
+    return [f"{k}: {saved.get(k, '(absent)')!r} vs {expected.get(k, '(absent)')!r}"
+            for k in keys if saved.get(k) != expected.get(k)]
 
 
 def checkpoint_path(directory, step):
@@ -90,6 +180,20 @@ def list_checkpoints(directory):
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.search(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def remove_partial_files(directory):
+    """Delete the temporaries a save killed before its rename left behind; returns their paths.
+
+    Only for a directory no other process is saving into (a run's own directory on resume).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    partial = [p for p in directory.iterdir() if _PARTIAL.search(p.name) and p.is_file()]
+    for p in partial:
+        p.unlink(missing_ok=True)
+    return partial
 
 
 def prune_checkpoints(directory, keep_last):
@@ -122,6 +226,10 @@ def average_checkpoints(paths, output):
             raise CheckpointError(f"average_checkpoints: {p} does not have the parameters of {paths[0]}")
         if meta.get("tokenizer_sha256") != metas[0].get("tokenizer_sha256"):
             raise CheckpointError(f"average_checkpoints: {p} was trained with a different tokenizer than {paths[0]}")
+        differences = model_config_mismatch(meta.get("model_config") or {}, metas[0].get("model_config") or {})
+        if differences:
+            raise CheckpointError(f"average_checkpoints: {p} is another model than {paths[0]} "
+                                  f"({'; '.join(differences)})")
     averaged = {}
     for name, first in reference.items():
         total = numpy.zeros(first.shape, dtype=numpy.float64)

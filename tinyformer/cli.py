@@ -6,9 +6,12 @@ Usage errors exit with status 2 and one line on stderr; failures at run time
 """
 
 import argparse
+import math
 import os
+import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy
@@ -25,6 +28,36 @@ class _Parser(argparse.ArgumentParser):
 
 class UsageError(Exception):
     """Arguments that parse but do not make sense together: exit status 2."""
+
+
+# ------------------------------------------------------------------ argument types (bad values: exit 2)
+def _number(kind, text):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def _ranged(kind, check, description):
+    def parse(text):
+        value = _number(kind, text)
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"must be {description}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
+
+
+_positive_int = _ranged(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _ranged(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _ranged(float, lambda v: v > 0, "a positive number")
+_non_negative_float = _ranged(float, lambda v: v >= 0, "a number >= 0")
+_probability = _ranged(float, lambda v: 0 <= v < 1, "a probability in [0, 1)")
+_unit_interval = _ranged(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
 # ------------------------------------------------------------------ info
@@ -49,30 +82,34 @@ _TRAIN_OPTIONS = [
                                     "the user cache, or a download)"),
     ("--preset", "preset", str, "model size: tiny, small, base, big (default: tiny for synthetic, "
                                 "small for multi30k)"),
-    ("--vocab-size", "vocab_size", int, "joint BPE vocabulary size (default 600 synthetic, 8000 multi30k)"),
-    ("--max-tokens", "max_tokens", int, "padded tokens per batch (default 2048 synthetic, 4096 multi30k)"),
-    ("--accum", "accum", int, "batches per optimiser step (gradient accumulation; default 1)"),
-    ("--max-steps", "max_steps", int, "optimiser steps to train for (default 1000 synthetic, 3000 multi30k)"),
-    ("--max-epochs", "max_epochs", int, "stop after this many epochs as well"),
-    ("--warmup-steps", "warmup_steps", int, "Noam warm-up steps (default 200 synthetic, 800 multi30k)"),
-    ("--lr-factor", "lr_factor", float, "Noam factor: lr = factor * d_model^-0.5 * min(...) (default 1)"),
-    ("--label-smoothing", "label_smoothing", float, "default: the preset's (0.1)"),
-    ("--dropout", "dropout", float, "default: the preset's"),
-    ("--max-len", "max_len", int, "drop training pairs longer than this many tokens (default 256)"),
-    ("--max-grad-norm", "max_grad_norm", float, "clip the global gradient norm (default: no clipping)"),
-    ("--seed", "seed", int, "seed for initialisation, data order and dropout (default 0)"),
-    ("--threads", "threads", int, "BLAS threads (default 1 for the synthetic task, else all)"),
+    ("--vocab-size", "vocab_size", _positive_int, "joint BPE vocabulary size (default 600 synthetic, 8000 multi30k)"),
+    ("--max-tokens", "max_tokens", _positive_int, "padded tokens per batch (default 2048 synthetic, 4096 multi30k)"),
+    ("--accum", "accum", _positive_int, "batches per optimiser step (gradient accumulation; default 1)"),
+    ("--max-steps", "max_steps", _positive_int, "optimiser steps to train for (default 1000 synthetic, 3000 multi30k)"),
+    ("--max-epochs", "max_epochs", _positive_int, "stop after this many epochs as well"),
+    ("--warmup-steps", "warmup_steps", _positive_int, "Noam warm-up steps (default 200 synthetic, 800 multi30k)"),
+    ("--lr-factor", "lr_factor", _positive_float, "Noam factor: lr = factor * d_model^-0.5 * min(...) (default 1)"),
+    ("--label-smoothing", "label_smoothing", _unit_interval, "default: the preset's (0.1)"),
+    ("--dropout", "dropout", _probability, "default: the preset's"),
+    ("--max-len", "max_len", _positive_int, "drop training pairs longer than this many tokens (default 256)"),
+    ("--max-grad-norm", "max_grad_norm", _positive_float, "clip the global gradient norm (default: no clipping)"),
+    ("--seed", "seed", _non_negative_int, "seed for initialisation, data order and dropout (default 0)"),
+    ("--threads", "threads", _positive_int, "BLAS threads (default 1 for the synthetic task, else all)"),
     ("--device", "device", str, "cpu (default) or cuda"),
     ("--save-dir", "save_dir", str, "checkpoints, tokenizer and metrics.jsonl go here "
                                     "(default runs/<data>-<preset>)"),
-    ("--save-every", "save_every", int, "checkpoint every N steps (and at the end)"),
-    ("--keep-last", "keep_last", int, "keep the newest K checkpoints (default 5)"),
-    ("--eval-every", "eval_every", int, "validate every N steps (loss, perplexity, greedy BLEU)"),
-    ("--log-every", "log_every", int, "append training metrics to metrics.jsonl every N steps (default 10)"),
-    ("--bleu-samples", "bleu_samples", int, "validation sentences translated for BLEU (default 500)"),
-    ("--beam", "beam_size", int, "beam size of the final test evaluation (default 4, §6.1)"),
-    ("--alpha", "alpha", float, "length penalty of the final test evaluation (default 0.6, §6.1)"),
+    ("--save-every", "save_every", _positive_int, "checkpoint every N steps (and at the end)"),
+    ("--keep-last", "keep_last", _positive_int, "keep the newest K checkpoints (default 5)"),
+    ("--max-bad-steps", "max_bad_steps", _positive_int, "stop after this many updates in a row skipped for a "
+                                                         "non-finite loss or gradient (default 5)"),
+    ("--eval-every", "eval_every", _positive_int, "validate every N steps (loss, perplexity, greedy BLEU)"),
+    ("--log-every", "log_every", _positive_int, "append training metrics to metrics.jsonl every N steps (default 10)"),
+    ("--bleu-samples", "bleu_samples", _positive_int, "validation sentences translated for BLEU (default 500)"),
+    ("--beam", "beam_size", _positive_int, "beam size of the final test evaluation (default 4, §6.1)"),
+    ("--alpha", "alpha", _non_negative_float, "length penalty of the final test evaluation (default 0.6, §6.1)"),
 ]
+
+_SYNTHETIC_LANGUAGES = ("en", "de")
 
 
 def _train(args):
@@ -84,7 +121,7 @@ def _train(args):
         save_dir = Path(overrides.get("save_dir") or _default_save_dir(overrides))
         config = _saved_config(save_dir)
         resumable = {"max_steps", "max_epochs", "save_every", "keep_last", "eval_every", "log_every",
-                     "bleu_samples", "beam_size", "alpha", "device", "data_dir", "threads"}
+                     "bleu_samples", "beam_size", "alpha", "device", "data_dir", "threads", "max_bad_steps"}
         fixed = sorted(set(overrides) - resumable - {"save_dir"})
         if fixed:
             raise UsageError(f"--resume continues the saved run: {', '.join(fixed)} cannot change "
@@ -96,7 +133,7 @@ def _train(args):
         if "save_dir" not in overrides:
             config.save_dir = _default_save_dir(overrides)
     try:
-        config.resolved()
+        _check_languages(config.resolved())
     except ValueError as error:
         raise UsageError(str(error)) from None
     trainer = Trainer(config, resume=args.resume, progress=not args.no_progress)
@@ -112,6 +149,16 @@ def _train(args):
     _print_evaluation(result, sources, references, "test")
     trainer.log({"step": trainer.step, "split": "test", **{k: v for k, v in result.items() if k != "hypotheses"}})
     return 0
+
+
+def _check_languages(config):
+    """--src/--tgt must name languages the chosen data has (before a tokenizer is trained)."""
+    from .data.multi30k import LANGUAGES
+
+    known = _SYNTHETIC_LANGUAGES if config.data == "synthetic" else LANGUAGES
+    for flag, lang in (("--src", config.src_lang), ("--tgt", config.tgt_lang)):
+        if lang not in known:
+            raise ValueError(f"{flag} {lang!r}: the {config.data} data has the languages {', '.join(known)}")
 
 
 def _default_save_dir(overrides):
@@ -142,30 +189,105 @@ def _print_evaluation(result, sources, references, split, samples=3):
 
 
 # ------------------------------------------------------------------ translate
-def _open_input(path):
-    return sys.stdin if path in (None, "-") else open(path, encoding="utf-8")
+# Bytes that are not UTF-8 (escaped to lone surrogates by "surrogateescape") and NUL characters.
+_UNREADABLE = re.compile("[\udc80-\udcff\x00]")
+
+
+def _plural(count, word):
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def _split_lines(data):
+    """(lines, replaced, line numbers) of raw bytes: lines end at b"\\n" (a final one ends the last
+    line; a "\\r" before it is dropped); bytes that are not UTF-8 and NUL characters become U+FFFD,
+    ``replaced`` of them on the lines numbered (from 1) in the third item."""
+    parts = data.split(b"\n")
+    if parts[-1] == b"":
+        parts.pop()
+    lines, replaced, where = [], 0, []
+    for number, raw in enumerate(parts, 1):
+        text, count = _UNREADABLE.subn("\ufffd", raw.removesuffix(b"\r").decode("utf-8", "surrogateescape"))
+        if count:
+            replaced += count
+            where.append(number)
+        lines.append(text)
+    return lines, replaced, where
+
+
+def _read_lines(path, what, command):
+    """The lines of a file (or stdin for None or "-"), warning on stderr about replaced bytes."""
+    if path in (None, "-"):
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+        path = "<stdin>"
+    else:
+        data = Path(path).read_bytes()
+    lines, replaced, where = _split_lines(data)
+    if replaced:
+        from .decode import line_list
+
+        _warn(command, f"{what} {path}: replaced {_plural(replaced, 'undecodable byte')} / NUL characters by U+FFFD "
+              f"on {_plural(len(where), 'line')} ({line_list(where)})")
+    return lines
+
+
+def _warn(command, message):
+    print(f"tinyformer {command}: warning: {message}", file=sys.stderr)
+
+
+def _write_text(text, path):
+    """UTF-8 to a file, or to stdout for None or "-" (whatever the locale's encoding)."""
+    data = text.encode("utf-8")
+    if path not in (None, "-"):
+        Path(path).write_bytes(data)
+        return
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    buffer.write(data)
+    buffer.flush()
 
 
 def _translate(args):
-    from .decode import translate
+    from .decode import InputWarning, LongLineError, input_token_limit, translate
     from .train import load_model
 
     if args.plot_attention:
-        if args.plot_limit < 1:
-            raise UsageError(f"--plot-limit must be at least 1, got {args.plot_limit}")
         from . import viz
 
         viz.require_matplotlib()  # before translating a whole file, not after
+    # Files are checked before the model is loaded; stdin is read after, so that a bad checkpoint
+    # is reported at once instead of after the input ends.
+    if args.input not in (None, "-") and not Path(args.input).is_file():
+        problem = "not a file" if Path(args.input).exists() else "no such file"
+        raise FileNotFoundError(f"--input {args.input}: {problem}")
+    if args.output not in (None, "-") and not Path(args.output).resolve().parent.is_dir():
+        raise FileNotFoundError(f"--output {args.output}: the directory {Path(args.output).parent} does not exist")
     model, tokenizer, _ = load_model(args.checkpoint, args.device, args.tokenizer)
-    with _open_input(args.input) as stream:
-        lines = [line.rstrip("\n").rstrip("\r") for line in stream]
-    outputs = translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
-                        batch_size=args.batch_size)
-    text = "".join(o + "\n" for o in outputs)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-    else:
-        Path(args.output).write_text(text, encoding="utf-8")
+    limit = input_token_limit(model)
+    if args.max_input_tokens is not None and limit is not None and args.max_input_tokens > limit:
+        raise UsageError(f"--max-input-tokens {args.max_input_tokens} is more than this model can encode: "
+                         f"{limit} tokens and the EOS (positional max_len {limit + 1})")
+    lines = _read_lines(args.input, "input", args.command)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        try:
+            outputs = translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
+                                batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
+                                long_lines=args.long_lines)
+        except LongLineError as error:
+            source = "<stdin>" if args.input in (None, "-") else args.input
+            raise ValueError(f"{source}, line {error.line}: {error.tokens:,} tokens, more than "
+                             f"--max-input-tokens {error.limit} (--long-lines refuse; nothing was "
+                             "translated)") from None
+    for warning in caught:
+        if issubclass(warning.category, InputWarning):
+            _warn(args.command, f"{warning.message} (--long-lines refuse makes this an error)")
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    _write_text("".join(o + "\n" for o in outputs), args.output)
     if args.plot_attention:
         _plot_attention(model, tokenizer, lines, args)
     return 0
@@ -175,8 +297,14 @@ def _plot_attention(model, tokenizer, lines, args):
     """Heatmaps of the first --plot-limit non-empty lines, each in DIR/line<N> (N: its line number)."""
     from . import viz
 
+    from .decode import input_token_limit
+
+    limit = args.max_input_tokens or input_token_limit(model)
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()][:args.plot_limit]
     for n, line in numbered:
+        if limit is not None and len(tokenizer.encode(line.strip())) > limit:
+            _warn(args.command, f"line {n} not plotted: longer than {limit} tokens")
+            continue
         folder = Path(args.plot_attention) / f"line{n}"
         _, paths = viz.plot_attention(model, tokenizer, line, folder, beam_size=args.beam, alpha=args.alpha)
         print(f"attention of line {n}: {len(paths)} figures in {folder}", file=sys.stderr)
@@ -189,8 +317,8 @@ def _eval(args):
     if args.hypotheses:
         if args.checkpoint or not args.references:
             raise UsageError("--hypotheses needs --references (and no --checkpoint)")
-        hypotheses = Path(args.hypotheses).read_text(encoding="utf-8").splitlines()
-        references = Path(args.references).read_text(encoding="utf-8").splitlines()
+        hypotheses = _read_lines(args.hypotheses, "--hypotheses", args.command)
+        references = _read_lines(args.references, "--references", args.command)
         bleu = metrics.corpus_bleu(hypotheses, references)
         tokenized = metrics.tokenized_bleu(hypotheses, references)
         print(f"BLEU {bleu.score:.2f}  ({bleu.signature})")
@@ -279,9 +407,9 @@ def _plot(args):
 
 # ------------------------------------------------------------------ parser
 def _add_decoding_options(parser, beam=4):
-    parser.add_argument("--beam", type=int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
-    parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty α (default 0.6)")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--beam", type=_positive_int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
+    parser.add_argument("--alpha", type=_non_negative_float, default=0.6, help="GNMT length penalty α (default 0.6)")
+    parser.add_argument("--device", default="cpu", choices=backend.DEVICES, help="cpu (default) or cuda")
     parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
 
 
@@ -305,16 +433,26 @@ def build_parser():
     train.add_argument("--no-test", action="store_true", help="skip the final test-set evaluation")
     train.set_defaults(run=_train)
 
-    translate = commands.add_parser("translate", help="translate lines from stdin or a file",
-                                    description="One output line per input line; empty lines stay empty.")
+    translate = commands.add_parser(
+        "translate", help="translate lines from stdin or a file",
+        description="One output line per input line (lines end at \\n); empty and whitespace-only lines "
+                    "stay empty. Input is UTF-8: undecodable bytes and NUL characters become U+FFFD, "
+                    "counted in a warning. Output is UTF-8.")
     translate.add_argument("--checkpoint", required=True, help="a checkpoint_*.npz (or an averaged one)")
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
-    translate.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
+    translate.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch (default 64)")
+    translate.add_argument("--max-input-tokens", type=_positive_int, metavar="N",
+                           help="longest input line in subword tokens (default and maximum: what the "
+                                "model's positional table holds, less one for the EOS)")
+    translate.add_argument("--long-lines", choices=("truncate", "refuse"), default="truncate",
+                           help="a line longer than --max-input-tokens: truncate it to its first N tokens "
+                                "with a warning naming the lines (default), or refuse the input with an "
+                                "error naming the first such line, before translating anything")
     translate.add_argument("--plot-attention", metavar="DIR",
                            help="also draw the attention of every layer and head (needs the 'plot' extra): "
                                 "one PNG per layer and kind in DIR/line<N> for input line N")
-    translate.add_argument("--plot-limit", type=int, default=1, metavar="N",
+    translate.add_argument("--plot-limit", type=_positive_int, default=1, metavar="N",
                            help="with --plot-attention, plot the first N non-empty lines (default 1)")
     _add_decoding_options(translate)
     translate.set_defaults(run=_translate)
@@ -326,7 +464,7 @@ def build_parser():
     evaluate.add_argument("--split", default="test", choices=("train", "val", "test"),
                           help="which split of the run's data (default test; Multi30k: test_2016_flickr)")
     evaluate.add_argument("--data-dir", help="where the Multi30k files are")
-    evaluate.add_argument("--limit", type=int, help="only the first N sentences")
+    evaluate.add_argument("--limit", type=_positive_int, help="only the first N sentences")
     evaluate.add_argument("--hypotheses", help="score this file of translations instead ...")
     evaluate.add_argument("--references", help="... against this file of references")
     _add_decoding_options(evaluate)
@@ -335,7 +473,7 @@ def build_parser():
     average = commands.add_parser("average", help="average checkpoints into one (§6.1)")
     average.add_argument("checkpoints", nargs="*", help="checkpoint files to average")
     average.add_argument("--dir", help="average the newest --last checkpoints of this run directory")
-    average.add_argument("--last", type=int, default=5, help="how many (default 5)")
+    average.add_argument("--last", type=_positive_int, default=5, help="how many (default 5)")
     average.add_argument("--output", required=True, help="where to write the averaged checkpoint")
     average.set_defaults(run=_average)
 
@@ -360,9 +498,9 @@ def build_parser():
         description="`tinyformer plot schedule` draws the learning rate of §5.3; `tinyformer plot LOG` "
                     "draws the curves of a metrics.jsonl written by `tinyformer train`.")
     plot.add_argument("what", metavar="schedule|LOG", help="`schedule`, or a metrics.jsonl file")
-    plot.add_argument("--d-model", dest="d_model", type=int, help="schedule: d_model (default 512)")
-    plot.add_argument("--warmup", type=int, help="schedule: warm-up steps (default 4000)")
-    plot.add_argument("--steps", type=int, help="schedule: steps to draw (default 20000)")
+    plot.add_argument("--d-model", dest="d_model", type=_positive_int, help="schedule: d_model (default 512)")
+    plot.add_argument("--warmup", type=_positive_int, help="schedule: warm-up steps (default 4000)")
+    plot.add_argument("--steps", type=_positive_int, help="schedule: steps to draw (default 20000)")
     plot.add_argument("--output", help="the PNG to write (default schedule.png or curves.png)")
     plot.set_defaults(run=_plot)
     return parser
@@ -379,15 +517,23 @@ def main(argv=None):
     except UsageError as error:
         print(f"tinyformer {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"tinyformer {args.command}: interrupted; the last checkpoint is intact", file=sys.stderr)
+    except KeyboardInterrupt as error:
+        if not getattr(error, "checkpoint", None):  # the trainer already said where it saved
+            detail = "; the last checkpoint is intact" if args.command == "train" else ""
+            print(f"tinyformer {args.command}: interrupted{detail}", file=sys.stderr)
         return 130
-    except (OSError, ValueError, KeyError, FloatingPointError, RuntimeError, ImportError) as error:
+    except Exception as error:  # one line, never a traceback (unless TINYFORMER_DEBUG is set)
         if os.environ.get("TINYFORMER_DEBUG"):
             raise
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if not isinstance(error, _EXPECTED_ERRORS):
+            message = f"{type(error).__name__}: {message} (set TINYFORMER_DEBUG=1 for the traceback)"
         print(f"tinyformer {args.command}: error: {message}", file=sys.stderr)
         return 1
+
+
+# Failures of the run itself (files, data, checkpoints, numbers); anything else is reported with its type.
+_EXPECTED_ERRORS = (OSError, ValueError, LookupError, FloatingPointError, RuntimeError, ImportError)
 
 
 if __name__ == "__main__":

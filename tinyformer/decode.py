@@ -24,6 +24,7 @@ Conventions shared by every search here:
 import contextlib
 import math
 import numbers
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -34,7 +35,26 @@ from .data.batching import pad
 from .data.special import BOS_ID, EOS_ID
 from .tensor import no_grad
 
-__all__ = ["Hypothesis", "length_penalty", "greedy_decode", "beam_search", "translate"]
+__all__ = ["Hypothesis", "InputWarning", "LongLineError", "LONG_LINES", "length_penalty", "greedy_decode",
+           "beam_search", "input_token_limit", "translate"]
+
+LONG_LINES = ("truncate", "refuse")
+
+
+class InputWarning(UserWarning):
+    """``translate`` changed its input to translate it: lines longer than the model allows were truncated."""
+
+
+class LongLineError(ValueError):
+    """``translate(long_lines="refuse")`` met a line of more than ``max_input_tokens`` tokens.
+
+    ``line`` is its number counted from 1, ``tokens`` its length and ``limit`` the maximum.
+    """
+
+    def __init__(self, line, tokens, limit):
+        super().__init__(f"translate: line {line} has {tokens:,} tokens, more than max_input_tokens={limit} "
+                         "(long_lines='refuse')")
+        self.line, self.tokens, self.limit = line, tokens, limit
 
 
 class Hypothesis(NamedTuple):
@@ -291,8 +311,28 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, m
 
 
 # ------------------------------------------------------------------------ translate
+# Characters that end a line for str.splitlines(): an output holding one would break line alignment.
+_LINE_BREAKS = str.maketrans({c: " " for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def input_token_limit(model, append_eos=True):
+    """The most source tokens (EOS excluded) the model can encode: its positional ``max_len``, less
+    one position for the EOS when ``append_eos``; None when the model has no such table."""
+    positions = getattr(getattr(model, "positional", None), "max_len", None)
+    if positions is None:
+        return None
+    return positions - 1 if append_eos else positions
+
+
+def line_list(line_numbers, limit=10):
+    """"3, 7, 12" — at most ``limit`` line numbers, then "and N more"."""
+    shown = ", ".join(str(n) for n in line_numbers[:limit])
+    return shown + (f" and {len(line_numbers) - limit} more" if len(line_numbers) > limit else "")
+
+
 def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, max_len_a=1,
-              max_len_b=50, append_eos=True, bos_id=BOS_ID, eos_id=EOS_ID):
+              max_len_b=50, append_eos=True, bos_id=BOS_ID, eos_id=EOS_ID, max_input_tokens=None,
+              long_lines="truncate"):
     """Translate text lines: one output string per input line, in the input order.
 
     Each line is stripped and encoded with ``tokenizer.encode(str) -> list[int]``
@@ -302,6 +342,14 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
     decoded with ``beam_search`` (beam 4, α = 0.6 as §6.1; ``beam_size=1`` runs
     ``greedy_decode``) and ``tokenizer.decode(ids) -> str``. An empty or
     whitespace-only line gives an empty output without running the model.
+
+    A line of more than ``max_input_tokens`` tokens (default and upper bound:
+    ``input_token_limit(model)``, what the positional table holds) is cut to its
+    first ``max_input_tokens`` tokens with an ``InputWarning`` naming the lines
+    (``long_lines="truncate"``), or refused with a ValueError naming the first
+    such line (``LongLineError``, a ValueError; ``long_lines="refuse"``), before anything is decoded. Line numbers
+    in these messages count from 1, as in a file. Outputs never hold a line break
+    (any is replaced by a space), so writing one output per line keeps the lines aligned.
     """
     if isinstance(lines, (str, bytes)):
         raise TypeError("translate: lines must be a sequence of strings, not a single string")
@@ -311,13 +359,35 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
             raise TypeError(f"translate: lines[{i}] must be a str, got {type(line).__name__}")
     beam_size = _check_int("beam_size", beam_size, 1)
     batch_size = _check_int("batch_size", batch_size, 1)
+    if long_lines not in LONG_LINES:
+        raise ValueError(f"translate: long_lines must be one of {LONG_LINES}, got {long_lines!r}")
+    limit = input_token_limit(model, append_eos)
+    if max_input_tokens is None:
+        max_input_tokens = limit
+    else:
+        max_input_tokens = _check_int("max_input_tokens", max_input_tokens, 1)
+        if limit is not None and max_input_tokens > limit:
+            eos = " and the EOS" if append_eos else ""
+            raise ValueError(f"translate: max_input_tokens={max_input_tokens} is more than the model can "
+                             f"encode: its positional table (max_len {model.positional.max_len}) holds "
+                             f"{limit} tokens{eos}")
     outputs = [""] * len(lines)
-    sources = []
+    sources, truncated = [], []
     for i, line in enumerate(lines):
         text = line.strip()
         if text:
             ids = [int(t) for t in tokenizer.encode(text)]
+            if max_input_tokens is not None and len(ids) > max_input_tokens:
+                if long_lines == "refuse":
+                    raise LongLineError(i + 1, len(ids), max_input_tokens)
+                ids = ids[:max_input_tokens]
+                truncated.append(i + 1)
             sources.append((i, ids + [eos_id] if append_eos else ids))
+    if truncated:
+        warnings.warn(InputWarning(
+            f"truncated {len(truncated)} line{'s' if len(truncated) > 1 else ''} longer than "
+            f"{max_input_tokens} tokens to their first {max_input_tokens}: line"
+            f"{'s' if len(truncated) > 1 else ''} {line_list(truncated)}"), stacklevel=2)
     sources.sort(key=lambda item: len(item[1]))  # stable: equal lengths keep their order
     for start in range(0, len(sources), batch_size):
         batch = sources[start:start + batch_size]
@@ -328,5 +398,5 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
         else:
             hypotheses = beam_search(model, src, beam_size=beam_size, alpha=alpha, **common)
         for (i, _), ids in zip(batch, hypotheses):
-            outputs[i] = tokenizer.decode(ids)
+            outputs[i] = tokenizer.decode(ids).translate(_LINE_BREAKS)
     return outputs

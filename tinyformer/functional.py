@@ -50,13 +50,16 @@ def _use_kernel(*arrays):
     return kernels.enabled(*arrays) and all(a.dtype in _KERNEL_DTYPES for a in arrays)
 
 
-def _axis(axis, ndim):
-    """One axis as a non-negative int; None or a tuple is an error, not a silent choice."""
-    if ndim == 0:
+def _axis(axis, shape):
+    """One axis as a non-negative int; None, a tuple or an empty axis is an error, not a silent choice."""
+    if not shape:
         raise ValueError("needs at least one dimension")
     if isinstance(axis, bool) or not isinstance(axis, (int, numpy.integer)):
         raise ValueError(f"axis must be a single int, got {axis!r}")
-    return normalize_axes(axis, ndim)[0]
+    axis = normalize_axes(axis, len(shape))[0]
+    if shape[axis] == 0:
+        raise ValueError(f"axis {axis} has length 0 (shape {tuple(shape)}): a distribution over no classes")
+    return axis
 
 
 # ------------------------------------------------------------------------ softmax
@@ -70,7 +73,7 @@ class Softmax(Function):
     """pᵢ = exp(xᵢ) / Σⱼ exp(xⱼ);  dx = p ∘ (dp − Σⱼ dpⱼ pⱼ)."""
 
     def forward(self, x, axis):
-        self.axis = _axis(axis, x.ndim)
+        self.axis = _axis(axis, x.shape)
         self.fused = _use_kernel(x) and self.axis == x.ndim - 1
         self.p = kernel_ops.softmax_forward(x) if self.fused else _stable_softmax(x, self.axis)
         return self.p
@@ -87,7 +90,7 @@ class LogSoftmax(Function):
 
     def forward(self, x, axis):
         xp = _xp(x)
-        self.axis = axis = _axis(axis, x.ndim)
+        self.axis = axis = _axis(axis, x.shape)
         self.fused = _use_kernel(x) and axis == x.ndim - 1
         if self.fused:
             self.y = kernel_ops.softmax_forward(x, log=True)
@@ -139,6 +142,8 @@ class LayerNorm(Function):
         xhat = x - x.mean(axis=-1, keepdims=True)
         var = xp.einsum("...i,...i->...", xhat, xhat)[..., None] / n  # Σ (x − μ)², no temporary
         self.rstd = 1.0 / xp.sqrt(var + eps)
+        if not bool(xp.isfinite(var).all()):
+            self.rstd = _rescaled_rstd(xp, xhat, var, eps)
         xhat *= self.rstd
         self.xhat = xhat
         y = xhat * weight
@@ -167,8 +172,33 @@ class LayerNorm(Function):
         return grad_x, grad_w, grad_b, None
 
 
+def _rescaled_rstd(xp, centered, var, eps):
+    """1/√(σ² + eps) for rows whose Σ (x − μ)² overflowed (float32 values beyond ~1e19).
+
+    With s = max |x − μ| per row, σ² = s² · mean(((x − μ)/s)²), so
+    1/√(σ² + eps) = 1 / (s · √(mean(((x − μ)/s)²) + eps/s²)): nothing is squared before
+    it is divided by s. Rows that did not overflow keep their value.
+    """
+    with numpy.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        scale = xp.abs(centered).max(axis=-1, keepdims=True)
+        safe = xp.where(scale > 0, scale, 1)
+        unit = centered / safe
+        mean_sq = (unit * unit).mean(axis=-1, keepdims=True)
+        rescaled = 1.0 / (safe * xp.sqrt(mean_sq + eps / (safe * safe)))
+        direct = 1.0 / xp.sqrt(var + eps)
+    return xp.where(xp.isfinite(var), direct, rescaled).astype(centered.dtype, copy=False)
+
+
+def _check_eps(eps, name):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 <= eps < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {eps!r}")
+
+
 def layer_norm(x, weight, bias, eps=1e-5):
     """Layer normalisation over the last axis (Ba et al., 2016), eps inside the square root."""
+    if x.ndim == 0:
+        raise ValueError("layer_norm: x needs a feature axis, got a 0-d tensor")
+    _check_eps(eps, "layer_norm: eps")
     return LayerNorm.apply(x, weight, bias, eps)
 
 
@@ -194,6 +224,12 @@ def _check_probability(p, name):
         raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
 
 
+def _check_generator(generator, name):
+    if generator is not None and not isinstance(generator, numpy.random.Generator):
+        raise TypeError(f"{name} must be a numpy.random.Generator or None (the default generator), "
+                        f"got {type(generator).__name__}")
+
+
 def dropout(x, p=0.1, training=True, generator=None):
     """Zero each element with probability ``p`` and scale the rest by 1/(1 − p) (residual dropout, §5.4).
 
@@ -202,6 +238,7 @@ def dropout(x, p=0.1, training=True, generator=None):
     that ``tinyformer.manual_seed`` resets.
     """
     _check_probability(p, "dropout: p")
+    _check_generator(generator, "dropout: generator")
     if not training or p == 0:
         return x
     return Dropout.apply(x, float(p), generator)
@@ -212,7 +249,7 @@ def _check_ids(ids, low, high, name):
     """``ids`` must be integers in [low, high); raise naming ``name`` otherwise."""
     ids = ids.data if isinstance(ids, Tensor) else ids
     if not hasattr(ids, "dtype"):
-        ids = numpy.asarray(ids)
+        ids = _as_array(ids, name)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {ids.dtype}")
     if ids.size and (int(ids.min()) < low or int(ids.max()) >= high):
@@ -221,6 +258,15 @@ def _check_ids(ids, low, high, name):
             f"{int(ids.max())} (shape {tuple(ids.shape)})"
         )
     return ids
+
+
+def _as_array(value, name):
+    """A nested list as a NumPy array; a ragged one is a clear error, not NumPy's."""
+    try:
+        return numpy.asarray(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a rectangular array, got a ragged {type(value).__name__} "
+                         f"(rows of different lengths)") from None
 
 
 class Embedding(Function):
@@ -252,10 +298,17 @@ class Linear(Function):
     """
 
     def forward(self, x, weight, bias=None):
+        if weight.ndim != 2:
+            raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {weight.shape}")
+        if x.ndim == 0:
+            raise ValueError("input needs a feature axis, got a 0-d array")
         if x.shape[-1] != weight.shape[1]:
             raise ValueError(
                 f"input has {x.shape[-1]} features but weight expects {weight.shape[1]}"
             )
+        if bias is not None and bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},) for {weight.shape[0]} output "
+                             f"features, got {bias.shape}")
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
         y = (x.reshape(-1, x.shape[-1]) @ weight.T).reshape(x.shape[:-1] + (weight.shape[0],))
@@ -306,11 +359,22 @@ class CrossEntropy(Function):
         rows = xp.arange(len(t))
         # One (N, V) buffer holds z − max, then exp of it, then p; log p is never materialised:
         # log pₜ = shiftedₜ − log Z and Σᵥ log pᵥ = Σᵥ shiftedᵥ − V·log Z.
-        p = flat - flat.max(axis=-1, keepdims=True)
-        shifted_target = p[rows, t_safe]
-        shifted_sum = p.sum(axis=-1) if smoothing else None
-        xp.exp(p, out=p)
-        total = p.sum(axis=-1)
+        p = xp.empty_like(flat)
+
+        def softmax_rows(start, stop):  # rows [start, stop) of p; returns shiftedₜ, Σ shifted, Z
+            z, out = flat[start:stop], p[start:stop]
+            xp.subtract(z, z.max(axis=-1, keepdims=True), out=out)
+            target_value = out[rows[: stop - start], t_safe[start:stop]]
+            shifted_total = out.sum(axis=-1) if smoothing else None
+            xp.exp(out, out=out)
+            z_total = out.sum(axis=-1)
+            out /= z_total[:, None]
+            return target_value, shifted_total, z_total
+
+        blocks = backend.map_row_blocks(softmax_rows, len(t), flat, row_size=vocab)
+        shifted_target = xp.concatenate([b[0] for b in blocks])
+        shifted_sum = xp.concatenate([b[1] for b in blocks]) if smoothing else None
+        total = xp.concatenate([b[2] for b in blocks])
         log_z = xp.log(total)
         nll = log_z - shifted_target
         if smoothing:
@@ -318,7 +382,6 @@ class CrossEntropy(Function):
             loss = (1.0 - smoothing) * nll - (smoothing / vocab) * sum_logp
         else:
             loss = nll
-        p /= total[:, None]
         weight = keep.astype(logits.dtype)
         self.count = count = int(keep.sum())
         if reduction == "mean":
@@ -374,18 +437,28 @@ class CrossEntropy(Function):
         # both targets sum to one: the p part is shared. When the graph is released after this
         # backward, p is not needed again and becomes the gradient in place.
         grad = p if not self.retain_graph else p.copy()
-        grad *= g_loss + g_nll
-        grad[self.rows, self.t_safe] -= ((1.0 - self.smoothing) * g_loss + g_nll).reshape(-1)
-        if self.smoothing:
-            grad -= (self.smoothing / vocab) * g_loss
-        grad *= self.weight[:, None]
+        shared = g_loss + g_nll
+        uniform = (self.smoothing / vocab) * g_loss
+        target_weight = ((1.0 - self.smoothing) * g_loss + g_nll).reshape(-1)
+        per_row = self.reduction == "none"
+
+        def gradient_rows(start, stop):  # (p·(g_loss + g_nll) − q-part) · weight, rows [start, stop)
+            block = grad[start:stop]
+            block *= shared[start:stop] if per_row else shared
+            block[self.rows[: stop - start], self.t_safe[start:stop]] -= (
+                target_weight[start:stop] if per_row else target_weight)
+            if self.smoothing:
+                block -= uniform[start:stop] if per_row else uniform
+            block *= self.weight[start:stop, None]
+
+        backend.map_row_blocks(gradient_rows, len(grad), grad, row_size=vocab)
         return grad.reshape(self.shape), None
 
 
 def _check_target(logits, target, ignore_index):
     target = target.data if isinstance(target, Tensor) else target
     if not hasattr(target, "dtype"):
-        target = numpy.asarray(target)
+        target = _as_array(target, "cross_entropy: target")
     if tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
             f"cross_entropy: target shape {tuple(target.shape)} must equal the logits' shape "
@@ -415,10 +488,15 @@ def cross_entropy(logits, target, label_smoothing=0.0, ignore_index=None, reduct
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
+            or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
     if logits.ndim < 1:
         raise ValueError("cross_entropy: logits need a class axis")
+    if logits.dtype.kind != "f":
+        raise TypeError(f"cross_entropy: logits must be floating point, got dtype {logits.dtype}")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"cross_entropy: logits of shape {tuple(logits.shape)} have no classes")
     target = _check_target(logits, target, ignore_index)
     loss, nll = CrossEntropy.apply(logits, target, float(label_smoothing), ignore_index, reduction)
     return (loss, nll) if return_nll else loss
@@ -569,7 +647,7 @@ def _attention_mask(mask, causal, q, k):
     if mask is not None:
         mask = mask.data if isinstance(mask, Tensor) else mask
         if not hasattr(mask, "dtype"):
-            mask = numpy.asarray(mask)
+            mask = _as_array(mask, "attention mask")
         if mask.dtype != bool:
             raise TypeError(
                 f"attention mask must be boolean (True = attend), got dtype {mask.dtype}"
@@ -611,6 +689,15 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, dropout_p=0.0
             f"scaled_dot_product_attention: q {q.shape} and k {k.shape} need the same d_k, and "
             f"k and v {v.shape} the same number of keys"
         )
+    try:
+        numpy.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"scaled_dot_product_attention: the batch axes of q {q.shape}, k {k.shape} and v {v.shape} "
+            "(all but the last two) do not broadcast"
+        ) from None
+    if dropout_p:
+        _check_generator(generator, "scaled_dot_product_attention: generator")
     fused, key_lengths = _fused_attention_lengths(q, k, v, mask, return_weights)
     if fused:
         return FusedAttention.apply(q, k, v, key_lengths, bool(causal), float(dropout_p), generator)
@@ -631,6 +718,9 @@ def padding_mask(ids, pad_id):
 
 def sinusoid_table(max_len, d_model, dtype=numpy.float32):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5)."""
+    for name, value in (("max_len", max_len), ("d_model", d_model)):
+        if isinstance(value, bool) or not isinstance(value, (int, numpy.integer)) or value < 1:
+            raise ValueError(f"sinusoid_table: {name} must be a positive integer, got {value!r}")
     position = numpy.arange(max_len, dtype=numpy.float64)[:, None]
     rate = numpy.exp(-math.log(10000.0) * numpy.arange(0, d_model, 2) / d_model)
     table = numpy.zeros((max_len, d_model))

@@ -7,7 +7,7 @@ one, which ``manual_seed`` resets, so runs repeat exactly.
 
 import numpy
 
-__all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "keep_mask", "get_rng_state",
+__all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "get_rng_state",
            "set_rng_state"]
 
 _default = numpy.random.default_rng(0)
@@ -39,20 +39,6 @@ def uniform_like(generator, shape, reference):
 
     samples = (generator or _default).random(shape, dtype=numpy.float32)
     return backend.like(samples, reference)
-
-
-def keep_mask(generator, shape, p, reference):
-    """Boolean mask of ``shape``, each element True with probability 1 − p, on ``reference``'s device.
-
-    Drawn as 16-bit integers (half the random bits and memory of float32 uniforms): an element
-    is kept when its integer is at least round(p · 2¹⁶), so p is rounded to a multiple of
-    2⁻¹⁶ (at most 7.6e-6 away).
-    """
-    from . import backend
-
-    threshold = min(int(round(p * 65536)), 65535)
-    bits = (generator or _default).integers(0, 65536, size=shape, dtype=numpy.uint16)
-    return backend.like(bits >= threshold, reference)
 
 
 def get_rng_state():

@@ -5,13 +5,22 @@ Adam with warm-up, periodic validation, atomic checkpoints, exact resume.
 run needs to continue exactly — parameters, Adam's moments and step, the dropout
 generator's state, the position in the epoch — is in each checkpoint, so
 ``--resume`` on the CPU repeats the uninterrupted run's losses.
+
+Failures lose nothing: an update whose loss or gradient is not finite is skipped
+(``max_bad_steps`` in a row stop the run); Ctrl-C stops at once in a forward or
+backward pass or a validation, but lets an update, its log record and a checkpoint
+write finish, then saves the last completed step and raises ``TrainingInterrupted``;
+a process killed at any point (SIGKILL) leaves checkpoints that load and resume exactly.
 """
 
+import contextlib
 import dataclasses
 import inspect
 import json
 import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +34,8 @@ from .nn.presets import PRESETS
 from .optim import Adam, NoamSchedule
 from .tensor import no_grad
 
-__all__ = ["TrainConfig", "Trainer", "DATASETS", "load_corpus", "load_model"]
+__all__ = ["TrainConfig", "Trainer", "TrainingDiverged", "TrainingInterrupted", "DATASETS", "load_corpus",
+           "load_model"]
 
 DATASETS = ("synthetic", "multi30k")
 TOKENIZER_FILE = "spm.model"
@@ -53,6 +63,7 @@ class TrainConfig:
     model_overrides: dict = None  # Transformer arguments over the preset's: {"heads": 8, "positional": "learned"}
     max_len: int = 256
     max_grad_norm: float = None
+    max_bad_steps: int = 5  # stop after this many updates in a row skipped for a non-finite loss or gradient
     seed: int = 0
     threads: int = None
     device: str = "cpu"
@@ -90,7 +101,7 @@ class TrainConfig:
         if config.label_smoothing is None:
             config.label_smoothing = PRESETS[config.preset]["label_smoothing"]
         for name in ("vocab_size", "max_tokens", "accum", "max_steps", "warmup_steps", "max_len",
-                     "save_every", "eval_every", "log_every", "beam_size"):
+                     "save_every", "eval_every", "log_every", "beam_size", "max_bad_steps"):
             value = getattr(config, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -107,6 +118,18 @@ class TrainConfig:
     def from_dict(cls, values):
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+class TrainingDiverged(FloatingPointError):
+    """``max_bad_steps`` updates in a row had a non-finite loss or gradient; nothing bad was saved."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training; ``checkpoint`` is the checkpoint of the last completed step (or None)."""
+
+    def __init__(self, message, checkpoint=None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 # Transformer arguments a run sets from its own fields (or the tokenizer), never through model_overrides.
@@ -157,21 +180,57 @@ def load_corpus(config, split):
 
 
 def load_model(path, device="cpu", tokenizer_path=None):
-    """(model in eval mode, tokenizer, metadata) from a checkpoint; refuses a mismatched tokenizer."""
+    """(model in eval mode, tokenizer, metadata) from a checkpoint.
+
+    Refuses (CheckpointError naming the file and the mismatch) a file ``load_checkpoint``
+    refuses, a tokenizer other than the run's, and parameters that do not fit the checkpoint's
+    own ``model_config``.
+    """
     from .data.tokenizer import Tokenizer
 
     state, meta, _ = checkpoint.load_checkpoint(path)
+    model_config = meta.get("model_config")
+    if not isinstance(model_config, dict):
+        raise checkpoint.CheckpointError(f"checkpoint {path} has no model_config in its metadata: it was not "
+                                         "written by tinyformer train (or averaged from such checkpoints)")
     tokenizer_path = Path(tokenizer_path) if tokenizer_path else Path(path).parent / TOKENIZER_FILE
     tokenizer = Tokenizer.load(tokenizer_path)
     expected = meta.get("tokenizer_sha256")
+    vocab = model_config.get("src_vocab_size")
     if expected != tokenizer.sha256:
         raise checkpoint.CheckpointError(
-            f"tokenizer {tokenizer_path} (sha256 {tokenizer.sha256[:12]}...) is not the one checkpoint "
-            f"{path} was trained with (sha256 {str(expected)[:12]}...): pass the run's {TOKENIZER_FILE}"
+            f"tokenizer {tokenizer_path} (sha256 {tokenizer.sha256[:12]}..., {len(tokenizer)} pieces) is not "
+            f"the one checkpoint {path} was trained with (sha256 {str(expected)[:12]}..., vocabulary {vocab}): "
+            f"pass the run's {TOKENIZER_FILE}"
         )
-    model = Transformer(**meta["model_config"])
+    for key in ("src_vocab_size", "tgt_vocab_size"):
+        size = model_config.get(key)
+        if size is not None and size != len(tokenizer):
+            raise checkpoint.CheckpointError(f"checkpoint {path}: its model's {key} is {size}, but tokenizer "
+                                             f"{tokenizer_path} has {len(tokenizer)} pieces")
+    try:
+        model = Transformer(**model_config)
+    except (TypeError, ValueError) as error:
+        raise checkpoint.CheckpointError(f"checkpoint {path}: its model_config cannot be built ({error})") from None
+    problem = _state_mismatch(state, model)
+    if problem:
+        summary = ", ".join(f"{k} {model_config.get(k)}" for k in ("d_model", "d_ff", "heads", "num_layers"))
+        raise checkpoint.CheckpointError(f"checkpoint {path}: its parameters do not fit its model_config "
+                                         f"({summary}): {problem}")
     model.load_state_dict(state)
     return model.to(device).eval(), tokenizer, meta
+
+
+def _state_mismatch(state, model):
+    """The first of each kind of disagreement between ``state`` and ``model``'s parameters, in one line."""
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    shapes = [f"{k} is {tuple(state[k].shape)}, not {expected[k]}"
+              for k in expected if k in state and tuple(state[k].shape) != expected[k]]
+    missing = [f"{k} is missing" for k in expected if k not in state]
+    unexpected = [f"{k} is not a parameter of the model" for k in state if k not in expected]
+    parts = [group[0] + (f" (and {len(group) - 1} more like it)" if len(group) > 1 else "")
+             for group in (shapes, missing, unexpected) if group]
+    return "; ".join(parts)
 
 
 class Trainer:
@@ -183,6 +242,12 @@ class Trainer:
         self.save_dir = Path(self.config.save_dir)
         self.step = self.epoch = self.batch_in_epoch = 0
         self.tokens_seen = 0
+        self.skipped_updates = 0  # updates skipped for a non-finite loss or gradient, over the whole run
+        self.bad_in_a_row = 0
+        self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
+        self._interruptible = 0       # > 0 where Ctrl-C may stop at once (forward, backward, validation)
+        self._pending_interrupt = False
+        self._forced_interrupt = False
 
     # ------------------------------------------------------------------ setup
     def setup(self):
@@ -197,6 +262,10 @@ class Trainer:
             )
         if self.resume and not existing:
             raise FileNotFoundError(f"--resume: no checkpoint_*.npz in {self.save_dir}")
+        if self.resume:
+            partial = checkpoint.remove_partial_files(self.save_dir)
+            if partial:
+                self.echo(f"removed {len(partial)} partial checkpoint file(s) left by an interrupted save")
         self.save_dir.mkdir(parents=True, exist_ok=True)
         self.train_text = load_corpus(c, "train")
         self.val_text = load_corpus(c, "val")
@@ -242,6 +311,7 @@ class Trainer:
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
             "tokens_seen": self.tokens_seen,
+            "skipped_updates": self.skipped_updates,
             "rng_state": tf_random.get_rng_state(),
             "tokenizer_sha256": self.tokenizer.sha256,
             "tokenizer_file": TOKENIZER_FILE,
@@ -249,6 +319,7 @@ class Trainer:
         }
 
     def save(self):
+        """Checkpoint the current step (a Ctrl-C waits until it and the pruning are done)."""
         path = checkpoint.checkpoint_path(self.save_dir, self.step)
         checkpoint.save_checkpoint(path, self.model.state_dict(), self.metadata(), self.adam.state_dict())
         checkpoint.prune_checkpoints(self.save_dir, self.config.keep_last)
@@ -258,6 +329,14 @@ class Trainer:
         state, meta, adam_state = checkpoint.load_checkpoint(path)
         if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
             raise checkpoint.CheckpointError(f"{path} was trained with another tokenizer than {self.save_dir / TOKENIZER_FILE}")
+        differences = checkpoint.model_config_mismatch(meta.get("model_config") or {}, self.model.config)
+        if differences:
+            raise checkpoint.CheckpointError(
+                f"{path} holds another model than this run builds ({'; '.join(differences)}; checkpoint vs "
+                "run): resume with the run's own settings (tinyformer train --resume reads them from the checkpoint)")
+        problem = _state_mismatch(state, self.model)
+        if problem:
+            raise checkpoint.CheckpointError(f"{path}: its parameters do not fit its model_config: {problem}")
         self.model.load_state_dict(state)
         if adam_state is None:
             raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): cannot resume from it")
@@ -265,6 +344,7 @@ class Trainer:
         self.adam.lr = self.schedule
         self.step, self.epoch = meta["step"], meta["epoch"]
         self.batch_in_epoch, self.tokens_seen = meta["batch_in_epoch"], meta["tokens_seen"]
+        self.skipped_updates = meta.get("skipped_updates", 0)
         tf_random.set_rng_state(meta["rng_state"])
         self._truncate_log(self.step)
         self.echo(f"resumed from {path.name} at step {self.step} (epoch {self.epoch + 1}, batch {self.batch_in_epoch})")
@@ -298,78 +378,203 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def train_step(self, batches):
-        """One optimiser step over ``batches`` (gradient accumulation): returns (loss, nll, tokens)."""
+        """One optimiser step over ``batches`` (gradient accumulation); returns (loss, nll, tokens, grad_norm).
+
+        The position in the data moves past ``batches`` in any case. The update is skipped
+        (parameters, Adam's moments and the step count unchanged) when the loss is not finite
+        (``grad_norm`` is then None) or the gradient norm is not finite.
+        """
         tokens = sum(b.num_tokens for b in batches)
         total_loss = total_nll = 0.0
-        self.adam.zero_grad()
-        for batch in batches:
-            logits = self.model(batch.src, batch.tgt_in, src_mask=batch.src_mask)
-            loss, nll = F.cross_entropy(logits, batch.tgt_out, self.config.label_smoothing,
-                                        ignore_index=PAD_ID, reduction="sum", return_nll=True)
-            (loss * (1.0 / tokens)).backward()
-            total_loss += loss.item()
-            total_nll += nll.item()
-        grad_norm = self.adam.step()
-        return total_loss / tokens, total_nll / tokens, tokens, grad_norm
+        self._boundary_rng = tf_random.get_rng_state()
+        with self._interrupts_allowed():  # nothing of the run's state changes until the update below
+            self.adam.zero_grad()
+            for batch in batches:
+                logits = self.model(batch.src, batch.tgt_in, src_mask=batch.src_mask)
+                loss, nll = F.cross_entropy(logits, batch.tgt_out, self.config.label_smoothing,
+                                            ignore_index=PAD_ID, reduction="sum", return_nll=True)
+                (loss * (1.0 / tokens)).backward()
+                total_loss += loss.item()
+                total_nll += nll.item()
+        self._boundary_rng = None
+        loss, nll = total_loss / tokens, total_nll / tokens
+        grad_norm = self.adam.step(skip_nonfinite=True) if math.isfinite(loss) else None
+        self.batch_in_epoch += len(batches)
+        if grad_norm is not None and math.isfinite(grad_norm):
+            self.step += 1
+            self.tokens_seen += tokens
+        return loss, nll, tokens, grad_norm
 
     def run(self):
-        """Train until ``max_steps`` (or ``max_epochs``), then save; returns the last validation record."""
-        with blas_threads(self.config.threads):
+        """Train until ``max_steps`` (or ``max_epochs``), then save; returns the last validation record.
+
+        Raises TrainingDiverged after ``max_bad_steps`` skipped updates in a row (no checkpoint
+        written), TrainingInterrupted on Ctrl-C (after checkpointing the last completed step).
+        """
+        self._pending_interrupt = self._forced_interrupt = False
+        with blas_threads(self.config.threads), self._interrupt_handler():
             return self._run()
 
     def _run(self):
         c = self.config
-        self.setup()
+        with self._interrupts_allowed():
+            self.setup()
         bar = None
         if self.progress:
             from tqdm import tqdm
 
             bar = tqdm(total=c.max_steps, initial=self.step, unit="step", dynamic_ncols=True)
-        last_val = None
-        window_tokens, window_start = 0, time.perf_counter()
-        self.model.train()
         try:
-            while self.step < c.max_steps and (c.max_epochs is None or self.epoch < c.max_epochs):
-                batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch)
-                while self.batch_in_epoch < len(batches) and self.step < c.max_steps:
-                    group = batches[self.batch_in_epoch:self.batch_in_epoch + c.accum]
-                    loss, nll, tokens, grad_norm = self.train_step(group)
-                    if not math.isfinite(loss):
-                        raise FloatingPointError(
-                            f"loss became {loss} at step {self.step + 1}; the last checkpoint is intact "
-                            "(lower --lr-factor or set --max-grad-norm)"
-                        )
-                    self.batch_in_epoch += len(group)
-                    self.step += 1
-                    self.tokens_seen += tokens
-                    window_tokens += tokens
-                    if self.step % c.log_every == 0 or self.step == 1:
-                        elapsed = time.perf_counter() - window_start
-                        record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(loss, 5),
-                                  "nll": round(nll, 5), "ppl": round(math.exp(min(nll, 50)), 4),
-                                  "lr": self.adam.current_lr(self.step), "grad_norm": round(grad_norm, 5),
-                                  "tokens_per_s": round(window_tokens / max(elapsed, 1e-9), 1)}
-                        self.log(record)
-                        window_tokens, window_start = 0, time.perf_counter()
-                        if bar is not None:
-                            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{record['lr']:.2e}",
-                                            tok_s=f"{record['tokens_per_s']:.0f}")
-                    if bar is not None:
-                        bar.update(1)
-                    if self.step % c.eval_every == 0 or self.step == c.max_steps:
-                        last_val = self.validate()
-                        self.model.train()
-                    if self.step % c.save_every == 0 or self.step == c.max_steps:
-                        self.save()
-                if self.batch_in_epoch >= len(batches):
-                    self.epoch += 1
-                    self.batch_in_epoch = 0
+            last_val = self._loop(bar)
+            if bar is not None:
+                bar.close()
+            if checkpoint.list_checkpoints(self.save_dir)[-1:] != [checkpoint.checkpoint_path(self.save_dir, self.step)]:
+                self.save()  # a run that max_epochs ended between two saves
+            self._interruption_point()
+        except KeyboardInterrupt:
+            if bar is not None:
+                bar.close()
+            raise self._save_on_interrupt() from None
         finally:
             if bar is not None:
                 bar.close()
-        if checkpoint.list_checkpoints(self.save_dir)[-1:] != [checkpoint.checkpoint_path(self.save_dir, self.step)]:
-            self.save()
         return last_val
+
+    def _loop(self, bar):
+        c = self.config
+        last_val = None
+        window_tokens, window_start = 0, time.perf_counter()
+        self.model.train()
+        while self.step < c.max_steps and (c.max_epochs is None or self.epoch < c.max_epochs):
+            batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=self.epoch)
+            while self.batch_in_epoch < len(batches) and self.step < c.max_steps:
+                self._interruption_point()
+                group = batches[self.batch_in_epoch:self.batch_in_epoch + c.accum]
+                step_before = self.step
+                loss, nll, tokens, grad_norm = self.train_step(group)
+                if self.step == step_before:
+                    self._skipped(loss, grad_norm, bar)
+                    continue
+                self.bad_in_a_row = 0
+                window_tokens += tokens
+                if self.step % c.log_every == 0 or self.step == 1:
+                    elapsed = time.perf_counter() - window_start
+                    record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(loss, 5),
+                              "nll": round(nll, 5), "ppl": round(math.exp(min(nll, 50)), 4),
+                              "lr": self.adam.current_lr(self.step), "grad_norm": round(grad_norm, 5),
+                              "tokens_per_s": round(window_tokens / max(elapsed, 1e-9), 1),
+                              "skipped_updates": self.skipped_updates}
+                    self.log(record)
+                    window_tokens, window_start = 0, time.perf_counter()
+                    if bar is not None:
+                        bar.set_postfix(self._postfix(loss=f"{loss:.3f}", lr=f"{record['lr']:.2e}",
+                                                      tok_s=f"{record['tokens_per_s']:.0f}"))
+                if bar is not None:
+                    bar.update(1)
+                if self.step % c.eval_every == 0 or self.step == c.max_steps:
+                    self._interruption_point()
+                    with self._interrupts_allowed():
+                        last_val = self.validate()
+                    self.model.train()
+                if self.step % c.save_every == 0 or self.step == c.max_steps:
+                    self.save()
+            if self.batch_in_epoch >= len(batches):
+                self.epoch += 1
+                self.batch_in_epoch = 0
+        return last_val
+
+    def _postfix(self, **values):
+        if self.skipped_updates:
+            values["skipped"] = self.skipped_updates
+        return values
+
+    def _skipped(self, loss, grad_norm, bar):
+        """Count an update skipped for a non-finite loss or gradient; stop after ``max_bad_steps`` in a row."""
+        self.skipped_updates += 1
+        self.bad_in_a_row += 1
+        reason = (f"non-finite loss ({loss})" if grad_norm is None
+                  else f"non-finite gradient norm ({grad_norm}) at loss {loss:.4g}")
+        self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": reason,
+                  "skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row})
+        note = (f"step {self.step + 1}: update skipped, {reason} ({self.bad_in_a_row} in a row, "
+                f"{self.skipped_updates} in all)")
+        if bar is not None:
+            bar.set_postfix(self._postfix(last=reason.split(" (")[0]))
+            bar.write(note)
+        else:
+            self.echo(note)
+        if self.bad_in_a_row >= self.config.max_bad_steps:
+            newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
+            kept = f"the last checkpoint, {newest[0]}, is intact" if newest else "no checkpoint was written"
+            raise TrainingDiverged(
+                f"training stopped: {self.bad_in_a_row} updates in a row were skipped for a non-finite loss "
+                f"or gradient (max_bad_steps={self.config.max_bad_steps}; the last: {reason} at step "
+                f"{self.step + 1}); none was applied or saved and {kept}; try a lower --lr-factor or a "
+                "--max-grad-norm in a new run"
+            )
+
+    # ------------------------------------------------------------------ Ctrl-C
+    @contextlib.contextmanager
+    def _interrupt_handler(self):
+        """While training, Ctrl-C stops at once inside ``_interrupts_allowed`` sections (forward and
+        backward passes, validation, setup) and at the next ``_interruption_point`` elsewhere, so an
+        update, its counters and log record, and a checkpoint write are never cut in two. A second
+        Ctrl-C while one is pending stops at once, saving nothing."""
+        if threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield
+            return
+
+        def on_sigint(signum, frame):
+            if self._interruptible:
+                raise KeyboardInterrupt
+            if self._pending_interrupt:
+                self._forced_interrupt = True
+                raise KeyboardInterrupt
+            self._pending_interrupt = True
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    @contextlib.contextmanager
+    def _interrupts_allowed(self):
+        """A section that Ctrl-C may cut short: it changes nothing a checkpoint holds."""
+        self._interruption_point()
+        self._interruptible += 1
+        try:
+            yield
+        finally:
+            self._interruptible -= 1
+
+    def _interruption_point(self):
+        if self._pending_interrupt:
+            raise KeyboardInterrupt
+
+    def _save_on_interrupt(self):
+        """A TrainingInterrupted naming the checkpoint of the last completed step, saved if need be."""
+        self._interruptible, self._pending_interrupt = 0, True  # a further Ctrl-C forces, saving nothing
+        newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
+        if self._forced_interrupt:
+            kept = f"the last checkpoint, {newest[0]}, is intact" if newest else "no checkpoint was written"
+            message = f"interrupted at step {self.step} before a checkpoint could be saved; {kept}"
+            self.echo(message)
+            return TrainingInterrupted(message, newest[0] if newest else None)
+        if self._boundary_rng is not None:  # undo the dropout draws of a step cut short
+            tf_random.set_rng_state(self._boundary_rng)
+        path = checkpoint.checkpoint_path(self.save_dir, self.step)
+        if newest != [path]:
+            try:
+                self.save()
+            except (OSError, checkpoint.CheckpointError) as error:
+                message = f"interrupted at step {self.step}; saving it failed ({error})"
+                self.echo(message)
+                return TrainingInterrupted(message, newest[0] if newest else None)
+        message = f"interrupted at step {self.step}, which is saved in {path}; continue with --resume"
+        self.echo(message)
+        return TrainingInterrupted(message, path)
 
     # ------------------------------------------------------------------ validation
     @no_grad()

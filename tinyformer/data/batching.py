@@ -17,10 +17,18 @@ __all__ = ["Batch", "ParallelData", "batch_indices", "make_batch", "pad"]
 
 def pad(sequences, pad_id=PAD_ID, dtype=numpy.int64):
     """Sequences of ids as one (len(sequences), longest) array padded with ``pad_id``."""
-    width = max((len(s) for s in sequences), default=0)
+    try:
+        width = max((len(s) for s in sequences), default=0)
+    except TypeError:
+        bad = next(i for i, s in enumerate(sequences) if not hasattr(s, "__len__"))
+        raise TypeError(f"pad: sequences[{bad}] must be a sequence of ids, "
+                        f"got {type(sequences[bad]).__name__}") from None
     out = numpy.full((len(sequences), width), pad_id, dtype=dtype)
     for row, s in enumerate(sequences):
-        out[row, : len(s)] = s
+        try:
+            out[row, : len(s)] = s
+        except (TypeError, ValueError):
+            raise TypeError(f"pad: sequences[{row}] must hold integer ids, got {list(s)[:8]!r}") from None
     return out
 
 
@@ -56,6 +64,8 @@ class Batch:
 
 def make_batch(src_ids, tgt_ids, indices=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
     """A Batch from lists of source and target id sequences (no BOS/EOS in them yet)."""
+    if len(src_ids) != len(tgt_ids):
+        raise ValueError(f"make_batch: {len(src_ids)} source but {len(tgt_ids)} target sequences")
     src = pad([list(s) + [eos_id] for s in src_ids], pad_id)
     tgt_in = pad([[bos_id] + list(t) for t in tgt_ids], pad_id)
     tgt_out = pad([list(t) + [eos_id] for t in tgt_ids], pad_id)
@@ -103,6 +113,9 @@ class ParallelData:
     def __init__(self, src_ids, tgt_ids, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
         if len(src_ids) != len(tgt_ids):
             raise ValueError(f"ParallelData: {len(src_ids)} source but {len(tgt_ids)} target sentences")
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, (int, numpy.integer))
+                                    or max_len < 1):
+            raise ValueError(f"ParallelData: max_len must be None or a positive integer, got {max_len!r}")
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         keep = [
             i for i, (s, t) in enumerate(zip(src_ids, tgt_ids))

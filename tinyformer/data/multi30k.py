@@ -6,7 +6,9 @@ The nine raw files (``<split>.<lang>.gz``) are looked for, in order, in
 or under ``$XDG_CACHE_HOME``); if none has them they are downloaded from the
 dataset's repository into the cache. Every copy, local or downloaded, must match
 the upstream SHA-256, so a truncated or edited file is an error rather than a
-silently different test set. Only the cache is ever written to.
+silently different test set. Only the cache is ever written to. Downloads use
+HTTPS only (plain HTTP only to the loopback address, which never leaves the
+machine), and a redirect to anything else is refused.
 """
 
 import gzip
@@ -15,6 +17,7 @@ import http.client
 import os
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
@@ -24,7 +27,8 @@ from tqdm import tqdm
 from .tokenizer import file_sha256
 
 __all__ = ["SPLITS", "LANGUAGES", "BASE_URL", "SHA256", "NUM_LINES", "ENV_VAR",
-           "ChecksumError", "default_cache_dir", "find_file", "read_lines", "load_multi30k"]
+           "ChecksumError", "InsecureURLError", "check_url", "default_cache_dir", "find_file", "read_lines",
+           "load_multi30k"]
 
 SPLITS = ("train", "val", "test_2016_flickr")
 LANGUAGES = ("en", "de", "fr")
@@ -103,13 +107,45 @@ def _verify(path, name, expected):
     return path
 
 
+class InsecureURLError(ValueError):
+    """A download URL (or a redirect target) that is not HTTPS."""
+
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def check_url(url, what="download URL"):
+    """``url`` if it is ``https://`` (or ``http://`` to the loopback address); else InsecureURLError."""
+    parts = urllib.parse.urlsplit(url)
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme == "https" and host:
+        return url
+    if scheme == "http" and host in _LOOPBACK:
+        return url  # a local server (tests): the bytes never cross a network, and the SHA-256 is checked
+    raise InsecureURLError(f"refusing the {what} {url!r}: Multi30k is downloaded over https:// only "
+                           "(plain http:// could be altered on the way)")
+
+
+class _HTTPSOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        check_url(newurl, f"redirect of {req.full_url} to")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _open(url):
+    """``urlopen`` that refuses a non-HTTPS URL, before connecting, and a redirect to one."""
+    check_url(url)
+    return urllib.request.build_opener(_HTTPSOnlyRedirects).open(url, timeout=_TIMEOUT_S)
+
+
 def _download(url, target, name, expected, progress):
     """Stream ``url`` into a temporary file in the cache, check its SHA-256, then rename it in place."""
+    check_url(url)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".part")
     try:
         digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
+        with os.fdopen(fd, "wb") as out, _open(url) as response:
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
@@ -135,13 +171,17 @@ def find_file(split, lang, data_dir=None, download=True, base_url=BASE_URL, cach
     ``checksums`` maps file names to hex SHA-256 (default ``SHA256``, the upstream
     files). A copy whose digest differs is a ChecksumError (a ValueError) naming both digests; no
     copy and no download (offline, HTTP error, ``download=False``) is a
-    FileNotFoundError listing where it looked and where the files can go.
+    FileNotFoundError listing where it looked and where the files can go. A ``base_url`` that is
+    not ``https://`` (nor ``http://`` to the loopback address) is an InsecureURLError (a
+    ValueError), raised before anything is looked up, as is a redirect to such a URL.
     """
     name = _file_name(split, lang)
     checksums = SHA256 if checksums is None else checksums
     if name not in checksums:
         raise ValueError(f"checksums has no SHA-256 for {name}")
     expected = checksums[name]
+    if download:
+        check_url(base_url.rstrip("/") + "/" + name)
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
 
     searched = _candidate_dirs(data_dir, cache_dir)

@@ -46,8 +46,8 @@ _PLURAL_ENDING = "e"
 
 def number_to_german(n):
     """1 ≤ n ≤ 999 in German words, as one word: 347 → "dreihundertsiebenundvierzig"."""
-    if not 1 <= n <= 999:
-        raise ValueError(f"number_to_german: n must lie in 1..999, got {n}")
+    if isinstance(n, bool) or not isinstance(n, (int, numpy.integer)) or not 1 <= n <= 999:
+        raise ValueError(f"number_to_german: n must be an integer in 1..999, got {n!r}")
     hundreds, rest = divmod(n, 100)
     words = ("ein" if hundreds == 1 else _UNITS[hundreds]) + "hundert" if hundreds else ""
     if rest == 0:

@@ -19,6 +19,7 @@ characters occur in the training text; a character that does not is
 
 import hashlib
 import io
+import numbers
 import os
 import re
 import tempfile
@@ -74,6 +75,14 @@ class _Sentences:
         except Exception as e:
             self.error = e
             raise
+
+
+def _check_encodable(text, name):
+    """Raise a ValueError naming the first lone surrogate of ``text`` (sentencepiece takes UTF-8)."""
+    for position, char in enumerate(text):
+        if "\ud800" <= char <= "\udfff":
+            raise ValueError(f"{name} holds a lone surrogate U+{ord(char):04X} at index {position}, which "
+                             "is not Unicode text (decode bytes with errors='replace')")
 
 
 class Tokenizer:
@@ -202,29 +211,46 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ encoding
     def encode(self, text):
-        """Subword ids of one sentence, without BOS or EOS (the batching code adds those)."""
+        """Subword ids of one sentence, without BOS or EOS (the batching code adds those).
+
+        Any str of valid Unicode encodes (a character outside the vocabulary is
+        ``UNK_ID``); one holding a lone surrogate (not Unicode, e.g. from
+        ``errors="surrogateescape"``) is a ValueError naming its position.
+        """
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode: text must be str, got {type(text).__name__}")
-        return self._processor.encode(text)
+        try:
+            return self._processor.encode(text)
+        except (RuntimeError, TypeError):  # sentencepiece's words for text it cannot take as UTF-8
+            _check_encodable(text, "Tokenizer.encode: text")
+            raise
 
     def encode_batch(self, texts):
         """``encode`` for each sentence of a list."""
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("Tokenizer.encode_batch: texts must be a list of sentences, not one string")
         texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"Tokenizer.encode_batch: texts[{i}] must be str, "
                                 f"got {type(text).__name__}")
-        return self._processor.encode(texts) if texts else []
+        try:
+            return self._processor.encode(texts) if texts else []
+        except (RuntimeError, TypeError):
+            for i, text in enumerate(texts):
+                _check_encodable(text, f"Tokenizer.encode_batch: texts[{i}]")
+            raise
 
     def _clean(self, ids, where):
-        """Ids up to the first EOS, without PAD and BOS, each checked to be in range."""
+        """Ids up to the first EOS, without PAD and BOS, each checked to be an integer in range."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"{where}: ids must be a sequence of integers, got {type(ids).__name__}")
         out = []
         size = self.vocab_size
         for i in ids:
-            try:
-                i = int(i)
-            except (TypeError, ValueError):
-                raise TypeError(f"{where}: ids must be integers, got {i!r}") from None
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+                raise TypeError(f"{where}: ids must be integers, got {i!r} ({type(i).__name__})")
+            i = int(i)
             if i == EOS_ID:
                 break
             if i in (PAD_ID, BOS_ID):

@@ -81,6 +81,11 @@ class MultiHeadAttention(Module):
                 raise ValueError(
                     f"MultiHeadAttention: {name} must be (batch, len, {self.d_model}), got shape {x.shape}"
                 )
+        if key.shape[0] not in (query.shape[0], 1) or value.shape[:2] != key.shape[:2]:
+            raise ValueError(
+                f"MultiHeadAttention: key {key.shape} and value {value.shape} need the same batch and "
+                f"length, and that batch must be the query's ({query.shape[0]}, from {query.shape}) or 1"
+            )
         q = self._split(self.w_q(query))
         if cache is not None and static_kv and "k" in cache:
             k, v = cache["k"], cache["v"]

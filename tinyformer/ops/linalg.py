@@ -19,7 +19,10 @@ class MatMul(Function):
         if a.ndim == 0 or b.ndim == 0:
             raise ValueError("operands need at least one dimension")
         self.a, self.b = a, b
-        return backend.get_array_module(a, b).matmul(a, b)
+        try:
+            return backend.get_array_module(a, b).matmul(a, b)
+        except ValueError:
+            raise ValueError(_mismatch(a.shape, b.shape)) from None
 
     def backward(self, g):
         xp = backend.get_array_module(g)
@@ -47,6 +50,17 @@ class MatMul(Function):
                 grad_b = sum_to_shape(xp.matmul(a2.swapaxes(-1, -2), g), b2.shape)
             grad_b = grad_b.reshape(b.shape)
         return grad_a, grad_b
+
+
+def _mismatch(a_shape, b_shape):
+    """Why ``a_shape @ b_shape`` fails, in the terms of the operands (checked only after NumPy refused)."""
+    inner_a = a_shape[-1]
+    inner_b = b_shape[0] if len(b_shape) == 1 else b_shape[-2]
+    if inner_a != inner_b:
+        return (f"inner dimensions differ: {a_shape} @ {b_shape} contracts the last axis of the first "
+                f"({inner_a}) with the {'only' if len(b_shape) == 1 else 'second-to-last'} axis of the "
+                f"second ({inner_b})")
+    return f"the batch axes {a_shape[:-2]} and {b_shape[:-2]} of {a_shape} @ {b_shape} do not broadcast"
 
 
 def matmul(a, b):

@@ -146,7 +146,10 @@ def reshape(x, *shape):
     """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``; one size may be -1."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
-    return Reshape.apply(x, shape=tuple(shape))
+    shape = tuple(shape)
+    if not all(isinstance(n, (int, numpy.integer)) and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"reshape: sizes must be integers, got {shape} for a tensor of shape {x.shape}")
+    return Reshape.apply(x, shape=shape)
 
 
 def transpose(x, *axes):
@@ -170,7 +173,12 @@ def swapaxes(x, axis1, axis2):
 
 
 def broadcast_to(x, shape):
-    return BroadcastTo.apply(x, shape=tuple(shape))
+    shape = tuple(shape)
+    try:
+        return BroadcastTo.apply(x, shape=shape)
+    except ValueError:
+        raise ValueError(f"BroadcastTo: a tensor of shape {x.shape} cannot be broadcast to {shape} "
+                         "(each axis must match or be 1, counting from the last)") from None
 
 
 def _index(index, x):
@@ -182,7 +190,18 @@ def _index(index, x):
 
 
 def getitem(x, index):
-    return GetItem.apply(x, index=_index(index, x))
+    try:
+        return GetItem.apply(x, index=_index(index, x))
+    except IndexError as error:
+        raise IndexError(f"indexing a tensor of shape {x.shape} with {_describe_index(index)}: {error}") from None
+
+
+def _describe_index(index):
+    """A short description of an index for error messages (arrays by shape and dtype, not by value)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    shown = [f"array of shape {tuple(p.shape)} and dtype {p.dtype}" if hasattr(p, "shape") and p.ndim
+             else repr(p) for p in map(_raw, parts)]
+    return shown[0] if not isinstance(index, tuple) else "(" + ", ".join(shown) + ")"
 
 
 def concat(tensors, axis=0):

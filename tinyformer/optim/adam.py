@@ -76,9 +76,15 @@ class Adam:
         for p in self.params:
             p.grad = None
 
-    def step(self):
-        """One update from the parameters' current ``.grad``; returns the gradient norm."""
+    def step(self, skip_nonfinite=False):
+        """One update from the parameters' current ``.grad``; returns the gradient norm.
+
+        With ``skip_nonfinite``, a gradient holding NaN or Inf (its norm is not finite) changes
+        nothing: no update, no moment, no step counted.
+        """
         self.last_grad_norm = clip_grad_norm(self.params, self.max_grad_norm)
+        if skip_nonfinite and not math.isfinite(self.last_grad_norm):
+            return self.last_grad_norm
         self.step_count += 1
         t = self.step_count
         lr = self.current_lr(t)
