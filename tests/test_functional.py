@@ -840,3 +840,41 @@ def test_cross_entropy_in_parallel_row_blocks_equals_one_block(reduction, monkey
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
     for one, many in zip(run(1), run(4)):
         np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-15)
+
+
+def test_layer_norm_in_parallel_row_blocks_equals_one_block(monkeypatch):
+    """Layer norm runs in row blocks on several threads: same values, same gradients."""
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((3, 7, 6)), rng.standard_normal(6), rng.standard_normal(6)
+    upstream = rng.standard_normal((3, 7, 6))
+
+    def run(threads):
+        old = backend.set_num_threads(threads)
+        try:
+            tensors = [Tensor(a.copy(), requires_grad=True) for a in (x, w, b)]
+            y = F.layer_norm(*tensors)
+            y.backward(Tensor(upstream))
+            return [y.data] + [t.grad for t in tensors]
+        finally:
+            backend.set_num_threads(old)
+
+    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    for one, many in zip(run(1), run(4)):
+        np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-14)
+
+
+def test_dropout_in_parallel_blocks_equals_one_block(monkeypatch):
+    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    x = np.random.default_rng(2).standard_normal((4, 5, 3))
+    results = []
+    for threads in (1, 3):
+        old = backend.set_num_threads(threads)
+        try:
+            t = Tensor(x.copy(), requires_grad=True)
+            y = F.dropout(t, 0.4, True, np.random.default_rng(7))
+            y.backward(Tensor(np.ones_like(x) * 2.0))
+            results.append((y.data, t.grad))
+        finally:
+            backend.set_num_threads(old)
+    for one, many in zip(*results):
+        np.testing.assert_array_equal(many, one)

@@ -116,7 +116,7 @@ def cuda_runtime_major():
 # products keep their own threads (see train.blas_threads, which sets both).
 _num_threads = None
 _pool = None
-ROW_BLOCK_MIN_ELEMENTS = 1 << 20  # elements per thread below which splitting costs more than it saves
+ROW_BLOCK_MIN_ELEMENTS = 1 << 18  # elements per thread below which splitting costs more than it saves
 
 
 def get_num_threads():

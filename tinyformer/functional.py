@@ -139,16 +139,26 @@ class LayerNorm(Function):
             self.x = x
             return y
         xp = _xp(x)
-        xhat = x - x.mean(axis=-1, keepdims=True)
-        var = xp.einsum("...i,...i->...", xhat, xhat)[..., None] / n  # Σ (x − μ)², no temporary
-        self.rstd = 1.0 / xp.sqrt(var + eps)
-        if not bool(xp.isfinite(var).all()):
-            self.rstd = _rescaled_rstd(xp, xhat, var, eps)
-        xhat *= self.rstd
-        self.xhat = xhat
-        y = xhat * weight
-        y += bias
-        return y
+        rows = x.reshape(-1, n)
+        xhat = xp.empty_like(rows)
+        y = xp.empty(rows.shape, dtype=xp.result_type(x, weight, bias))
+        rstd = xp.empty((len(rows), 1), dtype=x.dtype)
+
+        def normalize(start, stop):  # rows [start, stop): x̂, r and y, in row blocks on several threads
+            z, block = rows[start:stop], xhat[start:stop]
+            xp.subtract(z, z.mean(axis=-1, keepdims=True), out=block)
+            var = xp.einsum("ri,ri->r", block, block)[:, None] / n  # Σ (x − μ)², no temporary
+            r = 1.0 / xp.sqrt(var + eps)
+            if not bool(xp.isfinite(var).all()):
+                r = _rescaled_rstd(xp, block, var, eps)
+            rstd[start:stop] = r
+            block *= rstd[start:stop]
+            xp.multiply(block, weight, out=y[start:stop])
+            y[start:stop] += bias
+
+        backend.map_row_blocks(normalize, len(rows), x, row_size=n)
+        self.xhat, self.rstd = xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
+        return y.reshape(x.shape)
 
     def backward(self, g):
         if self.fused:
@@ -158,18 +168,26 @@ class LayerNorm(Function):
             return grad_x, grad_w, grad_b, None
         xp, xhat = _xp(g), self.xhat
         n = xhat.shape[-1]
-        rows_g, rows_xhat = g.reshape(-1, n), xhat.reshape(-1, n)
-        grad_w = xp.einsum("ri,ri->i", rows_g, rows_xhat) if self.needs_input_grad[1] else None
-        grad_b = rows_g.sum(axis=0) if self.needs_input_grad[2] else None
-        grad_x = None
-        if self.needs_input_grad[0]:
-            dxhat = g * self.weight
-            mean_dxhat_xhat = xp.einsum("...i,...i->...", dxhat, xhat)[..., None] / n
-            dxhat -= dxhat.mean(axis=-1, keepdims=True)
-            dxhat -= xhat * mean_dxhat_xhat
-            dxhat *= self.rstd
-            grad_x = dxhat
-        return grad_x, grad_w, grad_b, None
+        rows_g, rows_xhat, rstd = g.reshape(-1, n), xhat.reshape(-1, n), self.rstd.reshape(-1, 1)
+        need_x, need_w, need_b = self.needs_input_grad[:3]
+        grad_x = xp.empty(rows_g.shape, dtype=xp.result_type(g, self.weight)) if need_x else None
+
+        def gradient_rows(start, stop):  # dx of rows [start, stop); their share of dw and db
+            g_block, xhat_block = rows_g[start:stop], rows_xhat[start:stop]
+            if need_x:
+                dxhat = grad_x[start:stop]
+                xp.multiply(g_block, self.weight, out=dxhat)
+                mean_dxhat_xhat = xp.einsum("ri,ri->r", dxhat, xhat_block)[:, None] / n
+                dxhat -= dxhat.mean(axis=-1, keepdims=True)
+                dxhat -= xhat_block * mean_dxhat_xhat
+                dxhat *= rstd[start:stop]
+            return (xp.einsum("ri,ri->i", g_block, xhat_block) if need_w else None,
+                    g_block.sum(axis=0) if need_b else None)
+
+        parts = backend.map_row_blocks(gradient_rows, len(rows_g), g, row_size=n)
+        grad_w = sum(part[0] for part in parts[1:]) + parts[0][0] if need_w else None
+        grad_b = sum(part[1] for part in parts[1:]) + parts[0][1] if need_b else None
+        return (None if grad_x is None else grad_x.reshape(g.shape)), grad_w, grad_b, None
 
 
 def _rescaled_rstd(xp, centered, var, eps):
@@ -209,14 +227,24 @@ class Dropout(Function):
     def forward(self, x, p, generator):
         self.keep = uniform_like(generator, x.shape, x) >= p  # boolean: 1 byte per element
         self.scale = numpy.asarray(1.0 / (1.0 - p), dtype=x.dtype)
-        y = x * self.keep
-        y *= self.scale
-        return y
+        return _scaled_by_mask(x, self.keep, self.scale)
 
     def backward(self, g):
-        grad = g * self.keep
-        grad *= self.scale
-        return grad
+        return _scaled_by_mask(g, self.keep, self.scale)
+
+
+def _scaled_by_mask(x, keep, scale):
+    """x ∘ keep · scale in one new array, in element blocks on several threads when large."""
+    xp = _xp(x)
+    flat_x, flat_keep = xp.ascontiguousarray(x).reshape(-1), keep.reshape(-1)
+    out = xp.empty(flat_x.shape, dtype=xp.result_type(x, scale))
+
+    def block(start, stop):
+        xp.multiply(flat_x[start:stop], flat_keep[start:stop], out=out[start:stop])
+        out[start:stop] *= scale
+
+    backend.map_row_blocks(block, flat_x.size, x)
+    return out.reshape(x.shape)
 
 
 def _check_probability(p, name):

@@ -153,15 +153,21 @@ def _check_model_overrides(overrides):
             raise ValueError(f"model_overrides: unknown Transformer argument {key!r}; allowed: {', '.join(allowed)}")
 
 
+@contextlib.contextmanager
 def blas_threads(count):
-    """A context that limits the BLAS (matrix product) threads to ``count``; None leaves them alone."""
-    import contextlib
-
+    """A context that limits the BLAS (matrix product) threads, and tinyformer's own threads for
+    large row-wise work (``backend.set_num_threads``), to ``count``; None leaves them alone."""
     if count is None:
-        return contextlib.nullcontext()
+        yield
+        return
     from threadpoolctl import threadpool_limits
 
-    return threadpool_limits(limits=count, user_api="blas")
+    old = backend.set_num_threads(count)
+    try:
+        with threadpool_limits(limits=count, user_api="blas"):
+            yield
+    finally:
+        backend.set_num_threads(old)
 
 
 def load_corpus(config, split):
