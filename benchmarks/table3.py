@@ -43,6 +43,9 @@ from tinyformer.nn import MultiHeadAttention  # noqa: E402
 from tinyformer.nn.presets import PRESETS  # noqa: E402
 from tinyformer.train import TOKENIZER_FILE, TrainConfig, Trainer, load_corpus  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_step import cpu_model  # noqa: E402  (one way to name the CPU)
+
 SCALES = {
     # A GPU: the Multi30k recipe of benchmarks/multi30k.sh, BLEU on the whole dev set.
     "full": dict(data="multi30k", preset="small", model={}, vocab_size=8000, max_tokens=4096, steps=3000,
@@ -313,17 +316,6 @@ def markdown_table(rows, results, bands):
                  f"{r['seconds']:.0f}s"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def hardware(device):

@@ -104,3 +104,24 @@ def test_map_row_blocks_covers_every_row_once_in_order(monkeypatch):
 def test_set_num_threads_refuses_nonsense():
     with pytest.raises(ValueError, match="count must be a positive int"):
         backend.set_num_threads(0)
+
+
+def test_blockwise_ufuncs_equal_the_plain_ones(monkeypatch):
+    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    old = backend.set_num_threads(3)
+    try:
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+        np.testing.assert_array_equal(backend.blockwise(np.add, a, b), a + b)
+        assert backend.blockwise(np.add, a, b).dtype == np.float32
+        np.testing.assert_array_equal(backend.blockwise(np.greater, a, 0), a > 0)
+        np.testing.assert_array_equal(backend.blockwise(np.maximum, a, 0.5), np.maximum(a, 0.5))
+        assert backend.blockwise(np.maximum, a, 0.5).dtype == np.float32  # Python scalars stay weak
+        np.testing.assert_array_equal(backend.blockwise(np.add, a, b[0]), a + b[0])  # broadcast: plain call
+        y = tf.Tensor(a, requires_grad=True)
+        z = (y + tf.Tensor(b)).relu()
+        z.backward(tf.Tensor(np.ones_like(a)))
+        np.testing.assert_array_equal(z.data, np.maximum(a + b, 0))
+        np.testing.assert_array_equal(y.grad, (a + b > 0).astype(np.float32))
+    finally:
+        backend.set_num_threads(old)

@@ -10,7 +10,6 @@ positional table, unknown presets ...) are not repeated here. Each case is its o
 import io
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -152,6 +152,26 @@ def map_row_blocks(fn, rows, like, row_size=1, min_elements=None):
     return list(_pool.map(lambda b: fn(*b), bounds))
 
 
+def blockwise(ufunc, *operands):
+    """``ufunc(*operands)`` for NumPy arrays of one shape (Python scalars allowed), computed in
+    element blocks on several threads when large; anything else is the plain ufunc call."""
+    arrays = [a for a in operands if hasattr(a, "shape")]
+    shape = arrays[0].shape if arrays else ()
+    size = arrays[0].size if arrays else 0
+    if (size < 2 * ROW_BLOCK_MIN_ELEMENTS or get_num_threads() < 2 or any(is_cupy_array(a) for a in arrays)
+            or any(a.shape != shape for a in arrays)):
+        return ufunc(*operands)
+    flat = [numpy.ascontiguousarray(a).reshape(-1) if hasattr(a, "shape") else a for a in operands]
+    dtype = ufunc(*[f[:1] if hasattr(f, "shape") else f for f in flat]).dtype
+    out = numpy.empty(size, dtype=dtype)
+
+    def block(start, stop):
+        ufunc(*[f[start:stop] if hasattr(f, "shape") else f for f in flat], out=out[start:stop])
+
+    map_row_blocks(block, size, out)
+    return out.reshape(shape)
+
+
 def scatter_add_rows(target, index, rows):
     """``target[index[i]] += rows[i]`` for a 1-D ``index`` and 2-D ``rows``, repeats added up.
 

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy
 
 from . import backend
+from . import decode as decode_module
 from .data.special import BOS_ID, EOS_ID
-from .tensor import Tensor, no_grad
+from .tensor import Tensor
 
 __all__ = [
     "PlotExtraMissing", "GraphvizMissing", "DPI", "require_matplotlib", "attention_maps", "plot_attention",
@@ -82,19 +83,6 @@ HEADS_PER_ROW = 4
 
 
 @contextlib.contextmanager
-def _evaluation(model):
-    """Eval mode and no graph; every module's previous mode is restored."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        with no_grad():
-            yield
-    finally:
-        for module, mode in modes:
-            module.train(mode)
-
-
-@contextlib.contextmanager
 def _attention_weights_kept(model):
     """Call every MultiHeadAttention of ``model`` with ``need_weights=True``.
 
@@ -142,7 +130,7 @@ def attention_maps(model, tokenizer, sentence, beam_size=1, alpha=0.6):
     else:
         tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha)[0]
     tgt_in = numpy.array([[BOS_ID] + list(tokens)], dtype=numpy.int64)
-    with _evaluation(model), _attention_weights_kept(model):
+    with decode_module._inference(model), _attention_weights_kept(model):
         model(src, tgt_in)
     maps = {}
     for n, layer in enumerate(model.encoder.layers, 1):

@@ -17,7 +17,8 @@ class Add(Function):
 
     def forward(self, a, b):
         self.shapes = shape_of(a), shape_of(b)
-        return a + b
+        xp = backend.get_array_module(a, b)
+        return backend.blockwise(xp.add, a, b)  # a + b; large same-shape sums on several threads
 
     def backward(self, g):
         need_a, need_b = self.needs_input_grad
@@ -155,11 +156,12 @@ class Relu(Function):
     """z = max(x, 0);  dz/dx = 1 where x > 0, else 0 (0 at the kink, as PyTorch)."""
 
     def forward(self, x):
-        self.positive = x > 0
-        return backend.get_array_module(x).maximum(x, 0)
+        xp = backend.get_array_module(x)
+        self.positive = backend.blockwise(xp.greater, x, 0)
+        return backend.blockwise(xp.maximum, x, 0)
 
     def backward(self, g):
-        return g * self.positive
+        return backend.blockwise(backend.get_array_module(g).multiply, g, self.positive)
 
 
 class Abs(Function):

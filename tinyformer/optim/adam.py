@@ -103,19 +103,26 @@ class Adam:
             if self.m[i] is None:
                 self.m[i] = xp.zeros_like(p.data)
                 self.v[i] = xp.zeros_like(p.data)
-            m, v, tmp = self.m[i], self.v[i], self._scratch(p.data)
-            m *= beta1
-            m += xp.multiply(g, 1.0 - beta1, out=tmp)
-            v *= beta2
-            xp.multiply(g, g, out=tmp)
-            tmp *= 1.0 - beta2
-            v += tmp
-            xp.divide(v, bias2, out=tmp)  # tmp = √(v / (1 − β₂ᵗ)) + ε
-            xp.sqrt(tmp, out=tmp)
-            tmp += self.eps
-            xp.divide(m, tmp, out=tmp)  # tmp = step size · m / tmp
-            tmp *= step_size
-            p.data -= tmp
+            if not p.data.flags.c_contiguous:  # updated through a flat view below
+                p.data = xp.ascontiguousarray(p.data)
+            theta, g, m, v, tmp = (a.reshape(-1) for a in (p.data, g, self.m[i], self.v[i], self._scratch(p.data)))
+
+            def update(start, stop):  # elements [start, stop); large parameters in blocks on several threads
+                m_, v_, t_, g_ = m[start:stop], v[start:stop], tmp[start:stop], g[start:stop]
+                m_ *= beta1
+                m_ += xp.multiply(g_, 1.0 - beta1, out=t_)
+                v_ *= beta2
+                xp.multiply(g_, g_, out=t_)
+                t_ *= 1.0 - beta2
+                v_ += t_
+                xp.divide(v_, bias2, out=t_)  # t = √(v / (1 − β₂ᵗ)) + ε
+                xp.sqrt(t_, out=t_)
+                t_ += self.eps
+                xp.divide(m_, t_, out=t_)  # t = step size · m / t
+                t_ *= step_size
+                theta[start:stop] -= t_
+
+            backend.map_row_blocks(update, theta.size, theta)
         return self.last_grad_norm
 
     def _scratch(self, like):
