@@ -379,6 +379,11 @@ def _as_grad_array(grad, tensor):
     return g
 
 
+def _sum(a, b):
+    """a + b for two gradients of one tensor (a new array; large ones summed on several threads)."""
+    return backend.blockwise(backend.get_array_module(a, b).add, a, b)
+
+
 def _run_backward(roots, root_grads, retain_graph, capture=None):
     """Propagate ``root_grads`` from ``roots`` through the graph.
 
@@ -403,13 +408,13 @@ def _run_backward(roots, root_grads, retain_graph, capture=None):
             if entry is None:
                 leaf_grads[id(tensor)] = [tensor, g]
             else:
-                entry[1] = entry[1] + g
+                entry[1] = _sum(entry[1], g)
             return
         slots = fn_grads.get(ctx)
         if slots is None:
             slots = fn_grads[ctx] = [None] * (len(ctx._out_meta) if ctx._out_meta else 1)
         i = tensor._index
-        slots[i] = g if slots[i] is None else slots[i] + g
+        slots[i] = g if slots[i] is None else _sum(slots[i], g)
 
     for root, g in zip(roots, root_grads):
         arrive(root, g, "backward")
