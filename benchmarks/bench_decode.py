@@ -18,7 +18,7 @@ sorted by length, padded batches of ``--batch-size``), and each batch is decoded
 It prints sentences/s per way, the speed-up cached/uncached, how many outputs equal the cached
 ones, and the corpus BLEU of each way's output.
 
-    TINYFORMER_DATA=/work/shared/data python benchmarks/bench_decode.py \\
+    TINYFORMER_DATA=<folder holding multi30k/> python benchmarks/bench_decode.py \\
         --checkpoint runs/multi30k-small/checkpoint_0003000.npz [--limit N] [--batch-size 64] [--markdown]
 """
 
