@@ -6,16 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tinyformer as tf
-from tinyformer import functional as F
-from tinyformer import nn, optim
+from tinyformer import nn
 from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID
+
+from copy_task import FIRST_WORD, VOCAB, train_copy_model
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DECODE = ROOT / "benchmarks" / "bench_decode.py"
 
-VOCAB = 12
-FIRST_WORD = 4  # ids 0-3 are PAD, UNK, BOS, EOS
 MAX_LEN_B = 8  # short outputs keep the uncached and PyTorch searches fast
 
 
@@ -29,17 +27,6 @@ def load_bench_decode():
 bench = load_bench_decode()
 
 
-def copy_batch(rng, n, high=6):
-    """Source: random words + EOS; target input BOS + words; target output words + EOS."""
-    src, tgt_in, tgt_out = (np.full((n, high + 1), PAD_ID) for _ in range(3))
-    for i, m in enumerate(rng.integers(1, high + 1, n)):
-        words = rng.integers(FIRST_WORD, VOCAB, m)
-        src[i, :m + 1] = np.append(words, EOS_ID)
-        tgt_in[i, :m + 1] = np.insert(words, 0, BOS_ID)
-        tgt_out[i, :m + 1] = np.append(words, EOS_ID)
-    return src, tgt_in, tgt_out
-
-
 @pytest.fixture(scope="module")
 def model():
     """A tiny float32 model (as a checkpoint is), randomly initialised, then 80 copy-task steps (~1 s).
@@ -48,17 +35,7 @@ def model():
     EOS handling, stopping rule and length penalty unexercised; 80 steps make it stop at varied steps
     with beam search and greedy search disagreeing.
     """
-    tf.manual_seed(0)
-    rng = np.random.default_rng(0)
-    model = nn.Transformer.from_preset("tiny", vocab_size=VOCAB, d_model=16, d_ff=32, heads=2, num_layers=2,
-                                       dropout=0.0, label_smoothing=0.0, max_len=64, seed=0)
-    adam = optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(80):
-        src, tgt_in, tgt_out = copy_batch(rng, 32)
-        loss = F.cross_entropy(model(src, tgt_in), tgt_out, ignore_index=PAD_ID)
-        adam.zero_grad()
-        loss.backward()
-        adam.step()
+    model = train_copy_model(80, d_model=16, d_ff=32, heads=2, num_layers=2, max_len=64)
     return model.eval()
 
 

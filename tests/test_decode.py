@@ -7,13 +7,12 @@ import pytest
 
 import tinyformer as tf
 from tinyformer import decode
-from tinyformer import functional as F
-from tinyformer import nn, optim
+from tinyformer import nn
 from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID
 from tinyformer.decode import Hypothesis, beam_search, greedy_decode, length_penalty, translate
 
-VOCAB = 12
-FIRST_WORD = 4  # ids 0-3 are PAD, UNK, BOS, EOS
+from copy_task import FIRST_WORD, VOCAB, copy_batch, train_copy_model
+
 WORDS = "a b c d e f g h".split()
 
 # Sources of different lengths, each ending in EOS, padded with PAD.
@@ -34,33 +33,10 @@ def random_model(seed=0, **overrides):
     return nn.Transformer.from_preset("tiny", **config).double()
 
 
-def copy_batch(rng, n, low=1, high=6):
-    """Source: random words + EOS; target input BOS + words; target output words + EOS."""
-    lengths = rng.integers(low, high + 1, n)
-    src, tgt_in, tgt_out = (np.full((n, high + 1), PAD_ID) for _ in range(3))
-    for i, m in enumerate(lengths):
-        words = rng.integers(FIRST_WORD, VOCAB, m)
-        src[i, :m + 1] = np.append(words, EOS_ID)
-        tgt_in[i, :m + 1] = np.insert(words, 0, BOS_ID)
-        tgt_out[i, :m + 1] = np.append(words, EOS_ID)
-    return src, tgt_in, tgt_out
-
-
 @pytest.fixture(scope="module")
 def copy_model():
     """A 1-layer model trained for 400 steps (~2 s) to copy its source (float32, as trained)."""
-    tf.manual_seed(0)
-    rng = np.random.default_rng(0)
-    model = nn.Transformer.from_preset("tiny", vocab_size=VOCAB, d_model=32, d_ff=64, heads=4, num_layers=1,
-                                       dropout=0.0, label_smoothing=0.0, max_len=32, seed=0)
-    adam = optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(400):
-        src, tgt_in, tgt_out = copy_batch(rng, 32)
-        loss = F.cross_entropy(model(src, tgt_in), tgt_out, ignore_index=PAD_ID)
-        adam.zero_grad()
-        loss.backward()
-        adam.step()
-    return model
+    return train_copy_model(400, d_model=32, d_ff=64, heads=4, num_layers=1, max_len=32)
 
 
 @pytest.fixture(scope="module")

@@ -115,7 +115,7 @@ def cuda_runtime_major():
 # on several cores at once, the way PyTorch's CPU kernels use its intra-op threads. BLAS
 # products keep their own threads (see train.blas_threads, which sets both).
 _num_threads = None
-_pool = None
+_pool, _pool_size = None, 0
 ROW_BLOCK_MIN_ELEMENTS = 1 << 18  # elements per thread below which splitting costs more than it saves
 
 
@@ -141,13 +141,13 @@ def map_row_blocks(fn, rows, like, row_size=1, min_elements=None):
     threads when ``like`` is a NumPy array, several threads are allowed and the work is large
     (each thread gets at least ``min_elements``, default ROW_BLOCK_MIN_ELEMENTS, of
     rows × row_size); otherwise one call ``fn(0, rows)``. Blocks must write disjoint rows."""
-    global _pool
+    global _pool, _pool_size
     min_elements = ROW_BLOCK_MIN_ELEMENTS if min_elements is None else min_elements
     threads = min(get_num_threads(), (rows * row_size) // max(min_elements, 1), rows)
     if threads <= 1 or is_cupy_array(like):
         return [fn(0, rows)]
-    if _pool is None or _pool._max_workers < threads:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tinyformer")
+    if _pool_size < threads:
+        _pool, _pool_size = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="tinyformer"), threads
     bounds = [(rows * i // threads, rows * (i + 1) // threads) for i in range(threads)]
     return list(_pool.map(lambda b: fn(*b), bounds))
 

@@ -84,7 +84,7 @@ def save_checkpoint(path, model_state, metadata, adam_state=None):
 
     Refuses (CheckpointError, nothing written) a parameter or moment holding NaN or Inf.
     """
-    arrays = {f"model/{k}": numpy.asarray(v) for k, v in model_state.items()}
+    arrays = {f"model/{k}": v for k, v in model_state.items()}
     meta = dict(metadata)
     if adam_state is not None:
         adam_meta = {k: v for k, v in adam_state.items() if k not in ("m", "v")}

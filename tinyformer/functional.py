@@ -18,7 +18,7 @@ from . import backend, kernels
 from .kernels import ops as kernel_ops
 from .kernels.registry import HEAD_DIMS
 from .ops._helpers import normalize_axes, sum_to_shape
-from .random import uniform_like
+from .random import default_generator, uniform_like
 from .tensor import Function, Tensor
 
 __all__ = [
@@ -185,8 +185,8 @@ class LayerNorm(Function):
                     g_block.sum(axis=0) if need_b else None)
 
         parts = backend.map_row_blocks(gradient_rows, len(rows_g), g, row_size=n)
-        grad_w = sum(part[0] for part in parts[1:]) + parts[0][0] if need_w else None
-        grad_b = sum(part[1] for part in parts[1:]) + parts[0][1] if need_b else None
+        grad_w = sum((part[0] for part in parts[1:]), parts[0][0]) if need_w else None
+        grad_b = sum((part[1] for part in parts[1:]), parts[0][1]) if need_b else None
         return (None if grad_x is None else grad_x.reshape(g.shape)), grad_w, grad_b, None
 
 
@@ -410,31 +410,30 @@ class CrossEntropy(Function):
             loss = (1.0 - smoothing) * nll - (smoothing / vocab) * sum_logp
         else:
             loss = nll
-        weight = keep.astype(logits.dtype)
-        self.count = count = int(keep.sum())
-        if reduction == "mean":
-            weight = weight / max(count, 1)
-        self.p, self.t_safe, self.weight, self.rows = p, t_safe, weight, rows
+        self.p, self.t_safe, self.rows = p, t_safe, rows
         self.smoothing, self.shape, self.reduction = smoothing, logits.shape, reduction
-        loss, nll = loss * weight, nll * weight
-        if reduction == "none":
-            return loss.reshape(target.shape), nll.reshape(target.shape)
+        return self._reduce(loss, nll, keep, target.shape, logits.dtype)
+
+    def _reduce(self, loss, nll, keep, target_shape, dtype, weight_dtype=None):
+        """Per-position loss and NLL weighted (ignored positions 0; 1/count for "mean") in
+        ``weight_dtype`` (default ``dtype``), then reduced; results in ``dtype``."""
+        weight = keep.astype(weight_dtype or dtype)
+        self.count = count = int(keep.sum())
+        if self.reduction == "mean":
+            weight /= max(count, 1)
+        self.weight = weight
+        loss, nll = (loss * weight).astype(dtype, copy=False), (nll * weight).astype(dtype, copy=False)
+        if self.reduction == "none":
+            return loss.reshape(target_shape), nll.reshape(target_shape)
         return loss.sum(), nll.sum()
 
     def _fused_forward(self, flat, t, keep, smoothing, ignore_index, reduction, target_shape):
         """kernels/cross_entropy.cu: per-row loss and NLL; only the row's log-sum-exp is kept."""
         loss, nll, self.lse = kernel_ops.cross_entropy_forward(flat, t, smoothing, ignore_index)
-        self.count = count = int(keep.sum())
-        weight = keep.astype(numpy.float32)
-        if reduction == "mean":
-            weight /= max(count, 1)
-        self.flat, self.t, self.weight, self.ignore_index = flat, t, weight, ignore_index
+        self.flat, self.t, self.ignore_index = flat, t, ignore_index
         self.smoothing, self.reduction = smoothing, reduction
         self.shape = tuple(target_shape) + (flat.shape[-1],)
-        loss, nll = (loss * weight).astype(flat.dtype), (nll * weight).astype(flat.dtype)
-        if reduction == "none":
-            return loss.reshape(target_shape), nll.reshape(target_shape)
-        return loss.sum(), nll.sum()
+        return self._reduce(loss, nll, keep, target_shape, flat.dtype, weight_dtype=numpy.float32)
 
     def _fused_backward(self, g_loss, g_nll):
         xp, rows = _xp(self.flat), len(self.t)
@@ -465,18 +464,17 @@ class CrossEntropy(Function):
         # both targets sum to one: the p part is shared. When the graph is released after this
         # backward, p is not needed again and becomes the gradient in place.
         grad = p if not self.retain_graph else p.copy()
-        shared = g_loss + g_nll
-        uniform = (self.smoothing / vocab) * g_loss
-        target_weight = ((1.0 - self.smoothing) * g_loss + g_nll).reshape(-1)
-        per_row = self.reduction == "none"
+        rows = (len(grad), 1)
+        shared = xp.broadcast_to(g_loss + g_nll, rows)
+        uniform = xp.broadcast_to((self.smoothing / vocab) * g_loss, rows)
+        target_weight = xp.broadcast_to((1.0 - self.smoothing) * g_loss + g_nll, rows)[:, 0]
 
         def gradient_rows(start, stop):  # (p·(g_loss + g_nll) − q-part) · weight, rows [start, stop)
             block = grad[start:stop]
-            block *= shared[start:stop] if per_row else shared
-            block[self.rows[: stop - start], self.t_safe[start:stop]] -= (
-                target_weight[start:stop] if per_row else target_weight)
+            block *= shared[start:stop]
+            block[self.rows[: stop - start], self.t_safe[start:stop]] -= target_weight[start:stop]
             if self.smoothing:
-                block -= uniform[start:stop] if per_row else uniform
+                block -= uniform[start:stop]
             block *= self.weight[start:stop, None]
 
         backend.map_row_blocks(gradient_rows, len(grad), grad, row_size=vocab)
@@ -622,8 +620,6 @@ class FusedAttention(Function):
     """
 
     def forward(self, q, k, v, key_lengths, causal, dropout_p, generator):
-        from .random import default_generator
-
         batch, heads, len_q, dim = q.shape
         len_k = k.shape[2]
         self.seed = int((generator or default_generator()).integers(2 ** 63)) if dropout_p else 0

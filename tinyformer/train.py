@@ -29,7 +29,7 @@ from . import functional as F
 from . import random as tf_random
 from .data import PAD_ID
 from .data.batching import ParallelData
-from .nn import Transformer
+from .nn import StateDictError, Transformer
 from .nn.presets import PRESETS
 from .optim import Adam, NoamSchedule
 from .tensor import no_grad
@@ -218,25 +218,23 @@ def load_model(path, device="cpu", tokenizer_path=None):
         model = Transformer(**model_config)
     except (TypeError, ValueError) as error:
         raise checkpoint.CheckpointError(f"checkpoint {path}: its model_config cannot be built ({error})") from None
-    problem = _state_mismatch(state, model)
-    if problem:
-        summary = ", ".join(f"{k} {model_config.get(k)}" for k in ("d_model", "d_ff", "heads", "num_layers"))
-        raise checkpoint.CheckpointError(f"checkpoint {path}: its parameters do not fit its model_config "
-                                         f"({summary}): {problem}")
-    model.load_state_dict(state)
+    summary = ", ".join(f"{k} {model_config.get(k)}" for k in ("d_model", "d_ff", "heads", "num_layers"))
+    _load_state(model, state, f"checkpoint {path}: its parameters do not fit its model_config ({summary})")
     return model.to(device).eval(), tokenizer, meta
 
 
-def _state_mismatch(state, model):
-    """The first of each kind of disagreement between ``state`` and ``model``'s parameters, in one line."""
-    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    shapes = [f"{k} is {tuple(state[k].shape)}, not {expected[k]}"
-              for k in expected if k in state and tuple(state[k].shape) != expected[k]]
-    missing = [f"{k} is missing" for k in expected if k not in state]
-    unexpected = [f"{k} is not a parameter of the model" for k in state if k not in expected]
-    parts = [group[0] + (f" (and {len(group) - 1} more like it)" if len(group) > 1 else "")
-             for group in (shapes, missing, unexpected) if group]
-    return "; ".join(parts)
+def _load_state(model, state, context):
+    """``model.load_state_dict(state)``; a mismatch becomes a one-line CheckpointError starting with
+    ``context`` and naming the first of each kind of disagreement."""
+    try:
+        model.load_state_dict(state)
+    except StateDictError as error:
+        shapes = [f"{k} is {saved}, not {shape}" for k, saved, shape in error.mismatched]
+        missing = [f"{k} is missing" for k in error.missing]
+        unexpected = [f"{k} is not a parameter of the model" for k in error.unexpected]
+        parts = [group[0] + (f" (and {len(group) - 1} more like it)" if len(group) > 1 else "")
+                 for group in (shapes, missing, unexpected) if group]
+        raise checkpoint.CheckpointError(f"{context}: {'; '.join(parts)}") from None
 
 
 class Trainer:
@@ -340,10 +338,7 @@ class Trainer:
             raise checkpoint.CheckpointError(
                 f"{path} holds another model than this run builds ({'; '.join(differences)}; checkpoint vs "
                 "run): resume with the run's own settings (tinyformer train --resume reads them from the checkpoint)")
-        problem = _state_mismatch(state, self.model)
-        if problem:
-            raise checkpoint.CheckpointError(f"{path}: its parameters do not fit its model_config: {problem}")
-        self.model.load_state_dict(state)
+        _load_state(self.model, state, f"{path}: its parameters do not fit its model_config")
         if adam_state is None:
             raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): cannot resume from it")
         self.adam.load_state_dict(adam_state)
@@ -432,9 +427,7 @@ class Trainer:
             bar = tqdm(total=c.max_steps, initial=self.step, unit="step", dynamic_ncols=True)
         try:
             last_val = self._loop(bar)
-            if bar is not None:
-                bar.close()
-            if checkpoint.list_checkpoints(self.save_dir)[-1:] != [checkpoint.checkpoint_path(self.save_dir, self.step)]:
+            if self._newest_checkpoint() != checkpoint.checkpoint_path(self.save_dir, self.step):
                 self.save()  # a run that max_epochs ended between two saves
             self._interruption_point()
         except KeyboardInterrupt:
@@ -510,8 +503,7 @@ class Trainer:
         else:
             self.echo(note)
         if self.bad_in_a_row >= self.config.max_bad_steps:
-            newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
-            kept = f"the last checkpoint, {newest[0]}, is intact" if newest else "no checkpoint was written"
+            kept = self._kept_note(self._newest_checkpoint())
             raise TrainingDiverged(
                 f"training stopped: {self.bad_in_a_row} updates in a row were skipped for a non-finite loss "
                 f"or gradient (max_bad_steps={self.config.max_bad_steps}; the last: {reason} at step "
@@ -559,25 +551,32 @@ class Trainer:
         if self._pending_interrupt:
             raise KeyboardInterrupt
 
+    def _newest_checkpoint(self):
+        newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
+        return newest[0] if newest else None
+
+    @staticmethod
+    def _kept_note(newest):
+        return f"the last checkpoint, {newest}, is intact" if newest else "no checkpoint was written"
+
     def _save_on_interrupt(self):
         """A TrainingInterrupted naming the checkpoint of the last completed step, saved if need be."""
         self._interruptible, self._pending_interrupt = 0, True  # a further Ctrl-C forces, saving nothing
-        newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
+        newest = self._newest_checkpoint()
         if self._forced_interrupt:
-            kept = f"the last checkpoint, {newest[0]}, is intact" if newest else "no checkpoint was written"
-            message = f"interrupted at step {self.step} before a checkpoint could be saved; {kept}"
+            message = f"interrupted at step {self.step} before a checkpoint could be saved; {self._kept_note(newest)}"
             self.echo(message)
-            return TrainingInterrupted(message, newest[0] if newest else None)
+            return TrainingInterrupted(message, newest)
         if self._boundary_rng is not None:  # undo the dropout draws of a step cut short
             tf_random.set_rng_state(self._boundary_rng)
         path = checkpoint.checkpoint_path(self.save_dir, self.step)
-        if newest != [path]:
+        if newest != path:
             try:
                 self.save()
             except (OSError, checkpoint.CheckpointError) as error:
                 message = f"interrupted at step {self.step}; saving it failed ({error})"
                 self.echo(message)
-                return TrainingInterrupted(message, newest[0] if newest else None)
+                return TrainingInterrupted(message, newest)
         message = f"interrupted at step {self.step}, which is saved in {path}; continue with --resume"
         self.echo(message)
         return TrainingInterrupted(message, path)

@@ -36,6 +36,11 @@ def _row_block(cols):
     return max(32, min(_ROW_BLOCK, 32 * math.ceil(cols / 32)))
 
 
+def _rows(array, row_size):
+    """How many rows of ``row_size`` elements ``array`` holds (0 for an empty row)."""
+    return array.size // max(row_size, 1)
+
+
 def _contiguous(*arrays):
     return [_xp(a).ascontiguousarray(a) for a in arrays]
 
@@ -54,7 +59,7 @@ def softmax_forward(x, log=False, dtype=None):
     (x,) = _contiguous(x)
     name = _element_dtype(x, dtype)
     cols = x.shape[-1]
-    rows = x.size // max(cols, 1)
+    rows = _rows(x, cols)
     y = _xp(x).empty_like(x)
     if rows and cols:
         _launch.launch("softmax_forward", name, (rows,), (_row_block(cols),), (x, y, _i32(cols), _i32(log)))
@@ -65,7 +70,7 @@ def softmax_backward(y, grad_y, log=False, dtype=None):
     y, grad_y = _contiguous(y, grad_y)
     name = _element_dtype(y, dtype)
     cols = y.shape[-1]
-    rows = y.size // max(cols, 1)
+    rows = _rows(y, cols)
     grad_x = _xp(y).empty_like(y)
     if rows and cols:
         _launch.launch("softmax_backward", name, (rows,), (_row_block(cols),),
@@ -79,7 +84,7 @@ def layer_norm_forward(x, weight, bias, eps=1e-5, dtype=None):
     x, weight, bias = _contiguous(x, weight, bias)
     name = _element_dtype(x, dtype)
     xp, cols = _xp(x), x.shape[-1]
-    rows = x.size // max(cols, 1)
+    rows = _rows(x, cols)
     y = xp.empty_like(x)
     mean = xp.empty(rows, dtype=numpy.float32)
     rstd = xp.empty(rows, dtype=numpy.float32)
@@ -95,7 +100,7 @@ def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_par
     x, weight, grad_y = _contiguous(x, weight, grad_y)
     name = _element_dtype(x, dtype)
     xp, cols = _xp(x), x.shape[-1]
-    rows = x.size // max(cols, 1)
+    rows = _rows(x, cols)
     grad_x = grad_w = grad_b = None
     if need_input:
         grad_x = xp.empty_like(x)
@@ -129,7 +134,7 @@ def cross_entropy_forward(logits, target, smoothing=0.0, ignore_index=None, dtyp
     (logits,) = _contiguous(logits)
     name = _element_dtype(logits, dtype)
     xp, vocab = _xp(logits), logits.shape[-1]
-    rows = logits.size // max(vocab, 1)
+    rows = _rows(logits, vocab)
     target = _targets(target, xp)
     loss, nll, lse = (xp.empty(rows, dtype=numpy.float32) for _ in range(3))
     if rows:
@@ -144,7 +149,7 @@ def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0
     (logits,) = _contiguous(logits)
     name = _element_dtype(logits, dtype)
     xp, vocab = _xp(logits), logits.shape[-1]
-    rows = logits.size // max(vocab, 1)
+    rows = _rows(logits, vocab)
     target = _targets(target, xp)
     grad_loss, grad_nll = (xp.ascontiguousarray(g, dtype=numpy.float32) for g in (grad_loss, grad_nll))
     grad = xp.empty_like(logits)

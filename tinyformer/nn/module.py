@@ -26,7 +26,15 @@ class Parameter(Tensor):
 
 
 class StateDictError(KeyError):
-    """``load_state_dict`` found missing, unexpected or mis-shaped entries (all are listed)."""
+    """``load_state_dict`` found missing, unexpected or mis-shaped entries (all are listed).
+
+    ``missing`` and ``unexpected`` hold the keys, ``mismatched`` (key, state shape, model shape)
+    triples, in the model's order (``unexpected``: the state's), for callers that summarise.
+    """
+
+    def __init__(self, message, missing=(), unexpected=(), mismatched=()):
+        super().__init__(message)
+        self.missing, self.unexpected, self.mismatched = list(missing), list(unexpected), list(mismatched)
 
     def __str__(self):
         return self.args[0]
@@ -154,9 +162,9 @@ class Module:
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         mismatched = [
-            f"{k}: checkpoint {tuple(getattr(state[k], 'shape', ()))} vs model {own[k].shape}"
+            (k, tuple(getattr(state[k], "shape", ())), tuple(own[k].shape))
             for k in own
-            if k in state and tuple(getattr(state[k], "shape", ())) != own[k].shape
+            if k in state and tuple(getattr(state[k], "shape", ())) != tuple(own[k].shape)
         ]
         problems = []
         if strict and missing:
@@ -164,9 +172,11 @@ class Module:
         if strict and unexpected:
             problems.append("unexpected keys: " + ", ".join(unexpected))
         if mismatched:
-            problems.append("shape mismatch: " + "; ".join(mismatched))
+            problems.append("shape mismatch: " + "; ".join(f"{k}: checkpoint {saved} vs model {shape}"
+                                                         for k, saved, shape in mismatched))
         if problems:
-            raise StateDictError(f"load_state_dict into {type(self).__name__}: " + " | ".join(problems))
+            raise StateDictError(f"load_state_dict into {type(self).__name__}: " + " | ".join(problems),
+                                 missing if strict else (), unexpected if strict else (), mismatched)
         for name, p in own.items():
             if name in state:
                 value = backend.like(backend.to_numpy(state[name]), p.data)

@@ -100,9 +100,7 @@ class Adam:
             if self.weight_decay:
                 g = g + self.weight_decay * p.data
             xp = backend.get_array_module(p.data)
-            if self.m[i] is None:
-                self.m[i] = xp.zeros_like(p.data)
-                self.v[i] = xp.zeros_like(p.data)
+            self._init_moments(i)
             if not p.data.flags.c_contiguous:  # updated through a flat view below
                 p.data = xp.ascontiguousarray(p.data)
             theta, g, m, v, tmp = (a.reshape(-1) for a in (p.data, g, self.m[i], self.v[i], self._scratch(p.data)))
@@ -124,6 +122,13 @@ class Adam:
 
             backend.map_row_blocks(update, theta.size, theta)
         return self.last_grad_norm
+
+    def _init_moments(self, i):
+        """Zero moments for parameter ``i`` on its first update."""
+        if self.m[i] is None:
+            data = self.params[i].data
+            xp = backend.get_array_module(data)
+            self.m[i], self.v[i] = xp.zeros_like(data), xp.zeros_like(data)
 
     def _scratch(self, like):
         """A temporary of ``like``'s shape and dtype, carved from one buffer reused by every
@@ -148,9 +153,7 @@ class Adam:
             return False
         xp = backend.get_array_module(self.params[active[0]].data)
         for i in active:
-            if self.m[i] is None:
-                self.m[i] = xp.zeros_like(self.params[i].data)
-                self.v[i] = xp.zeros_like(self.params[i].data)
+            self._init_moments(i)
         # The pointer tables are rebuilt every step: gradients are new arrays each backward.
         plan = kernel_ops.AdamPlan([self.params[i].data for i in active],
                                    [xp.ascontiguousarray(self.params[i].grad) for i in active],
