@@ -8,6 +8,7 @@
 #   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch; fails without a usable GPU
 #   compile_check       python -m tinyformer.kernels.compile_check (NVRTC, every kernel instantiation)
 #   gpu tests           python -m pytest -m gpu -q
+#   gradcheck cuda      python -m tinyformer.cli gradcheck --device cuda (float64 layers and kernels)
 #   bench_attention     benchmarks/bench_attention.py (fused kernels vs unfused CuPy vs PyTorch)
 #   bench_step          benchmarks/bench_step.py --device cuda --preset small,base (--vs-torch when
 #                       PyTorch has CUDA)
@@ -120,10 +121,11 @@ fi
 
 run_stage "nvidia-smi" 15 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 run_stage "python env" 30 "$PYTHON" -c "$PYINFO"
-run_stage "compile_check" 70 "$PYTHON" -m tinyformer.kernels.compile_check
-run_stage "gpu tests" 130 "$PYTHON" -m pytest -m gpu -q
-run_stage "bench_attention" 110 "$PYTHON" benchmarks/bench_attention.py
-run_stage "bench_step" 110 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}"
+run_stage "compile_check" 60 "$PYTHON" -m tinyformer.kernels.compile_check
+run_stage "gpu tests" 120 "$PYTHON" -m pytest -m gpu -q -rf --durations=5 -p no:cacheprovider
+run_stage "gradcheck cuda" 45 "$PYTHON" -m tinyformer.cli gradcheck --device cuda
+run_stage "bench_attention" 100 "$PYTHON" benchmarks/bench_attention.py
+run_stage "bench_step" 100 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}"
 
 log ""
 log "== summary (${SECONDS}s in all)"
