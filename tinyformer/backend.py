@@ -90,12 +90,7 @@ def like(array, reference):
 
 def scatter_add(target, index, values):
     """``target[index] += values`` with repeated indices accumulated (``np.add.at``)."""
-    if is_cupy_array(target):
-        import cupyx
-
-        cupyx.scatter_add(target, index, values)
-    else:
-        numpy.add.at(target, index, values)
+    get_array_module(target).add.at(target, index, values)
     return target
 
 

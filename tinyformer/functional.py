@@ -226,7 +226,7 @@ class Dropout(Function):
 
     def forward(self, x, p, generator):
         self.keep = uniform_like(generator, x.shape, x) >= p  # boolean: 1 byte per element
-        self.scale = numpy.asarray(1.0 / (1.0 - p), dtype=x.dtype)
+        self.scale = x.dtype.type(1.0 / (1.0 - p))  # a NumPy scalar: CuPy takes it, not a 0-d array
         return _scaled_by_mask(x, self.keep, self.scale)
 
     def backward(self, g):
@@ -556,7 +556,7 @@ class ScaledDotProductAttention(Function):
         xp = _xp(q, k, v)
         self.scale = scale = 1.0 / math.sqrt(q.shape[-1])
         scores = q @ k.swapaxes(-1, -2)
-        scores *= numpy.asarray(scale, dtype=scores.dtype)
+        scores *= scores.dtype.type(scale)
         if mask is not None:
             full = numpy.broadcast_shapes(scores.shape, mask.shape)
             if scores.shape != full:  # a mask with more batch/head entries than q and k
@@ -571,7 +571,7 @@ class ScaledDotProductAttention(Function):
         p /= total
         if dropout_p:
             keep = uniform_like(generator, p.shape, p) >= dropout_p
-            self.drop = keep * numpy.asarray(1.0 / (1.0 - dropout_p), dtype=p.dtype)
+            self.drop = keep * p.dtype.type(1.0 / (1.0 - dropout_p))
             p_used = p * self.drop
         else:
             self.drop, p_used = None, p
@@ -595,7 +595,7 @@ class ScaledDotProductAttention(Function):
                 dp = dp + g_weights
             dp -= (dp * p).sum(axis=-1, keepdims=True)
             dp *= p
-            dp *= numpy.asarray(self.scale, dtype=dp.dtype)
+            dp *= dp.dtype.type(self.scale)
             ds = dp
             if need_q:
                 grad_q = ds @ k
