@@ -9,9 +9,9 @@ as FlashAttention's benchmarks count it (``attention_flops``): 4·B·S²·H·D f
 3.5 times that for forward + backward, half of it when causal. Each shape holds about
 ``--tokens`` tokens (B = tokens / S) and ``--model-dim`` channels (H = model_dim / D).
 
-Row kernels: softmax, layer norm, cross entropy (and Adam) in GB/s, counting the bytes a pass
-must read and write at least (inputs once, outputs once, no intermediates), next to a plain
-device-to-device copy as the achievable figure.
+Row kernels: softmax, layer norm, cross entropy, the dropout forward (and Adam) in GB/s,
+counting the bytes a pass must read and write at least (inputs once, outputs once, no
+intermediates), next to a plain device-to-device copy as the achievable figure.
 
 Timing: CUDA events (``cupy.cuda.Event``; ``torch.cuda.Event`` for PyTorch) around each call,
 warm-up calls first, then the median of up to ``--repeats`` calls (fewer when a cell exceeds
@@ -42,7 +42,8 @@ MIN_REPEATS = 3
 FULL = {"seq_lens": (128, 512, 1024, 4096), "head_dims": (64, 128), "causal": "both"}
 QUICK = {"seq_lens": (512, 4096), "head_dims": (64, 128), "causal": "no"}
 ROW_SHAPES = {"softmax": [(8192, 1024), (8192, 4096)], "layer_norm": [(8192, 1024), (8192, 4096)],
-              "cross_entropy": [(8192, 8000), (8192, 32000)]}
+              "cross_entropy": [(8192, 8000), (8192, 32000)], "dropout": [(8192, 1024), (8192, 4096)]}
+DROPOUT_P = 0.1
 ADAM_PARAMS = [16 * 2**20, 64 * 2**20]  # float32 parameters, split into 1 Mi-element tensors
 
 
@@ -65,7 +66,8 @@ def row_op_bytes(op, passname, rows, cols, dtype):
     """Least bytes read + written by one pass of a row kernel on a (rows, cols) input.
 
     Every input is read once and every output written once: activations in ``dtype``, per-row
-    statistics (mean, rstd, lse, loss, nll, upstream row gradients) in float32, targets int64.
+    statistics (mean, rstd, lse, loss, nll, upstream row gradients) in float32, targets int64,
+    dropout's keep mask 1 byte per element.
     """
     n, e, f32, i64 = rows * cols, itemsize(dtype), 4, 8
     if op == "softmax":
@@ -78,7 +80,9 @@ def row_op_bytes(op, passname, rows, cols, dtype):
         if passname == "forward":  # logits, target → loss, nll, lse
             return n * e + rows * i64 + 3 * rows * f32
         return 2 * n * e + rows * i64 + 3 * rows * f32  # logits, target, lse, dloss, dnll → dlogits
-    raise ValueError(f"unknown row op {op!r}")
+    if op == "dropout" and passname == "forward":
+        return 2 * n * e + n  # x → y, keep
+    raise ValueError(f"unknown row op or pass {op!r} {passname!r}")
 
 
 def adam_bytes(params, dtype="float32"):
@@ -403,7 +407,8 @@ def check_cell(case, reference, outputs, failures):
 
 # ----------------------------------------------------------------------------- row kernels
 def row_inputs(op, rows, cols, dtype, seed):
-    """The arguments of the forward and backward kernel of ``op`` on a (rows, cols) input."""
+    """Callables running the forward and the backward kernel of ``op`` on a (rows, cols) input
+    (dropout: the forward only)."""
     import cupy
 
     from tinyformer.kernels import ops
@@ -428,6 +433,8 @@ def row_inputs(op, rows, cols, dtype, seed):
         grad_nll = cupy.zeros(rows, dtype=cupy.float32)
         return ((lambda: ops.cross_entropy_forward(x, target, smoothing=0.1, **kw)),
                 (lambda: ops.cross_entropy_backward(x, target, lse, grad_loss, grad_nll, smoothing=0.1, **kw)))
+    if op == "dropout":  # forward only: the backward is a CuPy multiply by the saved mask
+        return ((lambda: ops.dropout_forward(x, DROPOUT_P, seed, **kw)),)
     raise ValueError(f"unknown row op {op!r}")
 
 
@@ -602,8 +609,9 @@ def run_rows(args, failures):
     measure_rows(args, table, peak, failures)
     print()
     print("layer_norm backward: input and parameter gradients (three kernels); cross_entropy: label "
-          "smoothing 0.1; adam update: float32, one fused launch over tensors of 1 Mi elements; copy: "
-          "cupy.copyto (bytes read + written).")
+          f"smoothing 0.1; dropout forward: p {DROPOUT_P}, mask drawn on the device (bytes: x, y, keep); adam "
+          "update: float32, one fused launch over tensors of 1 Mi elements; copy: cupy.copyto (bytes read + "
+          "written).")
     print()
 
 

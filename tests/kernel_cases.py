@@ -139,11 +139,30 @@ def adam_case(dev, shapes, chunk_size, steps=3, seed=0):
     return plan
 
 
+def dropout_case(dev, shape, p, seed, offset=0, rng_seed=0):
+    """The dropout kernel against its Philox reference: keep_i = philox_uniform(seed, offset, i) >= p
+    over the elements in C order, exactly; y = x ∘ keep / (1 − p) (float32: rtol 1e-6). Returns keep."""
+    rng = np.random.default_rng(rng_seed)
+    x = dev.round(rand(rng, *shape))
+    keep_ref = (philox_uniform(seed, offset, np.arange(x.size)) >= np.float32(p)).reshape(x.shape)
+    y_ref = np.where(keep_ref, x * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
+    y, keep = ops.dropout_forward(dev.put(x), p, seed, offset, dtype=dev.kernel_dtype)
+    assert keep.dtype == np.bool_ and keep.shape == x.shape and y.shape == x.shape
+    keep = backend.to_numpy(keep)
+    np.testing.assert_array_equal(keep, keep_ref)
+    if dev.dtype == "float32":
+        np.testing.assert_allclose(dev.get(y), y_ref, rtol=1e-6, atol=0)
+    else:
+        dev.close(y, y_ref)
+    return keep
+
+
 def attention_reference(q, k, v, lengths, causal, g, dropout_p=0.0, seed=0, monkeypatch=None):
     """F.scaled_dot_product_attention on (B, H, L, D); dropout drawn from the kernel's Philox stream."""
     if dropout_p:
-        monkeypatch.setattr(F, "uniform_like",
-                            lambda gen, shape, ref: philox_uniform(seed, 0, np.arange(np.prod(shape))).reshape(shape))
+        # the NumPy reference draws through uniform_blocks: hand it the kernel's samples instead
+        monkeypatch.setattr(F, "uniform_blocks",
+                            lambda gen, size, fn: fn(0, size, philox_uniform(seed, 0, np.arange(size))))
     mask = None
     if lengths is not None:
         mask = (np.arange(k.shape[2])[None, :] < np.asarray(lengths)[:, None])[:, None, None, :]

@@ -81,6 +81,7 @@ def test_row_op_bytes_count_each_input_and_output_once():
     assert bench.row_op_bytes("layer_norm", "forward", 4, 8, "float32") == (2 * 32 + 2 * 8) * 4 + 2 * 4 * 4
     assert bench.row_op_bytes("cross_entropy", "forward", 8192, 8000, "bfloat16") == (
         8192 * 8000 * 2 + 8192 * 8 + 3 * 8192 * 4)
+    assert bench.row_op_bytes("dropout", "forward", 8192, 1024, "bfloat16") == 8192 * 1024 * (2 + 2 + 1)
     assert bench.adam_bytes(10) == 7 * 10 * 4
 
 

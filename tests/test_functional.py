@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import tinyformer as tf
@@ -359,6 +359,40 @@ def test_linear_matches_numpy_and_gradchecks(batch, n_in, n_out, bias, seed):
     assert out.shape == batch + (n_out,) and out.dtype == np.float64
     assert_close(out, expected)
     tf.gradcheck(F.linear, inputs)
+
+
+@SOME
+@given(batch=shapes(max_dims=2, max_side=3), n_in=st.integers(1, 4), n_out=st.integers(1, 4),
+       bias=st.booleans(), seed=seeds)
+def test_linear_relu_matches_numpy_and_gradchecks(batch, n_in, n_out, bias, seed):
+    rng = rng_of(seed)
+    a, w, b = uniform(rng, batch + (n_in,)), uniform(rng, (n_out, n_in)), uniform(rng, (n_out,))
+    pre = np.einsum("...i,oi->...o", a, w) + (b if bias else 0)
+    assume(np.abs(pre).min(initial=1.0) > 1e-3)  # central differences must not straddle the kink
+    inputs = [leaf(a), leaf(w), leaf(b)] if bias else [leaf(a), leaf(w)]
+    out = F.linear_relu(*inputs)
+    assert_close(out, np.maximum(pre, 0))
+    tf.gradcheck(F.linear_relu, inputs)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_relu_is_linear_then_relu_bit_for_bit(threads, monkeypatch):
+    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 16)
+    old = backend.set_num_threads(threads)
+    try:
+        rng = np.random.default_rng(3)
+        x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((5, 7, 6), (9, 6), (9,)))
+        g = rng.standard_normal((5, 7, 9)).astype(np.float32)
+        results = []
+        for fused in (True, False):
+            inputs = [Tensor(a, requires_grad=True) for a in (x, w, b)]
+            out = F.linear_relu(*inputs) if fused else F.linear(*inputs).relu()
+            out.backward(Tensor(g))
+            results.append([out.data] + [t.grad for t in inputs])
+        for got, want in zip(*results):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        backend.set_num_threads(old)
 
 
 def test_linear_feature_mismatch():

@@ -16,10 +16,11 @@ import pytest
 import tinyformer
 from tinyformer import Tensor, functional as F, kernels
 from tinyformer.kernels import ops
-from tinyformer.kernels.philox import philox4x32_10
+from tinyformer.kernels.philox import philox4x32_10, philox_uniform
 from tinyformer.optim import Adam
 
-from kernel_cases import Device, adam_case, attention_case, cross_entropy_case, layer_norm_case, rand, softmax_case
+from kernel_cases import (Device, adam_case, attention_case, cross_entropy_case, dropout_case, layer_norm_case, rand,
+                          softmax_case)
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")
@@ -104,6 +105,42 @@ def test_attention_kernel_refuses_unsupported_head_dim_and_dtype():
         ops.attention_forward(y, y, y, 1)
 
 
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 1000, 4099])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+@pytest.mark.parametrize("seed,offset", [(0, 0), (2 ** 63 - 25, 0), (987654321, 3)])
+def test_dropout_kernel_matches_the_philox_reference(n, p, seed, offset):
+    dropout_case(CPU, (n,), p, seed, offset, rng_seed=n)
+
+
+def test_dropout_kernel_masks_elements_in_c_order_of_any_shape():
+    keep = dropout_case(CPU, (3, 5, 7), 0.3, seed=11)
+    assert 0 < keep.sum() < keep.size
+
+
+def test_dropout_kernel_grid_stride(monkeypatch):
+    monkeypatch.setattr(ops, "_DROPOUT_MAX_BLOCKS", 2)  # 2 blocks of 256 threads stride over 1,025 groups
+    dropout_case(CPU, (4099,), 0.5, seed=3, offset=1)
+
+
+def test_dropout_kernel_keeps_everything_at_p_zero():
+    x = rand(np.random.default_rng(0), 37)
+    y, keep = ops.dropout_forward(x, 0.0, seed=5)
+    assert keep.all() and np.array_equal(y, x)
+
+
+def test_dropout_kernel_gives_nan_for_a_dropped_non_finite_value_like_the_reference():
+    x = np.array([np.nan, np.inf, -np.inf, 1.0, -2.0] * 20, np.float32)
+    y, keep = ops.dropout_forward(x, 0.5, seed=1)
+    assert 0 < keep.sum() < keep.size
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(y, x * keep * np.float32(2.0))
+
+
+def test_dropout_kernel_on_an_empty_array():
+    y, keep = ops.dropout_forward(np.zeros((0, 4), np.float32), 0.5, seed=1)
+    assert y.shape == keep.shape == (0, 4) and keep.dtype == np.bool_
+
+
 def test_philox_matches_the_random123_known_answers():
     zero = [np.zeros(1, np.uint32)] * 4
     assert [int(w[0]) for w in philox4x32_10(zero, (0, 0))] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
@@ -131,6 +168,28 @@ def test_functional_attention_dispatches_to_the_fused_kernel(emulated_kernels):
     assert type(F.scaled_dot_product_attention(q, k, v, holes).grad_fn).__name__ != "FusedAttention"
     _, weights = F.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
     assert weights.shape == (2, 2, 5, 5)
+
+
+def test_functional_dropout_takes_the_kernel_with_a_seed_from_the_generator(emulated_kernels):
+    x = Tensor(rand(np.random.default_rng(2), 4, 33), requires_grad=True)
+    g = rand(np.random.default_rng(3), 4, 33)
+    y = F.dropout(x, 0.25, True, np.random.default_rng(7))
+    seed = int(np.random.default_rng(7).integers(2 ** 63))
+    keep = (philox_uniform(seed, 0, np.arange(x.size)) >= np.float32(0.25)).reshape(x.shape)
+    scale = np.float32(1 / 0.75)
+    np.testing.assert_allclose(y.data, x.data * keep * scale, rtol=1e-6, atol=0)
+    y.backward(Tensor(g))
+    np.testing.assert_allclose(x.grad, g * keep * scale, rtol=1e-6, atol=0)
+
+
+def test_functional_dropout_with_kernels_repeats_after_manual_seed(emulated_kernels):
+    x = Tensor(np.ones((3, 50), np.float32))
+    masks = []
+    for _ in range(2):
+        tinyformer.manual_seed(123)
+        masks.append([F.dropout(x, 0.5).data != 0 for _ in range(2)])
+    assert np.array_equal(masks[0][0], masks[1][0]) and np.array_equal(masks[0][1], masks[1][1])
+    assert not np.array_equal(masks[0][0], masks[0][1])  # each call draws a fresh seed
 
 
 def training_step(use_kernels, monkeypatch):
@@ -175,7 +234,8 @@ def test_emulation_under_address_sanitizer():
         pytest.skip("the C++ compiler has no AddressSanitizer runtime")
     env = dict(os.environ, TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan,
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
-    selection = "attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or training_step"
+    selection = ("attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or "
+                 "dropout_kernel or training_step")
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
                             env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -11,9 +11,11 @@ import pytest
 import tinyformer
 from tinyformer import Tensor, backend, functional as F
 from tinyformer.kernels import ops
+from tinyformer.kernels.philox import philox_uniform
 from tinyformer.optim import Adam
 
-from kernel_cases import Device, adam_case, attention_case, cross_entropy_case, layer_norm_case, rand, softmax_case
+from kernel_cases import (Device, adam_case, attention_case, cross_entropy_case, dropout_case, layer_norm_case, rand,
+                          softmax_case)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -98,6 +100,49 @@ def test_unsupported_head_dim_falls_back_to_the_reference_and_ops_refuse_it():
     with pytest.raises(TypeError, match="float64"):
         x = cupy.zeros((1, 4, 64))
         ops.attention_forward(x, x, x, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 1000, 4099, 1_000_003])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_kernel(dtype, n, p):
+    dropout_case(Device("cuda", dtype), (n,), p, seed=2 ** 62 + n, offset=n % 3, rng_seed=n)
+
+
+def test_dropout_kernel_grid_stride(monkeypatch):
+    monkeypatch.setattr(ops, "_DROPOUT_MAX_BLOCKS", 3)  # 3 blocks of 256 threads stride over 25,001 groups
+    dropout_case(Device("cuda"), (100_001,), 0.2, seed=17, offset=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_functional_dropout_on_the_gpu_uses_the_kernel_mask(dtype):
+    import cupy
+
+    rng = np.random.default_rng(0)
+    x = Tensor(cupy.asarray(rand(rng, 8, 257)).astype(dtype), requires_grad=True)
+    g = cupy.asarray(rand(rng, 8, 257)).astype(dtype)
+    y = F.dropout(x, 0.3, True, np.random.default_rng(4))
+    seed = int(np.random.default_rng(4).integers(2 ** 63))
+    keep = cupy.asarray((philox_uniform(seed, 0, np.arange(x.size)) >= np.float32(0.3)).reshape(x.shape))
+    scale = np.dtype(dtype).type(1 / 0.7)
+    assert y.dtype == np.dtype(dtype)
+    assert bool((y.data == x.data * keep * scale).all())
+    y.backward(Tensor(g))
+    assert bool((x.grad == g * keep * scale).all())
+
+
+def test_functional_dropout_on_the_gpu_repeats_after_manual_seed():
+    import cupy
+
+    x = Tensor(cupy.ones((64, 1000), dtype=cupy.float32))
+    runs = []
+    for _ in range(2):
+        tinyformer.manual_seed(99)
+        runs.append([backend.to_numpy(F.dropout(x, 0.1).data != 0) for _ in range(3)])
+    for first, second in zip(*runs):
+        assert np.array_equal(first, second)
+    assert not np.array_equal(runs[0][0], runs[0][1])
+    assert abs(runs[0][0].mean() - 0.9) < 0.01
 
 
 def _training_step(device):

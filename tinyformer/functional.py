@@ -18,7 +18,7 @@ from . import backend, kernels
 from .kernels import ops as kernel_ops
 from .kernels.registry import HEAD_DIMS
 from .ops._helpers import normalize_axes, sum_to_shape
-from .random import default_generator, uniform_like
+from .random import default_generator, uniform_blocks, uniform_like
 from .tensor import Function, Tensor
 
 __all__ = [
@@ -222,11 +222,24 @@ def layer_norm(x, weight, bias, eps=1e-5):
 
 # ------------------------------------------------------------------------ dropout
 class Dropout(Function):
-    """Inverted dropout: y = x ∘ m / (1 − p), m ~ Bernoulli(1 − p);  dx = dy ∘ m / (1 − p)."""
+    """Inverted dropout: y = x ∘ m / (1 − p), m = [u ≥ p], u ~ U[0, 1);  dx = dy ∘ m / (1 − p).
+
+    u comes from ``generator`` drawn on the host (``uniform_blocks`` for NumPy arrays, ``uniform_like``
+    otherwise), or, where the kernels run
+    (``_use_kernel``: CuPy arrays), from Philox on the device (kernels/dropout.cu), keyed by a
+    seed drawn from ``generator``: no host draw, no copy. Both repeat for a seed; their masks differ.
+    """
 
     def forward(self, x, p, generator):
-        self.keep = uniform_like(generator, x.shape, x) >= p  # boolean: 1 byte per element
         self.scale = x.dtype.type(1.0 / (1.0 - p))  # a NumPy scalar: CuPy takes it, not a 0-d array
+        if _use_kernel(x):
+            seed = int((generator or default_generator()).integers(2 ** 63))
+            y, self.keep = kernel_ops.dropout_forward(x, p, seed, scale=float(self.scale))
+            return y
+        if _xp(x) is numpy:
+            y, self.keep = _dropped_on_cpu(x, p, generator)
+            return y
+        self.keep = uniform_like(generator, x.shape, x) >= p  # boolean: 1 byte per element
         return _scaled_by_mask(x, self.keep, self.scale)
 
     def backward(self, g):
@@ -247,6 +260,24 @@ def _scaled_by_mask(x, keep, scale):
     return out.reshape(x.shape)
 
 
+def _dropped_on_cpu(x, p, generator):
+    """(x ∘ keep / (1 − p), keep) with keep = [u ≥ p], u the uniform samples of one
+    ``generator.random(x.shape, float32)`` draw, for NumPy x: mask and output are made block by
+    block as the samples come (``uniform_blocks``, several threads), never holding the samples."""
+    scale = x.dtype.type(1.0 / (1.0 - p))
+    flat_x = numpy.ascontiguousarray(x).reshape(-1)
+    keep = numpy.empty(flat_x.shape, dtype=bool)
+    out = numpy.empty(flat_x.shape, dtype=x.dtype)
+
+    def block(start, stop, samples):
+        numpy.greater_equal(samples, p, out=keep[start:stop])
+        numpy.multiply(flat_x[start:stop], keep[start:stop], out=out[start:stop])
+        out[start:stop] *= scale
+
+    uniform_blocks(generator, flat_x.size, block)
+    return out.reshape(x.shape), keep.reshape(x.shape)
+
+
 def _check_probability(p, name):
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
@@ -263,7 +294,9 @@ def dropout(x, p=0.1, training=True, generator=None):
 
     The identity when ``training`` is false or ``p == 0``. Masks are drawn from
     ``generator`` (a ``numpy.random.Generator``), or from the default generator
-    that ``tinyformer.manual_seed`` resets.
+    that ``tinyformer.manual_seed`` resets. On the GPU with the kernels on, only a
+    seed is drawn from it and the mask is made on the device (Philox): GPU runs
+    repeat for a seed, but their masks differ from the CPU's.
     """
     _check_probability(p, "dropout: p")
     _check_generator(generator, "dropout: generator")
@@ -339,10 +372,14 @@ class Linear(Function):
                              f"features, got {bias.shape}")
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
-        y = (x.reshape(-1, x.shape[-1]) @ weight.T).reshape(x.shape[:-1] + (weight.shape[0],))
+        y = x.reshape(-1, x.shape[-1]) @ weight.T
+        self._epilogue(y, bias)
+        return y.reshape(x.shape[:-1] + (weight.shape[0],))
+
+    def _epilogue(self, y, bias):
+        """Adds the bias in place (y is ours: no second (batch, out) array), in row blocks."""
         if bias is not None:
-            y += bias  # y is ours: no second (batch, out) array
-        return y
+            backend.map_row_blocks(lambda start, stop: y[start:stop].__iadd__(bias), len(y), y, row_size=y.shape[1])
 
     def backward(self, g):
         need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
@@ -351,6 +388,36 @@ class Linear(Function):
         grad_w = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need_w else None
         grad_b = g2.sum(axis=0) if need_b else None
         return grad_x, grad_w, grad_b
+
+
+class LinearRelu(Linear):
+    """z = max(0, x Wᵀ + b), the first layer of the position-wise feed-forward net (§3.3), as one
+    node: the ReLU runs in place on the product, keeping only the mask m = [z > 0];
+    dz/d(x Wᵀ + b) = m, then Linear's backward."""
+
+    def _epilogue(self, y, bias):
+        self.positive = positive = _xp(y).empty(y.shape, dtype=bool)
+
+        def rows(start, stop):  # bias, mask and ReLU in one cache-resident pass per row block
+            block = y[start:stop]
+            if bias is not None:
+                block += bias
+            _xp(y).greater(block, 0, out=positive[start:stop])
+            _xp(y).maximum(block, 0, out=block)
+
+        backend.map_row_blocks(rows, len(y), y, row_size=y.shape[1])
+
+    def backward(self, g):
+        positive = self.positive.reshape(g.shape)
+        return super().backward(backend.blockwise(_xp(g).multiply, g, positive))
+
+
+def linear_relu(x, weight, bias=None):
+    """max(0, x Wᵀ + b) in one node (see LinearRelu): the same values and gradients as
+    ``linear(x, weight, bias).relu()`` without the second (batch, out) array."""
+    if bias is None:
+        return LinearRelu.apply(x, weight)
+    return LinearRelu.apply(x, weight, bias)
 
 
 def linear(x, weight, bias=None):
@@ -569,14 +636,17 @@ class ScaledDotProductAttention(Function):
         total = p.sum(axis=-1, keepdims=True)
         total[total == 0] = 1
         p /= total
-        if dropout_p:
-            keep = uniform_like(generator, p.shape, p) >= dropout_p
-            self.drop = keep * p.dtype.type(1.0 / (1.0 - dropout_p))
-            p_used = p * self.drop
+        self.keep = None
+        if dropout_p and xp is numpy:
+            p_used, self.keep = _dropped_on_cpu(p, dropout_p, generator)
+        elif dropout_p:
+            self.keep = uniform_like(generator, p.shape, p) >= dropout_p
+            p_used = _scaled_by_mask(p, self.keep, p.dtype.type(1.0 / (1.0 - dropout_p)))
         else:
-            self.drop, p_used = None, p
+            p_used = p
+        self.drop_scale = p.dtype.type(1.0 / (1.0 - dropout_p)) if dropout_p else None
         self.q, self.k, self.v, self.p, self.p_used = q, k, v, p, p_used
-        return p_used @ v, p
+        return _matmul_in_layout_of(q, p_used, v), p
 
     materialize_grads = False
 
@@ -585,12 +655,12 @@ class ScaledDotProductAttention(Function):
         if g_out is None:
             g_out = _xp(p).zeros(p.shape[:-1] + v.shape[-1:], dtype=p.dtype)
         need_q, need_k, need_v = self.needs_input_grad[:3]
-        grad_v = self.p_used.swapaxes(-1, -2) @ g_out if need_v else None
+        grad_v = _matmul_in_layout_of(v, self.p_used.swapaxes(-1, -2), g_out) if need_v else None
         grad_q = grad_k = None
         if need_q or need_k:
             dp = g_out @ v.swapaxes(-1, -2)
-            if self.drop is not None:
-                dp = dp * self.drop
+            if self.keep is not None:
+                dp = _scaled_by_mask(dp, self.keep, self.drop_scale)
             if g_weights is not None:
                 dp = dp + g_weights
             dp -= (dp * p).sum(axis=-1, keepdims=True)
@@ -598,15 +668,28 @@ class ScaledDotProductAttention(Function):
             dp *= dp.dtype.type(self.scale)
             ds = dp
             if need_q:
-                grad_q = ds @ k
+                grad_q = _matmul_in_layout_of(q, ds, k)
             if need_k:
-                grad_k = ds.swapaxes(-1, -2) @ q
+                grad_k = _matmul_in_layout_of(k, ds.swapaxes(-1, -2), q)
         return (
             None if grad_q is None else sum_to_shape(grad_q, q.shape),
             None if grad_k is None else sum_to_shape(grad_k, k.shape),
             None if grad_v is None else sum_to_shape(grad_v, v.shape),
             None,
         )
+
+
+def _matmul_in_layout_of(like, a, b):
+    """a @ b, laid out in memory as ``like`` when ``like`` (batch, heads, len, d) is a view of a
+    (batch, len, heads, d) array (heads split off by reshape and transpose, as in
+    MultiHeadAttention): merging the heads back, or the split's backward, is then a free
+    reshape instead of a copy. Otherwise (and on CuPy) plain ``a @ b``."""
+    shape = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    if (_xp(a, b) is not numpy or like.ndim != 4 or shape != like.shape
+            or not like.transpose(0, 2, 1, 3).flags.c_contiguous or like.flags.c_contiguous):
+        return a @ b
+    out = numpy.empty((shape[0], shape[2], shape[1], shape[3]), dtype=numpy.result_type(a, b))
+    return numpy.matmul(a, b, out=out.transpose(0, 2, 1, 3))
 
 
 class FusedAttention(Function):

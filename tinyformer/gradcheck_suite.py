@@ -421,6 +421,20 @@ def _kernel_attention_causal(device):
     return _attention_kernel(device, 1, 2, 6, 6, 64, None, True, 45)
 
 
+@_register(KERNEL_CASES, "kernel_dropout",
+           "dropout.cu, p 0.3: the keep mask against philox.py, the output against x ∘ keep / (1 − p)")
+def _kernel_dropout(device):
+    from .kernels import ops
+    from .kernels.philox import philox_uniform
+
+    x, x64 = _float32(device, _rng(47), 9, 130)
+    seed, p = 2 ** 62 + 47, 0.3
+    keep = (philox_uniform(seed, 0, numpy.arange(x64.size)) >= numpy.float32(p)).reshape(x64.shape)
+    y, kernel_keep = ops.dropout_forward(x, p, seed)
+    return "x (9,130)", [("keep", backend.to_numpy(kernel_keep).astype(numpy.float64), keep),
+                         ("output", y, x64 * keep / (1.0 - p))]
+
+
 @_register(KERNEL_CASES, "kernel_adam", "adam.cu: three fused steps against optim.Adam's NumPy loop")
 def _kernel_adam(device):
     from .kernels import ops

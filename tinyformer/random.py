@@ -2,13 +2,16 @@
 
 Every random draw in tinyformer (parameter initialisation, dropout masks) comes
 from a ``numpy.random.Generator``: either one passed explicitly or the default
-one, which ``manual_seed`` resets, so runs repeat exactly.
+one, which ``manual_seed`` resets, so runs repeat exactly. On the GPU with the
+kernels on, dropout and the fused attention's dropout draw only a seed from it
+and make their masks on the device with Philox (``kernels/philox.cuh``): a GPU
+run repeats for a seed, but its masks are not the CPU run's.
 """
 
 import numpy
 
-__all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "get_rng_state",
-           "set_rng_state"]
+__all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "uniform_blocks",
+           "get_rng_state", "set_rng_state"]
 
 _default = numpy.random.default_rng(0)
 
@@ -32,13 +35,66 @@ def default_generator():
 def uniform_like(generator, shape, reference):
     """Uniform [0, 1) samples of ``shape`` from ``generator``, on ``reference``'s device.
 
-    Samples are drawn on the host from the seeded NumPy generator so a run
-    repeats identically on CPU and GPU.
+    Samples are drawn on the host from the seeded NumPy generator and copied to
+    the device, so wherever they are used a run repeats identically on CPU and GPU.
+    Dropout on the GPU with the kernels on does not use them: its masks come from
+    Philox on the device (``kernels/dropout.cu``), keyed by a seed drawn from the
+    same generator, so GPU runs repeat exactly for a seed but differ from CPU runs
+    when dropout > 0.
     """
     from . import backend
 
     samples = (generator or _default).random(shape, dtype=numpy.float32)
     return backend.like(samples, reference)
+
+
+#: samples per block of ``uniform_blocks``: 128 KB of float32, cache-resident while ``fn`` uses them
+UNIFORM_BLOCK = 1 << 15
+
+
+def uniform_blocks(generator, size, fn):
+    """Feed one draw of ``size`` uniform float32 samples to ``fn(start, stop, samples)``, block by
+    block, without holding the whole draw: the samples are exactly those of
+    ``generator.random(size, dtype=numpy.float32)``, and the generator ends where that call
+    would have left it.
+
+    Large draws from a PCG64 generator (the default) are split over the backend's threads:
+    each thread jumps a copy of the generator to its first sample (PCG64 yields two float32
+    samples per 64-bit step; ``advance`` skips steps) and draws its part into its own small
+    buffer. ``fn`` must only write its own elements ``[start, stop)``.
+    """
+    from . import backend
+
+    generator = generator or _default
+    bit_generator = generator.bit_generator
+    done = 0
+    if size and bit_generator.state.get("has_uint32"):  # half a 64-bit step is buffered: use it first
+        fn(0, 1, generator.random(1, dtype=numpy.float32))
+        done = 1
+    threads = min(backend.get_num_threads(), (size - done) // backend.ROW_BLOCK_MIN_ELEMENTS)
+    if threads <= 1 or type(bit_generator) is not numpy.random.PCG64:
+        _uniform_range(generator, done, size, fn)
+        return
+    start_state = bit_generator.state
+    bounds = [done + 2 * ((size - done) * i // (2 * threads)) for i in range(threads)] + [size]
+    copies = []
+    for first in bounds[:-1]:
+        copy = numpy.random.PCG64()
+        copy.state = start_state
+        copies.append(numpy.random.Generator(copy.advance((first - done) // 2)))
+    parts = list(zip(copies, bounds[:-1], bounds[1:]))
+    backend.map_row_blocks(lambda a, b: [_uniform_range(*part, fn) for part in parts[a:b]], len(parts),
+                           None, min_elements=1)
+    bit_generator.state = copies[-1].bit_generator.state
+
+
+def _uniform_range(generator, start, stop, fn):
+    buffer = numpy.empty(min(UNIFORM_BLOCK, max(stop - start, 0)), dtype=numpy.float32)
+    for first in range(start, stop, UNIFORM_BLOCK):
+        last = min(first + UNIFORM_BLOCK, stop)
+        samples = buffer[: last - first]
+        generator.random(dtype=numpy.float32, out=samples)
+        fn(first, last, samples)
 
 
 def get_rng_state():

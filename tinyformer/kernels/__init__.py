@@ -1,7 +1,8 @@
 """Raw CUDA kernels for the hot paths, and the one place that decides when they run.
 
 Sources: ``attention.cu`` (fused attention forward and backward), ``softmax.cu``,
-``layer_norm.cu``, ``cross_entropy.cu``, ``adam.cu``, with ``common.cuh`` and ``philox.cuh``.
+``layer_norm.cu``, ``cross_entropy.cu``, ``dropout.cu``, ``adam.cu``, with ``common.cuh`` and
+``philox.cuh``.
 Each kernel is specified by the NumPy reference in ``functional``/``optim`` and tested
 against it: on a GPU directly, and in CI through ``cpu_emulation.h`` (the fp32 kernels
 built as C++ and run on the CPU). ``python -m tinyformer.kernels.compile_check`` compiles

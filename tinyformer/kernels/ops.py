@@ -203,6 +203,32 @@ def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dty
                     _f32(step_size), _f32(beta1), _f32(beta2), _f32(bias2), _f32(eps), _f32(weight_decay)))
 
 
+# ------------------------------------------------------------------------ dropout
+_DROPOUT_MAX_BLOCKS = 8192  # the kernel strides over the rest
+
+
+def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
+    """Inverted dropout with the mask from Philox: returns (y, keep), keep a bool array of x's shape.
+
+    keep_i = philox_uniform(seed, offset, i) >= p over x's elements in C order;
+    y = x ∘ keep · scale, scale = 1/(1 − p) unless given (functional passes x's dtype's value).
+    """
+    (x,) = _contiguous(x)
+    name = _element_dtype(x, dtype)
+    xp = _xp(x)
+    scale = 1.0 / (1.0 - p) if scale is None else scale
+    y = xp.empty_like(x)
+    keep = xp.empty(x.shape, dtype=numpy.bool_)
+    groups = math.ceil(x.size / 4)  # one thread per 4 elements: one Philox block
+    if groups:
+        threads = _row_block(groups)  # up to 256, fewer for a small array
+        blocks = min(_DROPOUT_MAX_BLOCKS, math.ceil(groups / threads))
+        _launch.launch("dropout_forward", name, (blocks,), (threads,),
+                       (x, y, keep, numpy.int64(x.size), _f32(p), _f32(scale), numpy.uint64(seed),
+                        numpy.uint64(offset)))
+    return y, keep
+
+
 # ------------------------------------------------------------------------ attention
 def attention_rows_per_block(head_dim):
     return _WARPS * (2 if head_dim >= 128 else 4)

@@ -30,15 +30,23 @@ __device__ __forceinline__ Philox4 philox4x32_10(Philox4 counter, unsigned key0,
     return counter;
 }
 
+// The 4 words of Philox block `block` of the stream (seed, offset): counter (block, offset), key seed.
+__device__ __forceinline__ Philox4 philox_block(unsigned long long seed, unsigned long long offset,
+                                                unsigned long long block) {
+    return philox4x32_10({(unsigned)block, (unsigned)(block >> 32), (unsigned)offset, (unsigned)(offset >> 32)},
+                         (unsigned)seed, (unsigned)(seed >> 32));
+}
+
+// A word's top 24 bits as a float in [0, 1): (word >> 8) / 2^24.
+__device__ __forceinline__ float uniform_from_word(unsigned word) { return (word >> 8) * (1.0f / 16777216.0f); }
+
 // A uniform float in [0, 1) for element `index` of the stream (seed, offset): word index % 4
-// of the Philox block at counter (index / 4, offset).
+// of the Philox block index / 4.
 __device__ __forceinline__ float philox_uniform(unsigned long long seed, unsigned long long offset,
                                                 unsigned long long index) {
-    const unsigned long long block = index >> 2;
-    Philox4 r = philox4x32_10({(unsigned)block, (unsigned)(block >> 32), (unsigned)offset, (unsigned)(offset >> 32)},
-                              (unsigned)seed, (unsigned)(seed >> 32));
+    const Philox4 r = philox_block(seed, offset, index >> 2);
     const unsigned word = (index & 3) == 0 ? r.x : (index & 3) == 1 ? r.y : (index & 3) == 2 ? r.z : r.w;
-    return (word >> 8) * (1.0f / 16777216.0f);
+    return uniform_from_word(word);
 }
 
 }  // namespace tf

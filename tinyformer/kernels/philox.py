@@ -1,8 +1,9 @@
 """Philox4x32-10 in NumPy: the same numbers as ``philox.cuh`` on the GPU.
 
 The fused attention kernel draws its dropout mask from (seed, offset, element index) and
-regenerates it in the backward pass; this module reproduces that mask on the CPU so the
-kernel can be tested against the NumPy reference with dropout on.
+regenerates it in the backward pass, and the dropout kernel (``dropout.cu``) draws its mask
+the same way; this module reproduces those masks on the CPU so the kernels can be tested
+against the NumPy references with dropout on.
 """
 
 import numpy

@@ -29,6 +29,7 @@ KERNELS = {
     },
     "cross_entropy.cu": {"cross_entropy_forward": ("T",), "cross_entropy_backward": ("T",)},
     "adam.cu": {"adam_update": ("T",)},
+    "dropout.cu": {"dropout_forward": ("T",)},
     "attention.cu": {
         "attention_forward": ("T", "HEAD_DIM"),
         "attention_backward_delta": ("T", "HEAD_DIM"),

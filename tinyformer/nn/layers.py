@@ -175,7 +175,8 @@ class PositionwiseFeedForward(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x):
-        return self.linear2(self.dropout(self.linear1(x).relu()))
+        hidden = F.linear_relu(x, self.linear1.weight, self.linear1.bias)  # = self.linear1(x).relu()
+        return self.linear2(self.dropout(hidden))
 
 
 def scale_embedding(x, d_model):
