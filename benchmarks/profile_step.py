@@ -1,11 +1,13 @@
 """Profile training steps with pyinstrument and print where the time goes.
 
-    python benchmarks/profile_step.py [--preset small] [--steps 3] [--top 25]
+    python benchmarks/profile_step.py [--preset small] [--steps 3] [--top 25] [--device cpu|cuda]
 
 Builds the same model and batch as bench_step.py (4,096 target tokens, vocabulary 8,000),
 runs one warm-up step, then profiles ``--steps`` steps and prints the functions with the
 most self time (flat), followed by the call tree down to the fused ops. Needs the `bench`
-extra's pyinstrument.
+extra's pyinstrument. On cuda the GPU runs asynchronously: the profile is the host's time,
+and a step ends with a device synchronisation, so time spent waiting for the GPU shows up
+where the host first waits for it.
 """
 
 import argparse
@@ -24,6 +26,7 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=25, help="lines of the flat profile")
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     try:
         from pyinstrument import Profiler
@@ -32,7 +35,7 @@ def main(argv=None):
         parser.error("needs pyinstrument: pip install -e '.[bench]'")
 
     batch = bench_step.make_batch(args.tokens, 32, args.vocab, 0)
-    runner = bench_step.TinyformerRunner(args.preset, args.vocab, batch, "cpu", 0)
+    runner = bench_step.TinyformerRunner(args.preset, args.vocab, batch, args.device, 0)
     runner.step()
     profiler = Profiler(interval=0.01)
     profiler.start()
