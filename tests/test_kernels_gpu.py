@@ -49,6 +49,22 @@ def test_fused_adam_kernel():
     adam_case(Device("cuda"), [(512, 512), (7,), (70000,), (1,)], chunk_size=65536)
 
 
+def test_global_gradient_norm_and_clipping_on_the_gpu_equal_the_cpu():
+    import cupy
+
+    from tinyformer.nn import Parameter
+    from tinyformer.optim import clip_grad_norm
+
+    rng = np.random.default_rng(5)
+    grads = [rand(rng, 300, 7), rand(rng, 11), np.full(4, 1e20, np.float32)]  # the last overflows float32
+    cpu, gpu = ([Parameter(np.zeros_like(g)) for g in grads] for _ in range(2))
+    for p_cpu, p_gpu, g in zip(cpu, gpu, grads):
+        p_cpu.grad, p_gpu.grad = g.copy(), cupy.asarray(g)
+    assert clip_grad_norm(gpu, 1.0) == pytest.approx(clip_grad_norm(cpu, 1.0), rel=1e-6)
+    for p_cpu, p_gpu in zip(cpu, gpu):
+        np.testing.assert_allclose(cupy.asnumpy(p_gpu.grad), p_cpu.grad, rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("dim", [32, 64, 128])

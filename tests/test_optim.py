@@ -102,6 +102,14 @@ def test_clip_grad_norm_scales_to_the_global_norm():
         np.testing.assert_allclose(p.grad, g / total, rtol=1e-9)
 
 
+def test_clip_grad_norm_of_float32_gradients_past_float32_range_is_computed_in_float64():
+    params = [Parameter(np.zeros((3, 4), np.float32)), Parameter(np.zeros(5, np.float32))]
+    params[0].grad = np.full((3, 4), 1e20, np.float32)  # Σ g² = 1.2e41 overflows float32
+    params[1].grad = np.full(5, 2.0, np.float32)
+    expected = math.sqrt(12 * float(np.float32(1e20)) ** 2 + 5 * 4.0)
+    assert optim.clip_grad_norm(params, None) == pytest.approx(expected, rel=1e-12)
+
+
 def test_clip_grad_norm_leaves_small_and_non_finite_gradients_alone():
     params = _params()
     params[0].grad = np.full(params[0].shape, 0.01)

@@ -2,6 +2,8 @@
 
 import math
 
+import numpy
+
 from .. import backend, kernels
 from ..kernels import ops as kernel_ops
 
@@ -17,7 +19,7 @@ def clip_grad_norm(params, max_norm):
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    total = math.sqrt(sum(_squared_norm(g) for g in grads))
+    total = math.sqrt(_total_squared_norm(grads))
     if max_norm is not None and math.isfinite(total) and total > max_norm:
         scale = max_norm / (total + 1e-12)
         for g in grads:
@@ -25,14 +27,22 @@ def clip_grad_norm(params, max_norm):
     return total
 
 
-def _squared_norm(g):
-    """Σ g² as a Python float: one BLAS dot product in g's precision (no float64 copy), redone in
-    float64 only when float32 overflows on finite values."""
-    flat = g.reshape(-1)
-    xp = backend.get_array_module(flat)
-    total = float(xp.vdot(flat, flat))
-    if not math.isfinite(total) and bool(xp.isfinite(flat).all()):
-        total = float((flat.astype("float64") ** 2).sum())
+def _total_squared_norm(grads):
+    """Σ over the gradients of Σ g² as a Python float: one BLAS dot product per gradient in its
+    own precision (no float64 copy), redone in float64 for a gradient whose float32 sum
+    overflows on finite values. On a GPU the dot products stay on the device and are read
+    back once (one synchronisation per step, not one per parameter)."""
+    xp = backend.get_array_module(grads[0])
+    flats = [g.reshape(-1) for g in grads]
+    squares = [xp.vdot(flat, flat) for flat in flats]
+    if xp is not numpy:
+        squares = xp.stack(squares).astype(numpy.float64).tolist()  # the one device -> host copy
+    total = 0.0
+    for flat, square in zip(flats, squares):
+        square = float(square)
+        if not math.isfinite(square) and bool(xp.isfinite(flat).all()):
+            square = float((flat.astype(numpy.float64) ** 2).sum())
+        total += square
     return total
 
 
