@@ -688,6 +688,42 @@ def test_attention_dropout_repeats_with_the_same_seed():
     assert not np.allclose(outs[0], no_drop)
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "full"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_attention_in_batch_blocks_equals_the_whole_batch_bit_for_bit(mask_kind, dropout_p, monkeypatch):
+    """The threaded batch-block path gives exactly the one-piece path's outputs and gradients,
+    and keeps a head-split q's (batch, len, heads, d) layout for the output and dQ."""
+    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 8)
+    old = backend.set_num_threads(3)
+    try:
+        rng = np.random.default_rng(2)
+        batch, heads, length, dim = 5, 2, 6, 4
+        x = rng.standard_normal((3, batch, length, heads * dim)).astype(np.float32)
+        mask = {"none": None, "causal": None,
+                "padding": (np.arange(length) < np.array([6, 1, 3, 6, 4])[:, None])[:, None, None, :],
+                "full": rng.random((batch, heads, length, length)) > 0.3}[mask_kind]
+        g_out = rng.standard_normal((batch, heads, length, dim)).astype(np.float32)
+        g_weights = rng.standard_normal((batch, heads, length, length)).astype(np.float32)
+        results, decisions, batch_blocks = [], [], F._batch_blocks
+        monkeypatch.setattr(F, "_batch_blocks", lambda *args: decisions.append(batch_blocks(*args)) or decisions[-1])
+        for blocks in (True, False):
+            if not blocks:
+                assert decisions == [True]
+                monkeypatch.setattr(F, "_batch_blocks", lambda *args: False)
+            q, k, v = (Tensor(a.reshape(batch, length, heads, dim), requires_grad=True) for a in x)
+            out, weights = F.scaled_dot_product_attention(
+                q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask=mask,
+                causal=mask_kind == "causal", dropout_p=dropout_p, return_weights=True, generator=rng_of(9))
+            if blocks:
+                assert out.data.transpose(0, 2, 1, 3).flags.c_contiguous
+            ((out * Tensor(g_out)).sum() + (weights * Tensor(g_weights)).sum()).backward()
+            results.append([out.data, weights.data, q.grad, k.grad, v.grad])
+        for got, want in zip(*results):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        backend.set_num_threads(old)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
 def test_attention_fully_masked_rows_are_zero_without_nan(dtype, dropout_p):

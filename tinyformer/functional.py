@@ -617,13 +617,36 @@ class ScaledDotProductAttention(Function):
     Backward, with P the probabilities (D the dropout mask scaled by 1/(1−p), P̃ = P∘D):
     dV = P̃ᵀ·dO, dP = (dO·Vᵀ)∘D, dS = P∘(dP − rowsum(dP∘P)), dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k.
     A query whose keys are all masked has P = 0: zero output and zero gradient.
+
+    On NumPy arrays whose batch axis q, k, v (and a mask with a batch axis) share, each step
+    runs over blocks of the batch on several threads (``map_row_blocks``): every formula
+    above is per batch entry. The dropout mask is drawn first, for the whole P, in order.
     """
 
     def forward(self, q, k, v, mask, dropout_p, generator):
         xp = _xp(q, k, v)
-        self.scale = scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = q @ k.swapaxes(-1, -2)
-        scores *= scores.dtype.type(scale)
+        self.scale = 1.0 / math.sqrt(q.shape[-1])
+        self.keep = None
+        self.drop_scale = xp.result_type(q, k, v).type(1.0 / (1.0 - dropout_p)) if dropout_p else None
+        self.q, self.k, self.v = q, k, v
+        self.blocks = _batch_blocks(xp, q, k, v, mask)
+        if self.blocks:
+            return self._forward_blocks(q, k, v, mask, dropout_p, generator)
+        p = self._probabilities(xp, q, k, mask)
+        if dropout_p and xp is numpy:
+            p_used, self.keep = _dropped_on_cpu(p, dropout_p, generator)
+        elif dropout_p:
+            self.keep = uniform_like(generator, p.shape, p) >= dropout_p
+            p_used = _scaled_by_mask(p, self.keep, self.drop_scale)
+        else:
+            p_used = p
+        self.p, self.p_used = p, p_used
+        return _matmul_in_layout_of(q, p_used, v), p
+
+    def _probabilities(self, xp, q, k, mask, out=None):
+        """P = softmax(QKᵀ/√d_k) with masked scores at −∞, made in place in ``out`` if given."""
+        scores = xp.matmul(q, k.swapaxes(-1, -2), out=out)
+        scores *= scores.dtype.type(self.scale)
         if mask is not None:
             full = numpy.broadcast_shapes(scores.shape, mask.shape)
             if scores.shape != full:  # a mask with more batch/head entries than q and k
@@ -636,41 +659,51 @@ class ScaledDotProductAttention(Function):
         total = p.sum(axis=-1, keepdims=True)
         total[total == 0] = 1
         p /= total
-        self.keep = None
-        if dropout_p and xp is numpy:
-            p_used, self.keep = _dropped_on_cpu(p, dropout_p, generator)
-        elif dropout_p:
-            self.keep = uniform_like(generator, p.shape, p) >= dropout_p
-            p_used = _scaled_by_mask(p, self.keep, p.dtype.type(1.0 / (1.0 - dropout_p)))
+        return p
+
+    def _forward_blocks(self, q, k, v, mask, dropout_p, generator):
+        batch, heads, len_q, len_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        dtype = numpy.result_type(q, k, v)
+        self.p = p = numpy.empty((batch, heads, len_q, len_k), dtype=dtype)
+        if dropout_p:
+            self.keep = _keep_mask_on_cpu(p.shape, dropout_p, generator)
+            self.p_used = p_used = numpy.empty_like(p)
         else:
-            p_used = p
-        self.drop_scale = p.dtype.type(1.0 / (1.0 - dropout_p)) if dropout_p else None
-        self.q, self.k, self.v, self.p, self.p_used = q, k, v, p, p_used
-        return _matmul_in_layout_of(q, p_used, v), p
+            self.p_used = p_used = p
+        out = _empty_in_layout_of(q, q.shape[:-1] + v.shape[-1:], dtype)
+
+        def rows(start, stop):
+            part = slice(start, stop)
+            batch_mask = mask[part] if mask is not None and mask.ndim == 4 and mask.shape[0] > 1 else mask
+            self._probabilities(numpy, q[part], k[part], batch_mask, out=p[part])
+            if dropout_p:
+                numpy.multiply(p[part], self.keep[part], out=p_used[part])
+                p_used[part] *= self.drop_scale
+            numpy.matmul(p_used[part], v[part], out=out[part])
+
+        backend.map_row_blocks(rows, batch, p, row_size=p[0].size)
+        return out, p
 
     materialize_grads = False
 
     def backward(self, g_out, g_weights):
         q, k, v, p = self.q, self.k, self.v, self.p
+        xp = _xp(p)
         if g_out is None:
-            g_out = _xp(p).zeros(p.shape[:-1] + v.shape[-1:], dtype=p.dtype)
+            g_out = xp.zeros(p.shape[:-1] + v.shape[-1:], dtype=p.dtype)
         need_q, need_k, need_v = self.needs_input_grad[:3]
-        grad_v = _matmul_in_layout_of(v, self.p_used.swapaxes(-1, -2), g_out) if need_v else None
-        grad_q = grad_k = None
-        if need_q or need_k:
-            dp = g_out @ v.swapaxes(-1, -2)
-            if self.keep is not None:
-                dp = _scaled_by_mask(dp, self.keep, self.drop_scale)
-            if g_weights is not None:
-                dp = dp + g_weights
-            dp -= (dp * p).sum(axis=-1, keepdims=True)
-            dp *= p
-            dp *= dp.dtype.type(self.scale)
-            ds = dp
-            if need_q:
-                grad_q = _matmul_in_layout_of(q, ds, k)
-            if need_k:
-                grad_k = _matmul_in_layout_of(k, ds.swapaxes(-1, -2), q)
+        if self.blocks:
+            grads = [_empty_in_layout_of(a, a.shape, p.dtype) if need else None
+                     for a, need in ((q, need_q), (k, need_k), (v, need_v))]
+
+            def rows(start, stop):
+                part = slice(start, stop)
+                self._gradients(g_out[part], None if g_weights is None else g_weights[part], part,
+                                *[None if g is None else g[part] for g in grads])
+
+            backend.map_row_blocks(rows, p.shape[0], p, row_size=p[0].size)
+            return (*grads, None)
+        grad_q, grad_k, grad_v = self._gradients(g_out, g_weights, slice(None), None, None, None)
         return (
             None if grad_q is None else sum_to_shape(grad_q, q.shape),
             None if grad_k is None else sum_to_shape(grad_k, k.shape),
@@ -678,18 +711,76 @@ class ScaledDotProductAttention(Function):
             None,
         )
 
+    def _gradients(self, g_out, g_weights, part, out_q, out_k, out_v):
+        """dQ, dK, dV of the batch entries ``part`` (written into ``out_*`` when given)."""
+        q, k, v, p, p_used = self.q[part], self.k[part], self.v[part], self.p[part], self.p_used[part]
+        need_q, need_k, need_v = self.needs_input_grad[:3]
+        grad_q = grad_k = grad_v = None
+        if need_v:
+            grad_v = _product(p_used.swapaxes(-1, -2), g_out, out_v, v)
+        if need_q or need_k:
+            dp = g_out @ v.swapaxes(-1, -2)
+            if self.keep is not None:
+                dp *= self.keep[part]
+                dp *= self.drop_scale
+            if g_weights is not None:
+                dp = dp + g_weights
+            dp -= (dp * p).sum(axis=-1, keepdims=True)
+            dp *= p
+            dp *= dp.dtype.type(self.scale)
+            if need_q:
+                grad_q = _product(dp, k, out_q, q)
+            if need_k:
+                grad_k = _product(dp.swapaxes(-1, -2), q, out_k, k)
+        return grad_q, grad_k, grad_v
 
-def _matmul_in_layout_of(like, a, b):
-    """a @ b, laid out in memory as ``like`` when ``like`` (batch, heads, len, d) is a view of a
+
+def _batch_blocks(xp, q, k, v, mask):
+    """Whether attention can run in batch blocks: NumPy, the (batch, heads) axes shared by q, k
+    and v, a mask with that batch axis or broadcast over it, and no mask axis wider than the scores."""
+    batch = q.shape[0]
+    if xp is not numpy or q.ndim != 4 or batch < 2 or not q.shape[:2] == k.shape[:2] == v.shape[:2]:
+        return False
+    if mask is None:
+        return True
+    scores = q.shape[:-1] + k.shape[-2:-1]
+    return ((mask.ndim < 4 or mask.shape[0] in (1, batch))
+            and numpy.broadcast_shapes(scores, mask.shape) == scores)
+
+
+def _keep_mask_on_cpu(shape, p, generator):
+    """keep = [u ≥ p] for one ``generator.random(shape, float32)`` draw, drawn in blocks."""
+    keep = numpy.empty(shape, dtype=bool)
+    flat = keep.reshape(-1)
+    uniform_blocks(generator, flat.size, lambda start, stop, samples: numpy.greater_equal(
+        samples, p, out=flat[start:stop]))
+    return keep
+
+
+def _empty_in_layout_of(like, shape, dtype):
+    """An empty (batch, heads, len, d) array laid out as ``like`` is when ``like`` is a view of a
     (batch, len, heads, d) array (heads split off by reshape and transpose, as in
     MultiHeadAttention): merging the heads back, or the split's backward, is then a free
-    reshape instead of a copy. Otherwise (and on CuPy) plain ``a @ b``."""
+    reshape instead of a copy. Otherwise a C-contiguous one."""
+    if like.ndim == 4 and like.transpose(0, 2, 1, 3).flags.c_contiguous and not like.flags.c_contiguous:
+        return numpy.empty((shape[0], shape[2], shape[1], shape[3]), dtype=dtype).transpose(0, 2, 1, 3)
+    return numpy.empty(shape, dtype=dtype)
+
+
+def _product(a, b, out, like):
+    """a @ b into ``out`` when given, else a new array in ``like``'s layout (NumPy) or plain."""
+    if out is not None:
+        return numpy.matmul(a, b, out=out)
+    return _matmul_in_layout_of(like, a, b)
+
+
+def _matmul_in_layout_of(like, a, b):
+    """a @ b in ``like``'s memory layout (see ``_empty_in_layout_of``); plain ``a @ b`` on CuPy
+    or when the shapes differ."""
     shape = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    if (_xp(a, b) is not numpy or like.ndim != 4 or shape != like.shape
-            or not like.transpose(0, 2, 1, 3).flags.c_contiguous or like.flags.c_contiguous):
+    if _xp(a, b) is not numpy or like.ndim != 4 or shape != like.shape:
         return a @ b
-    out = numpy.empty((shape[0], shape[2], shape[1], shape[3]), dtype=numpy.result_type(a, b))
-    return numpy.matmul(a, b, out=out.transpose(0, 2, 1, 3))
+    return numpy.matmul(a, b, out=_empty_in_layout_of(like, shape, numpy.result_type(a, b)))
 
 
 class FusedAttention(Function):
