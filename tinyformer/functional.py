@@ -236,11 +236,8 @@ class Dropout(Function):
             seed = int((generator or default_generator()).integers(2 ** 63))
             y, self.keep = kernel_ops.dropout_forward(x, p, seed, scale=float(self.scale))
             return y
-        if _xp(x) is numpy:
-            y, self.keep = _dropped_on_cpu(x, p, generator)
-            return y
-        self.keep = uniform_like(generator, x.shape, x) >= p  # boolean: 1 byte per element
-        return _scaled_by_mask(x, self.keep, self.scale)
+        y, self.keep = _dropped(x, p, generator)
+        return y
 
     def backward(self, g):
         return _scaled_by_mask(g, self.keep, self.scale)
@@ -260,11 +257,15 @@ def _scaled_by_mask(x, keep, scale):
     return out.reshape(x.shape)
 
 
-def _dropped_on_cpu(x, p, generator):
-    """(x ∘ keep / (1 − p), keep) with keep = [u ≥ p], u the uniform samples of one
-    ``generator.random(x.shape, float32)`` draw, for NumPy x: mask and output are made block by
-    block as the samples come (``uniform_blocks``, several threads), never holding the samples."""
+def _dropped(x, p, generator):
+    """(x ∘ keep / (1 − p), keep) with keep = [u ≥ p] (boolean: 1 byte per element), u the uniform
+    samples of one ``generator.random(x.shape, float32)`` draw. For NumPy x, mask and output are
+    made block by block as the samples come (``uniform_blocks``, several threads), never holding
+    the samples; other arrays take one ``uniform_like`` draw on the host."""
     scale = x.dtype.type(1.0 / (1.0 - p))
+    if _xp(x) is not numpy:
+        keep = uniform_like(generator, x.shape, x) >= p
+        return _scaled_by_mask(x, keep, scale), keep
     flat_x = numpy.ascontiguousarray(x).reshape(-1)
     keep = numpy.empty(flat_x.shape, dtype=bool)
     out = numpy.empty(flat_x.shape, dtype=x.dtype)
@@ -378,8 +379,11 @@ class Linear(Function):
 
     def _epilogue(self, y, bias):
         """Adds the bias in place (y is ours: no second (batch, out) array), in row blocks."""
+        def add_bias(start, stop):
+            y[start:stop] += bias
+
         if bias is not None:
-            backend.map_row_blocks(lambda start, stop: y[start:stop].__iadd__(bias), len(y), y, row_size=y.shape[1])
+            backend.map_row_blocks(add_bias, len(y), y, row_size=y.shape[1])
 
     def backward(self, g):
         need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
@@ -633,13 +637,7 @@ class ScaledDotProductAttention(Function):
         if self.blocks:
             return self._forward_blocks(q, k, v, mask, dropout_p, generator)
         p = self._probabilities(xp, q, k, mask)
-        if dropout_p and xp is numpy:
-            p_used, self.keep = _dropped_on_cpu(p, dropout_p, generator)
-        elif dropout_p:
-            self.keep = uniform_like(generator, p.shape, p) >= dropout_p
-            p_used = _scaled_by_mask(p, self.keep, self.drop_scale)
-        else:
-            p_used = p
+        p_used, self.keep = _dropped(p, dropout_p, generator) if dropout_p else (p, None)
         self.p, self.p_used = p, p_used
         return _matmul_in_layout_of(q, p_used, v), p
 
@@ -717,7 +715,7 @@ class ScaledDotProductAttention(Function):
         need_q, need_k, need_v = self.needs_input_grad[:3]
         grad_q = grad_k = grad_v = None
         if need_v:
-            grad_v = _product(p_used.swapaxes(-1, -2), g_out, out_v, v)
+            grad_v = _matmul_in_layout_of(v, p_used.swapaxes(-1, -2), g_out, out_v)
         if need_q or need_k:
             dp = g_out @ v.swapaxes(-1, -2)
             if self.keep is not None:
@@ -729,9 +727,9 @@ class ScaledDotProductAttention(Function):
             dp *= p
             dp *= dp.dtype.type(self.scale)
             if need_q:
-                grad_q = _product(dp, k, out_q, q)
+                grad_q = _matmul_in_layout_of(q, dp, k, out_q)
             if need_k:
-                grad_k = _product(dp.swapaxes(-1, -2), q, out_k, k)
+                grad_k = _matmul_in_layout_of(k, dp.swapaxes(-1, -2), q, out_k)
         return grad_q, grad_k, grad_v
 
 
@@ -767,16 +765,11 @@ def _empty_in_layout_of(like, shape, dtype):
     return numpy.empty(shape, dtype=dtype)
 
 
-def _product(a, b, out, like):
-    """a @ b into ``out`` when given, else a new array in ``like``'s layout (NumPy) or plain."""
+def _matmul_in_layout_of(like, a, b, out=None):
+    """a @ b into ``out`` when given, else a new array in ``like``'s memory layout (see
+    ``_empty_in_layout_of``); plain ``a @ b`` on CuPy or when the shapes differ."""
     if out is not None:
         return numpy.matmul(a, b, out=out)
-    return _matmul_in_layout_of(like, a, b)
-
-
-def _matmul_in_layout_of(like, a, b):
-    """a @ b in ``like``'s memory layout (see ``_empty_in_layout_of``); plain ``a @ b`` on CuPy
-    or when the shapes differ."""
     shape = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     if _xp(a, b) is not numpy or like.ndim != 4 or shape != like.shape:
         return a @ b

@@ -82,9 +82,9 @@ def uniform_blocks(generator, size, fn):
         copy = numpy.random.PCG64()
         copy.state = start_state
         copies.append(numpy.random.Generator(copy.advance((first - done) // 2)))
-    parts = list(zip(copies, bounds[:-1], bounds[1:]))
-    backend.map_row_blocks(lambda a, b: [_uniform_range(*part, fn) for part in parts[a:b]], len(parts),
-                           None, min_elements=1)
+    parts = list(zip(copies, bounds[:-1], bounds[1:]))  # as many as threads: one part per thread
+    backend.map_row_blocks(lambda first, last: [_uniform_range(*part, fn) for part in parts[first:last]],
+                           len(parts), None, min_elements=1)
     bit_generator.state = copies[-1].bit_generator.state
 
 
