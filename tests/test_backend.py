@@ -89,13 +89,11 @@ def test_numpy_masks_and_indices_follow_a_gpu_tensor():
     assert y.device == "cuda"
 
 
-def test_map_row_blocks_covers_every_row_once_in_order(monkeypatch):
+def test_map_row_blocks_covers_every_row_once_in_order(monkeypatch, set_threads):
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
-    old = backend.set_num_threads(3)
-    try:
-        blocks = backend.map_row_blocks(lambda a, b: (a, b), 10, np.zeros(1))
-    finally:
-        backend.set_num_threads(old)
+    set_threads(3)
+    blocks = backend.map_row_blocks(lambda a, b: (a, b), 10, np.zeros(1))
+    set_threads(None)  # the default count below
     assert blocks == [(0, 3), (3, 6), (6, 10)]
     assert backend.map_row_blocks(lambda a, b: (a, b), 10, np.zeros(1)) in ([(0, 10)], blocks, [(0, 5), (5, 10)],
                                                                              [(0, 2), (2, 5), (5, 7), (7, 10)])
@@ -106,22 +104,19 @@ def test_set_num_threads_refuses_nonsense():
         backend.set_num_threads(0)
 
 
-def test_blockwise_ufuncs_equal_the_plain_ones(monkeypatch):
+def test_blockwise_ufuncs_equal_the_plain_ones(monkeypatch, set_threads):
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
-    old = backend.set_num_threads(3)
-    try:
-        rng = np.random.default_rng(0)
-        a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
-        np.testing.assert_array_equal(backend.blockwise(np.add, a, b), a + b)
-        assert backend.blockwise(np.add, a, b).dtype == np.float32
-        np.testing.assert_array_equal(backend.blockwise(np.greater, a, 0), a > 0)
-        np.testing.assert_array_equal(backend.blockwise(np.maximum, a, 0.5), np.maximum(a, 0.5))
-        assert backend.blockwise(np.maximum, a, 0.5).dtype == np.float32  # Python scalars stay weak
-        np.testing.assert_array_equal(backend.blockwise(np.add, a, b[0]), a + b[0])  # broadcast: plain call
-        y = tf.Tensor(a, requires_grad=True)
-        z = (y + tf.Tensor(b)).relu()
-        z.backward(tf.Tensor(np.ones_like(a)))
-        np.testing.assert_array_equal(z.data, np.maximum(a + b, 0))
-        np.testing.assert_array_equal(y.grad, (a + b > 0).astype(np.float32))
-    finally:
-        backend.set_num_threads(old)
+    set_threads(3)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_array_equal(backend.blockwise(np.add, a, b), a + b)
+    assert backend.blockwise(np.add, a, b).dtype == np.float32
+    np.testing.assert_array_equal(backend.blockwise(np.greater, a, 0), a > 0)
+    np.testing.assert_array_equal(backend.blockwise(np.maximum, a, 0.5), np.maximum(a, 0.5))
+    assert backend.blockwise(np.maximum, a, 0.5).dtype == np.float32  # Python scalars stay weak
+    np.testing.assert_array_equal(backend.blockwise(np.add, a, b[0]), a + b[0])  # broadcast: plain call
+    y = tf.Tensor(a, requires_grad=True)
+    z = (y + tf.Tensor(b)).relu()
+    z.backward(tf.Tensor(np.ones_like(a)))
+    np.testing.assert_array_equal(z.data, np.maximum(a + b, 0))
+    np.testing.assert_array_equal(y.grad, (a + b > 0).astype(np.float32))

@@ -1,8 +1,5 @@
 """benchmarks/bench_decode.py on a tiny model and synthetic sentences (no Multi30k, no checkpoint, a few seconds)."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -10,21 +7,13 @@ from tinyformer import nn
 from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID
 
 from copy_task import FIRST_WORD, VOCAB, train_copy_model
+from scripts import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH_DECODE = ROOT / "benchmarks" / "bench_decode.py"
 
 MAX_LEN_B = 8  # short outputs keep the uncached and PyTorch searches fast
 
 
-def load_bench_decode():
-    spec = importlib.util.spec_from_file_location("bench_decode", BENCH_DECODE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench_decode()
+bench = load_script("benchmarks/bench_decode.py")
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,18 @@
 """The CPU benchmarks' arithmetic: model FLOPs and the MFU column of bench_step.py."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import numpy as np
 
+from scripts import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"benchmarks/{name}.py")
 
 
 def test_model_flops_is_six_n_t_plus_attention():

@@ -1,6 +1,5 @@
 """The GPU benchmark scripts, checked on the CPU: they skip cleanly, parse, and count right."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -10,19 +9,14 @@ from pathlib import Path
 import numpy
 import pytest
 
+from scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_ATTENTION = ROOT / "benchmarks" / "bench_attention.py"
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check.sh"
 
 
-def load_bench_attention():
-    spec = importlib.util.spec_from_file_location("bench_attention", BENCH_ATTENTION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench_attention()
+bench = load_script("benchmarks/bench_attention.py")
 
 
 def test_bench_attention_without_gpu_prints_one_skip_line_and_exits_0():

@@ -6,7 +6,6 @@ directory with TMPDIR inside tmp_path, so a test also sees that a script leaves
 nothing behind.
 """
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -14,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -32,10 +33,7 @@ def run_example(name, *args, tmp_path, env=None):
 
 
 def load_example(name):
-    spec = importlib.util.spec_from_file_location(name.replace(".py", "").lstrip("0123456789_"), EXAMPLES / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"examples/{name}", name.replace(".py", "").lstrip("0123456789_"))
 
 
 # ------------------------------------------------------------------ 01: backprop through attention

@@ -363,23 +363,20 @@ def test_linear_matches_numpy_and_gradchecks(op, activation, batch, n_in, n_out,
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_linear_relu_is_linear_then_relu_bit_for_bit(threads, monkeypatch):
+def test_linear_relu_is_linear_then_relu_bit_for_bit(threads, monkeypatch, set_threads):
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 16)
-    old = backend.set_num_threads(threads)
-    try:
-        rng = np.random.default_rng(3)
-        x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((5, 7, 6), (9, 6), (9,)))
-        g = rng.standard_normal((5, 7, 9)).astype(np.float32)
-        results = []
-        for fused in (True, False):
-            inputs = [Tensor(a, requires_grad=True) for a in (x, w, b)]
-            out = F.linear_relu(*inputs) if fused else F.linear(*inputs).relu()
-            out.backward(Tensor(g))
-            results.append([out.data] + [t.grad for t in inputs])
-        for got, want in zip(*results):
-            np.testing.assert_array_equal(got, want)
-    finally:
-        backend.set_num_threads(old)
+    set_threads(threads)
+    rng = np.random.default_rng(3)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((5, 7, 6), (9, 6), (9,)))
+    g = rng.standard_normal((5, 7, 9)).astype(np.float32)
+    results = []
+    for fused in (True, False):
+        inputs = [Tensor(a, requires_grad=True) for a in (x, w, b)]
+        out = F.linear_relu(*inputs) if fused else F.linear(*inputs).relu()
+        out.backward(Tensor(g))
+        results.append([out.data] + [t.grad for t in inputs])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_linear_feature_mismatch():
@@ -677,38 +674,36 @@ def test_attention_dropout_repeats_with_the_same_seed():
 
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "full"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
-def test_attention_in_batch_blocks_equals_the_whole_batch_bit_for_bit(mask_kind, dropout_p, monkeypatch):
+def test_attention_in_batch_blocks_equals_the_whole_batch_bit_for_bit(mask_kind, dropout_p, monkeypatch,
+                                                                     set_threads):
     """The threaded batch-block path gives exactly the one-piece path's outputs and gradients,
     and keeps a head-split q's (batch, len, heads, d) layout for the output and dQ."""
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 8)
-    old = backend.set_num_threads(3)
-    try:
-        rng = np.random.default_rng(2)
-        batch, heads, length, dim = 5, 2, 6, 4
-        x = rng.standard_normal((3, batch, length, heads * dim)).astype(np.float32)
-        mask = {"none": None, "causal": None,
-                "padding": (np.arange(length) < np.array([6, 1, 3, 6, 4])[:, None])[:, None, None, :],
-                "full": rng.random((batch, heads, length, length)) > 0.3}[mask_kind]
-        g_out = rng.standard_normal((batch, heads, length, dim)).astype(np.float32)
-        g_weights = rng.standard_normal((batch, heads, length, length)).astype(np.float32)
-        results, decisions, batch_blocks = [], [], F._batch_blocks
-        monkeypatch.setattr(F, "_batch_blocks", lambda *args: decisions.append(batch_blocks(*args)) or decisions[-1])
-        for blocks in (True, False):
-            if not blocks:
-                assert decisions == [True]
-                monkeypatch.setattr(F, "_batch_blocks", lambda *args: False)
-            q, k, v = (Tensor(a.reshape(batch, length, heads, dim), requires_grad=True) for a in x)
-            out, weights = F.scaled_dot_product_attention(
-                q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask=mask,
-                causal=mask_kind == "causal", dropout_p=dropout_p, return_weights=True, generator=rng_of(9))
-            if blocks:
-                assert out.data.transpose(0, 2, 1, 3).flags.c_contiguous
-            ((out * Tensor(g_out)).sum() + (weights * Tensor(g_weights)).sum()).backward()
-            results.append([out.data, weights.data, q.grad, k.grad, v.grad])
-        for got, want in zip(*results):
-            np.testing.assert_array_equal(got, want)
-    finally:
-        backend.set_num_threads(old)
+    set_threads(3)
+    rng = np.random.default_rng(2)
+    batch, heads, length, dim = 5, 2, 6, 4
+    x = rng.standard_normal((3, batch, length, heads * dim)).astype(np.float32)
+    mask = {"none": None, "causal": None,
+            "padding": (np.arange(length) < np.array([6, 1, 3, 6, 4])[:, None])[:, None, None, :],
+            "full": rng.random((batch, heads, length, length)) > 0.3}[mask_kind]
+    g_out = rng.standard_normal((batch, heads, length, dim)).astype(np.float32)
+    g_weights = rng.standard_normal((batch, heads, length, length)).astype(np.float32)
+    results, decisions, batch_blocks = [], [], F._batch_blocks
+    monkeypatch.setattr(F, "_batch_blocks", lambda *args: decisions.append(batch_blocks(*args)) or decisions[-1])
+    for blocks in (True, False):
+        if not blocks:
+            assert decisions == [True]
+            monkeypatch.setattr(F, "_batch_blocks", lambda *args: False)
+        q, k, v = (Tensor(a.reshape(batch, length, heads, dim), requires_grad=True) for a in x)
+        out, weights = F.scaled_dot_product_attention(
+            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask=mask,
+            causal=mask_kind == "causal", dropout_p=dropout_p, return_weights=True, generator=rng_of(9))
+        if blocks:
+            assert out.data.transpose(0, 2, 1, 3).flags.c_contiguous
+        ((out * Tensor(g_out)).sum() + (weights * Tensor(g_weights)).sum()).backward()
+        results.append([out.data, weights.data, q.grad, k.grad, v.grad])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -877,7 +872,7 @@ def test_float32_stays_float32(name):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_cross_entropy_in_parallel_row_blocks_equals_one_block(reduction, monkeypatch):
+def test_cross_entropy_in_parallel_row_blocks_equals_one_block(reduction, monkeypatch, set_threads):
     """The vocabulary-wide softmax runs in row blocks on several threads: same values, same gradients."""
     rng = np.random.default_rng(0)
     logits, target = rng.standard_normal((2, 9, 11)), rng.integers(0, 11, (2, 9))
@@ -885,53 +880,44 @@ def test_cross_entropy_in_parallel_row_blocks_equals_one_block(reduction, monkey
     upstream = rng.standard_normal((2, 9)) if reduction == "none" else rng.standard_normal(())
 
     def run(threads):
-        old = backend.set_num_threads(threads)
-        try:
-            x = Tensor(logits.copy(), requires_grad=True)
-            loss, nll = F.cross_entropy(x, target, 0.1, ignore_index=0, reduction=reduction, return_nll=True)
-            (loss * Tensor(upstream) + nll * Tensor(upstream * 0.5)).sum().backward()
-            return loss.data, nll.data, x.grad
-        finally:
-            backend.set_num_threads(old)
+        set_threads(threads)
+        x = Tensor(logits.copy(), requires_grad=True)
+        loss, nll = F.cross_entropy(x, target, 0.1, ignore_index=0, reduction=reduction, return_nll=True)
+        (loss * Tensor(upstream) + nll * Tensor(upstream * 0.5)).sum().backward()
+        return loss.data, nll.data, x.grad
 
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
     for one, many in zip(run(1), run(4)):
         np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-15)
 
 
-def test_layer_norm_in_parallel_row_blocks_equals_one_block(monkeypatch):
+def test_layer_norm_in_parallel_row_blocks_equals_one_block(monkeypatch, set_threads):
     """Layer norm runs in row blocks on several threads: same values, same gradients."""
     rng = np.random.default_rng(1)
     x, w, b = rng.standard_normal((3, 7, 6)), rng.standard_normal(6), rng.standard_normal(6)
     upstream = rng.standard_normal((3, 7, 6))
 
     def run(threads):
-        old = backend.set_num_threads(threads)
-        try:
-            tensors = [Tensor(a.copy(), requires_grad=True) for a in (x, w, b)]
-            y = F.layer_norm(*tensors)
-            y.backward(Tensor(upstream))
-            return [y.data] + [t.grad for t in tensors]
-        finally:
-            backend.set_num_threads(old)
+        set_threads(threads)
+        tensors = [Tensor(a.copy(), requires_grad=True) for a in (x, w, b)]
+        y = F.layer_norm(*tensors)
+        y.backward(Tensor(upstream))
+        return [y.data] + [t.grad for t in tensors]
 
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
     for one, many in zip(run(1), run(4)):
         np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-14)
 
 
-def test_dropout_in_parallel_blocks_equals_one_block(monkeypatch):
+def test_dropout_in_parallel_blocks_equals_one_block(monkeypatch, set_threads):
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
     x = np.random.default_rng(2).standard_normal((4, 5, 3))
     results = []
     for threads in (1, 3):
-        old = backend.set_num_threads(threads)
-        try:
-            t = Tensor(x.copy(), requires_grad=True)
-            y = F.dropout(t, 0.4, True, np.random.default_rng(7))
-            y.backward(Tensor(np.ones_like(x) * 2.0))
-            results.append((y.data, t.grad))
-        finally:
-            backend.set_num_threads(old)
+        set_threads(threads)
+        t = Tensor(x.copy(), requires_grad=True)
+        y = F.dropout(t, 0.4, True, np.random.default_rng(7))
+        y.backward(Tensor(np.ones_like(x) * 2.0))
+        results.append((y.data, t.grad))
     for one, many in zip(*results):
         np.testing.assert_array_equal(many, one)

@@ -243,7 +243,7 @@ def test_adam_trains_a_linear_regression():
     np.testing.assert_allclose(w.data, w_true, atol=1e-2)
 
 
-def test_adam_in_parallel_blocks_equals_one_block(monkeypatch):
+def test_adam_in_parallel_blocks_equals_one_block(monkeypatch, set_threads):
     from tinyformer import backend
 
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
@@ -252,16 +252,13 @@ def test_adam_in_parallel_blocks_equals_one_block(monkeypatch):
     grads = [[rng.standard_normal(a.shape).astype(np.float32) for a in start] for _ in range(3)]
     results = []
     for threads in (1, 3):
-        old = backend.set_num_threads(threads)
-        try:
-            params = [Parameter(a.copy()) for a in start]
-            adam = optim.Adam(params, lr=0.01, weight_decay=0.1)
-            for step_grads in grads:
-                for p, g in zip(params, step_grads):
-                    p.grad = g.copy()
-                adam.step()
-            results.append([p.data for p in params])
-        finally:
-            backend.set_num_threads(old)
+        set_threads(threads)
+        params = [Parameter(a.copy()) for a in start]
+        adam = optim.Adam(params, lr=0.01, weight_decay=0.1)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.copy()
+            adam.step()
+        results.append([p.data for p in params])
     for one, many in zip(*results):
         np.testing.assert_array_equal(many, one)

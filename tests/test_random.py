@@ -7,12 +7,11 @@ from tinyformer import Tensor, backend, functional as F, random
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-threads")
-def threads(request, monkeypatch):
+def threads(request, monkeypatch, set_threads):
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 64)  # split even small draws
     monkeypatch.setattr(random, "UNIFORM_BLOCK", 48)  # several blocks per thread
-    old = backend.set_num_threads(request.param)
-    yield request.param
-    backend.set_num_threads(old)
+    set_threads(request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("size", [0, 1, 5, 48, 97, 128, 1001])

@@ -1,7 +1,6 @@
 """benchmarks/table3.py's machinery (the variants, (B)'s restriction, the verdicts, the report) and
 TrainConfig.model_overrides, which it trains the variants through — in seconds, on a tiny corpus."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +12,13 @@ from tinyformer import functional as F
 from tinyformer import train as tf_train
 from tinyformer.train import TrainConfig, Trainer, load_model
 
+from scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_table3():
-    spec = importlib.util.spec_from_file_location("table3", ROOT / "benchmarks" / "table3.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/table3.py")
 
 
 table3 = load_table3()
