@@ -10,6 +10,8 @@ import os
 
 import numpy
 
+from .validation import check_int
+
 try:  # CuPy is optional: the ``gpu`` extra.
     import cupy as _cupy
 except Exception:  # ImportError, or a broken CUDA install raising at import time.
@@ -125,8 +127,8 @@ def get_num_threads():
 def set_num_threads(count):
     """Use ``count`` threads (>= 1) for row-parallel work; None restores the default. Returns the old setting."""
     global _num_threads
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-        raise ValueError(f"set_num_threads: count must be a positive int or None, got {count!r}")
+    if count is not None:
+        count = check_int("set_num_threads: count", count, 1)
     old, _num_threads = _num_threads, count
     return old
 

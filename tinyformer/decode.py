@@ -22,8 +22,6 @@ Conventions shared by every search here:
 """
 
 import contextlib
-import math
-import numbers
 import warnings
 from typing import NamedTuple
 
@@ -34,6 +32,7 @@ from .backend import to_numpy
 from .data.batching import pad
 from .data.special import BOS_ID, EOS_ID
 from .tensor import no_grad
+from .validation import check_int, check_real
 
 __all__ = ["Hypothesis", "InputWarning", "LongLineError", "LONG_LINES", "length_penalty", "greedy_decode",
            "beam_search", "input_token_limit", "translate"]
@@ -87,19 +86,6 @@ def _inference(model):
             module.train(mode)
 
 
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_real(name, value, minimum=0.0):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or value < minimum:
-        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
-    return float(value)
-
-
 def _check_src(src):
     """Source ids as a 2-D NumPy integer array (batch, len_src)."""
     array = to_numpy(src)
@@ -113,10 +99,10 @@ def _check_src(src):
 def _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b):
     """The maximum number of tokens (EOS excluded) each sentence may get."""
     if max_len is not None:
-        limits = np.full(len(src), _check_int("max_len", max_len, 0), dtype=np.int64)
+        limits = np.full(len(src), check_int("max_len", max_len, 0), dtype=np.int64)
     else:
-        a = _check_real("max_len_a", max_len_a)
-        b = _check_real("max_len_b", max_len_b)
+        a = check_real("max_len_a", max_len_a, 0)
+        b = check_real("max_len_b", max_len_b, 0)
         src_len = (src != pad_id).sum(axis=1)
         limits = np.floor(a * src_len + b).astype(np.int64)
     # BOS sits at position 0 and the L-th token at position L, which predicts EOS.
@@ -132,7 +118,7 @@ def _banned_ids(model, bos_id, eos_id, vocab):
 
 
 def _check_special(name, value, vocab):
-    value = _check_int(name, value, 0)
+    value = check_int(name, value, 0)
     if value >= vocab:
         raise ValueError(f"{name}={value} is outside the target vocabulary of size {vocab}")
     return value
@@ -184,7 +170,7 @@ def _setup(model, src, bos_id, eos_id, pad_id):
     vocab = model.tgt_vocab_size
     bos_id = _check_special("bos_id", bos_id, vocab)
     eos_id = _check_special("eos_id", eos_id, vocab)
-    pad_id = model.pad_id if pad_id is None else _check_int("pad_id", pad_id, 0)
+    pad_id = model.pad_id if pad_id is None else check_int("pad_id", pad_id, 0)
     return src, bos_id, eos_id, pad_id, _banned_ids(model, bos_id, eos_id, vocab)
 
 
@@ -253,8 +239,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, m
     hypothesis stops exactly when EOS is its most probable extension.
     """
     src, bos_id, eos_id, pad_id, banned = _setup(model, src, bos_id, eos_id, pad_id)
-    k = _check_int("beam_size", beam_size, 1)
-    alpha = _check_real("alpha", alpha)
+    k = check_int("beam_size", beam_size, 1)
+    alpha = check_real("alpha", alpha, 0)
     limits = _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b)
     finished = [[] for _ in range(len(src))]
     if not len(src):
@@ -357,15 +343,15 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
     for i, line in enumerate(lines):
         if not isinstance(line, str):
             raise TypeError(f"translate: lines[{i}] must be a str, got {type(line).__name__}")
-    beam_size = _check_int("beam_size", beam_size, 1)
-    batch_size = _check_int("batch_size", batch_size, 1)
+    beam_size = check_int("beam_size", beam_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     if long_lines not in LONG_LINES:
         raise ValueError(f"translate: long_lines must be one of {LONG_LINES}, got {long_lines!r}")
     limit = input_token_limit(model, append_eos)
     if max_input_tokens is None:
         max_input_tokens = limit
     else:
-        max_input_tokens = _check_int("max_input_tokens", max_input_tokens, 1)
+        max_input_tokens = check_int("max_input_tokens", max_input_tokens, 1)
         if limit is not None and max_input_tokens > limit:
             eos = " and the EOS" if append_eos else ""
             raise ValueError(f"translate: max_input_tokens={max_input_tokens} is more than the model can "

@@ -10,7 +10,6 @@ Imported as ``from tinyformer import functional as F``.
 """
 
 import math
-import numbers
 
 import numpy
 
@@ -20,6 +19,7 @@ from .kernels.registry import HEAD_DIMS
 from .ops._helpers import normalize_axes, sum_to_shape
 from .random import default_generator, uniform_blocks, uniform_like
 from .tensor import Function, Tensor
+from .validation import as_array, check_int, check_probability, check_real, is_integer
 
 __all__ = [
     "softmax",
@@ -54,7 +54,7 @@ def _axis(axis, shape):
     """One axis as a non-negative int; None, a tuple or an empty axis is an error, not a silent choice."""
     if not shape:
         raise ValueError("needs at least one dimension")
-    if isinstance(axis, bool) or not isinstance(axis, (int, numpy.integer)):
+    if not is_integer(axis):
         raise ValueError(f"axis must be a single int, got {axis!r}")
     axis = normalize_axes(axis, len(shape))[0]
     if shape[axis] == 0:
@@ -207,17 +207,11 @@ def _rescaled_rstd(xp, centered, var, eps):
     return xp.where(xp.isfinite(var), direct, rescaled).astype(centered.dtype, copy=False)
 
 
-def _check_eps(eps, name):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 <= eps < math.inf:
-        raise ValueError(f"{name} must be a finite number >= 0, got {eps!r}")
-
-
 def layer_norm(x, weight, bias, eps=1e-5):
     """Layer normalisation over the last axis (Ba et al., 2016), eps inside the square root."""
     if x.ndim == 0:
         raise ValueError("layer_norm: x needs a feature axis, got a 0-d tensor")
-    _check_eps(eps, "layer_norm: eps")
-    return LayerNorm.apply(x, weight, bias, eps)
+    return LayerNorm.apply(x, weight, bias, check_real("layer_norm: eps", eps, 0))
 
 
 # ------------------------------------------------------------------------ dropout
@@ -279,11 +273,6 @@ def _dropped(x, p, generator):
     return out.reshape(x.shape), keep.reshape(x.shape)
 
 
-def _check_probability(p, name):
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
-
-
 def _check_generator(generator, name):
     if generator is not None and not isinstance(generator, numpy.random.Generator):
         raise TypeError(f"{name} must be a numpy.random.Generator or None (the default generator), "
@@ -299,11 +288,11 @@ def dropout(x, p=0.1, training=True, generator=None):
     seed is drawn from it and the mask is made on the device (Philox): GPU runs
     repeat for a seed, but their masks differ from the CPU's.
     """
-    _check_probability(p, "dropout: p")
+    p = check_probability("dropout: p", p)
     _check_generator(generator, "dropout: generator")
     if not training or p == 0:
         return x
-    return Dropout.apply(x, float(p), generator)
+    return Dropout.apply(x, p, generator)
 
 
 # ------------------------------------------------------------------------ embedding
@@ -311,7 +300,7 @@ def _check_ids(ids, low, high, name):
     """``ids`` must be integers in [low, high); raise naming ``name`` otherwise."""
     ids = ids.data if isinstance(ids, Tensor) else ids
     if not hasattr(ids, "dtype"):
-        ids = _as_array(ids, name)
+        ids = as_array(ids, name)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {ids.dtype}")
     if ids.size and (int(ids.min()) < low or int(ids.max()) >= high):
@@ -320,15 +309,6 @@ def _check_ids(ids, low, high, name):
             f"{int(ids.max())} (shape {tuple(ids.shape)})"
         )
     return ids
-
-
-def _as_array(value, name):
-    """A nested list as a NumPy array; a ragged one is a clear error, not NumPy's."""
-    try:
-        return numpy.asarray(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a rectangular array, got a ragged {type(value).__name__} "
-                         f"(rows of different lengths)") from None
 
 
 class Embedding(Function):
@@ -555,7 +535,7 @@ class CrossEntropy(Function):
 def _check_target(logits, target, ignore_index):
     target = target.data if isinstance(target, Tensor) else target
     if not hasattr(target, "dtype"):
-        target = _as_array(target, "cross_entropy: target")
+        target = as_array(target, "cross_entropy: target")
     if tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
             f"cross_entropy: target shape {tuple(target.shape)} must equal the logits' shape "
@@ -585,9 +565,7 @@ def cross_entropy(logits, target, label_smoothing=0.0, ignore_index=None, reduct
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
-            or not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
+    label_smoothing = check_real("cross_entropy: label_smoothing", label_smoothing, 0, 1)
     if logits.ndim < 1:
         raise ValueError("cross_entropy: logits need a class axis")
     if logits.dtype.kind != "f":
@@ -595,7 +573,7 @@ def cross_entropy(logits, target, label_smoothing=0.0, ignore_index=None, reduct
     if logits.shape[-1] == 0:
         raise ValueError(f"cross_entropy: logits of shape {tuple(logits.shape)} have no classes")
     target = _check_target(logits, target, ignore_index)
-    loss, nll = CrossEntropy.apply(logits, target, float(label_smoothing), ignore_index, reduction)
+    loss, nll = CrossEntropy.apply(logits, target, label_smoothing, ignore_index, reduction)
     return (loss, nll) if return_nll else loss
 
 
@@ -838,7 +816,7 @@ def _attention_mask(mask, causal, q, k):
     if mask is not None:
         mask = mask.data if isinstance(mask, Tensor) else mask
         if not hasattr(mask, "dtype"):
-            mask = _as_array(mask, "attention mask")
+            mask = as_array(mask, "attention mask")
         if mask.dtype != bool:
             raise TypeError(
                 f"attention mask must be boolean (True = attend), got dtype {mask.dtype}"
@@ -869,7 +847,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, dropout_p=0.0
     With ``return_weights=True`` returns ``(output, probabilities)``; the
     probabilities are those before dropout.
     """
-    _check_probability(dropout_p, "scaled_dot_product_attention: dropout_p")
+    dropout_p = check_probability("scaled_dot_product_attention: dropout_p", dropout_p)
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(
             f"scaled_dot_product_attention: q, k, v must have the same rank >= 2, got shapes "
@@ -909,9 +887,8 @@ def padding_mask(ids, pad_id):
 
 def sinusoid_table(max_len, d_model, dtype=numpy.float32):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5)."""
-    for name, value in (("max_len", max_len), ("d_model", d_model)):
-        if isinstance(value, bool) or not isinstance(value, (int, numpy.integer)) or value < 1:
-            raise ValueError(f"sinusoid_table: {name} must be a positive integer, got {value!r}")
+    max_len = check_int("sinusoid_table: max_len", max_len, 1)
+    d_model = check_int("sinusoid_table: d_model", d_model, 1)
     position = numpy.arange(max_len, dtype=numpy.float64)[:, None]
     rate = numpy.exp(-math.log(10000.0) * numpy.arange(0, d_model, 2) / d_model)
     table = numpy.zeros((max_len, d_model))

@@ -33,6 +33,7 @@ from .nn import StateDictError, Transformer
 from .nn.presets import PRESETS
 from .optim import Adam, NoamSchedule
 from .tensor import no_grad
+from .validation import check_int
 
 __all__ = ["TrainConfig", "Trainer", "TrainingDiverged", "TrainingInterrupted", "DATASETS", "load_corpus",
            "load_model"]
@@ -102,9 +103,7 @@ class TrainConfig:
             config.label_smoothing = PRESETS[config.preset]["label_smoothing"]
         for name in ("vocab_size", "max_tokens", "accum", "max_steps", "warmup_steps", "max_len",
                      "save_every", "eval_every", "log_every", "beam_size", "max_bad_steps"):
-            value = getattr(config, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, getattr(config, name), 1)
         if config.src_lang == config.tgt_lang:
             raise ValueError(f"source and target language are both {config.src_lang!r}")
         _check_model_overrides(config.model_overrides)

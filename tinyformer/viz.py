@@ -22,6 +22,7 @@ from . import backend
 from . import decode as decode_module
 from .data.special import BOS_ID, EOS_ID
 from .tensor import Tensor
+from .validation import check_int, is_real
 
 __all__ = [
     "PlotExtraMissing", "GraphvizMissing", "DPI", "require_matplotlib", "attention_maps", "plot_attention",
@@ -215,8 +216,7 @@ def plot_schedule(path="schedule.png", d_model=512, warmup_steps=4000, steps=200
     """
     from .optim import NoamSchedule
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"plot_schedule: steps must be a positive integer, got {steps!r}")
+    steps = check_int("plot_schedule: steps", steps, 1)
     schedule = NoamSchedule(d_model, warmup_steps, factor)
     points = numpy.linspace(1, steps, min(steps, 4000)).round().astype(numpy.int64)
     points = numpy.unique(numpy.append(points, min(warmup_steps, steps)))
@@ -260,7 +260,7 @@ def read_metrics(path):
                                  "a metrics log holds one JSON object per line") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
-            if not isinstance(record.get("step"), (int, float)) or isinstance(record.get("step"), bool):
+            if not is_real(record.get("step")):
                 raise ValueError(f"{path}, line {number}: the record has no numeric \"step\"")
             records.append(record)
     return records

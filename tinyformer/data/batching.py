@@ -11,6 +11,7 @@ its own; pairs longer than ``max_len`` are dropped and counted.
 import numpy
 
 from .special import BOS_ID, EOS_ID, PAD_ID
+from ..validation import check_int
 
 __all__ = ["Batch", "ParallelData", "batch_indices", "make_batch", "pad"]
 
@@ -113,9 +114,8 @@ class ParallelData:
     def __init__(self, src_ids, tgt_ids, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
         if len(src_ids) != len(tgt_ids):
             raise ValueError(f"ParallelData: {len(src_ids)} source but {len(tgt_ids)} target sentences")
-        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, (int, numpy.integer))
-                                    or max_len < 1):
-            raise ValueError(f"ParallelData: max_len must be None or a positive integer, got {max_len!r}")
+        if max_len is not None:
+            max_len = check_int("ParallelData: max_len", max_len, 1)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         keep = [
             i for i, (s, t) in enumerate(zip(src_ids, tgt_ids))

@@ -17,6 +17,8 @@ and test splits are disjoint and depend only on the seed, so nothing is download
 
 import numpy
 
+from ..validation import check_int
+
 __all__ = ["SPLIT_SIZES", "number_to_german", "synthetic_pairs", "translate_sentence"]
 
 SPLIT_SIZES = {"train": 20000, "val": 500, "test": 500}
@@ -46,8 +48,7 @@ _PLURAL_ENDING = "e"
 
 def number_to_german(n):
     """1 ≤ n ≤ 999 in German words, as one word: 347 → "dreihundertsiebenundvierzig"."""
-    if isinstance(n, bool) or not isinstance(n, (int, numpy.integer)) or not 1 <= n <= 999:
-        raise ValueError(f"number_to_german: n must be an integer in 1..999, got {n!r}")
+    n = check_int("number_to_german: n (1..999)", n, 1, 999)
     hundreds, rest = divmod(n, 100)
     words = ("ein" if hundreds == 1 else _UNITS[hundreds]) + "hundert" if hundreds else ""
     if rest == 0:

@@ -19,7 +19,6 @@ characters occur in the training text; a character that does not is
 
 import hashlib
 import io
-import numbers
 import os
 import re
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import sentencepiece
 
 from .special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from ..validation import check_int, is_integer
 
 __all__ = ["Tokenizer", "file_sha256"]
 
@@ -137,9 +137,7 @@ class Tokenizer:
         """
         if isinstance(texts, (str, bytes)):
             raise TypeError("Tokenizer.train: texts must be an iterable of sentences, not one string")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 5:
-            raise ValueError(f"Tokenizer.train: vocab_size must be an int >= 5 (four special "
-                             f"tokens and one more), got {vocab_size!r}")
+        vocab_size = check_int("Tokenizer.train: vocab_size (four special tokens and one more)", vocab_size, 5)
         if model_type not in MODEL_TYPES:
             raise ValueError(f"Tokenizer.train: model_type must be one of {MODEL_TYPES}, "
                              f"got {model_type!r}")
@@ -248,7 +246,7 @@ class Tokenizer:
         out = []
         size = self.vocab_size
         for i in ids:
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            if not is_integer(i):
                 raise TypeError(f"{where}: ids must be integers, got {i!r} ({type(i).__name__})")
             i = int(i)
             if i == EOS_ID:
@@ -271,7 +269,7 @@ class Tokenizer:
     def id_to_piece(self, i):
         """The subword of an id ("<pad>", "<unk>", "<s>", "</s>" for the special ones)."""
         size = self.vocab_size
-        if isinstance(i, bool) or not 0 <= int(i) < size:
+        if not is_integer(i) or not 0 <= i < size:
             raise IndexError(f"Tokenizer.id_to_piece: id {i!r} is outside the vocabulary [0, {size})")
         return self._processor.id_to_piece(int(i))
 

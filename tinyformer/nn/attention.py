@@ -2,7 +2,8 @@
 
 from .. import functional as F
 from ..ops import concat
-from .layers import Linear, _check_positive
+from ..validation import check_int, check_probability
+from .layers import Linear
 from .module import Module
 
 __all__ = ["MultiHeadAttention"]
@@ -25,13 +26,13 @@ class MultiHeadAttention(Module):
     def __init__(self, d_model, heads, dropout=0.0, generator=None, dropout_generator=None,
                  keep_attention=False):
         super().__init__()
-        _check_positive("d_model", d_model)
-        _check_positive("heads", heads)
+        check_int("d_model", d_model, 1)
+        check_int("heads", heads, 1)
         if d_model % heads:
             raise ValueError(
                 f"MultiHeadAttention: d_model={d_model} is not divisible by heads={heads}"
             )
-        F._check_probability(dropout, "MultiHeadAttention: dropout")
+        check_probability("MultiHeadAttention: dropout", dropout)
         self.d_model, self.heads, self.d_k, self.dropout = d_model, heads, d_model // heads, dropout
         self.dropout_generator = dropout_generator
         self.w_q = Linear(d_model, d_model, generator=generator)

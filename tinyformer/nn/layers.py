@@ -4,6 +4,7 @@ import math
 
 from .. import functional as F
 from ..tensor import Tensor
+from ..validation import check_int, check_probability, check_real
 from . import init
 from .module import Module, Parameter
 
@@ -12,18 +13,13 @@ __all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "PositionalEncoding",
            "PositionwiseFeedForward"]
 
 
-def _check_positive(name, value):
-    if not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 class Linear(Module):
     """y = x Wᵀ + b, W of shape (out_features, in_features), Xavier-uniform, b zero."""
 
     def __init__(self, in_features, out_features, bias=True, generator=None):
         super().__init__()
-        _check_positive("in_features", in_features)
-        _check_positive("out_features", out_features)
+        check_int("in_features", in_features, 1)
+        check_int("out_features", out_features, 1)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(init.xavier_uniform(out_features, in_features, generator))
         self.bias = Parameter(init.zeros(out_features)) if bias else None
@@ -40,8 +36,8 @@ class Embedding(Module):
 
     def __init__(self, vocab_size, d_model, generator=None):
         super().__init__()
-        _check_positive("vocab_size", vocab_size)
-        _check_positive("d_model", d_model)
+        check_int("vocab_size", vocab_size, 1)
+        check_int("d_model", d_model, 1)
         self.vocab_size, self.d_model = vocab_size, d_model
         self.weight = Parameter(init.normal((vocab_size, d_model), d_model ** -0.5, generator))
 
@@ -57,8 +53,8 @@ class LayerNorm(Module):
 
     def __init__(self, d_model, eps=1e-5):
         super().__init__()
-        _check_positive("d_model", d_model)
-        F._check_eps(eps, "LayerNorm: eps")
+        check_int("d_model", d_model, 1)
+        check_real("LayerNorm: eps", eps, 0)
         self.d_model, self.eps = d_model, eps
         self.weight = Parameter(init.ones(d_model))
         self.bias = Parameter(init.zeros(d_model))
@@ -77,7 +73,7 @@ class Dropout(Module):
 
     def __init__(self, p=0.1, generator=None):
         super().__init__()
-        F._check_probability(p, "Dropout: p")
+        check_probability("Dropout: p", p)
         self.p, self.generator = p, generator
 
     def forward(self, x):
@@ -92,16 +88,15 @@ class _Positions(Module):
 
     def __init__(self, d_model, max_len):
         super().__init__()
-        _check_positive("d_model", d_model)
-        _check_positive("max_len", max_len)
+        check_int("d_model", d_model, 1)
+        check_int("max_len", max_len, 1)
         self.d_model, self.max_len = d_model, max_len
 
     def _check(self, x, offset):
         if x.ndim < 2:
             raise ValueError(f"{type(self).__name__}: input must be (batch, len, d_model) or (len, d_model), "
                              f"got shape {x.shape}")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"{type(self).__name__}: offset must be an integer >= 0, got {offset!r}")
+        check_int(f"{type(self).__name__}: offset", offset, 0)
         length = x.shape[-2]
         if offset + length > self.max_len:
             raise ValueError(
@@ -168,8 +163,8 @@ class PositionwiseFeedForward(Module):
 
     def __init__(self, d_model, d_ff, dropout=0.0, generator=None):
         super().__init__()
-        _check_positive("d_model", d_model)
-        _check_positive("d_ff", d_ff)
+        check_int("d_model", d_model, 1)
+        check_int("d_ff", d_ff, 1)
         self.linear1 = Linear(d_model, d_ff, generator=generator)
         self.linear2 = Linear(d_ff, d_model, generator=generator)
         self.dropout = Dropout(dropout)

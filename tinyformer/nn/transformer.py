@@ -1,9 +1,8 @@
 """Encoder and decoder stacks and the full Transformer (§3.1, §3.4, §3.5)."""
 
-import numbers
-
 from .. import functional as F
 from ..random import make_generator
+from ..validation import check_int, check_probability, check_real, is_integer
 from .attention import MultiHeadAttention
 from .layers import (POSITIONAL_KINDS, Dropout, Embedding, LayerNorm, PositionwiseFeedForward,
                      positional_encoding, scale_embedding)
@@ -152,14 +151,11 @@ class Transformer(Module):
             label_smoothing=label_smoothing, max_len=max_len, pad_id=pad_id,
             norm_first=norm_first, eps=eps, seed=seed, positional=positional,
         )
-        if not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+        check_int("num_layers", num_layers, 1)
         for name, p in (("dropout", dropout), ("attention_dropout", attention_dropout),
                         ("activation_dropout", activation_dropout)):
-            F._check_probability(p, f"Transformer: {name}")
-        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
-                or not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"Transformer: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
+            check_probability(f"Transformer: {name}", p)
+        check_real("Transformer: label_smoothing", label_smoothing, 0, 1)
         if positional not in POSITIONAL_KINDS:
             raise ValueError(f"Transformer: positional must be one of "
                              f"{', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {positional!r}")
@@ -170,7 +166,7 @@ class Transformer(Module):
         self.src_embed = Embedding(src_vocab_size, d_model, generator)
         self.tgt_embed = self.src_embed if self.shared_vocab else Embedding(tgt_vocab_size, d_model, generator)
         vocab = min(self.src_vocab_size, self.tgt_vocab_size)
-        if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral) or not 0 <= pad_id < vocab:
+        if not is_integer(pad_id) or not 0 <= pad_id < vocab:
             raise ValueError(f"Transformer: pad_id must be an id of the vocabulary, 0 <= pad_id < {vocab}, "
                              f"got {pad_id!r}")
         self.positional = None  # set below; assigned here to keep its place among the modules

@@ -7,6 +7,7 @@ import numpy
 
 from .. import backend
 from ..tensor import Function, Tensor
+from ..validation import is_integer
 from ._helpers import operand, shape_of, sum_to_shape
 
 
@@ -147,7 +148,7 @@ def reshape(x, *shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
     shape = tuple(shape)
-    if not all(isinstance(n, (int, numpy.integer)) and not isinstance(n, bool) for n in shape):
+    if not all(is_integer(n) for n in shape):
         raise TypeError(f"reshape: sizes must be integers, got {shape} for a tensor of shape {x.shape}")
     return Reshape.apply(x, shape=shape)
 
