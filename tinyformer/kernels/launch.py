@@ -9,12 +9,17 @@ from .. import backend
 from . import emulation, registry, toolchain
 
 
-@functools.lru_cache(maxsize=None)
 def _module(source):
-    """Compiled once per process (CuPy also caches the binary on disk) with every instantiation."""
+    """Every instantiation of ``source``, compiled with the registry's geometry as it is now."""
     headers = toolchain.cuda_include_dirs(backend.cuda_runtime_major())
-    options = ["-std=c++17", f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in headers]
-    return backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
+    options = ["-std=c++17", f"-I{registry.KERNEL_DIR}", *(f"-I{d}" for d in headers), *registry.compile_options()]
+    return _compiled(source, tuple(options), tuple(registry.instantiations(source)))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(source, options, expressions):
+    """Compiled once per process and geometry (CuPy also caches the binary on disk)."""
+    return backend.raw_module(registry.read_source(source), list(options), list(expressions))
 
 
 def function(kernel, dtype, head_dim=None, gpu=True):
