@@ -9,24 +9,20 @@ from .. import backend
 from . import emulation, registry, toolchain
 
 
-def _module(source):
-    """Every instantiation of ``source``, compiled with the registry's geometry as it is now."""
+@functools.lru_cache(maxsize=None)
+def _module(source, geometry):
+    """Every instantiation of ``source``, compiled once per process and ``registry.geometry()``
+    (CuPy also caches the binary on disk)."""
     headers = toolchain.cuda_include_dirs(backend.cuda_runtime_major())
     options = ["-std=c++17", f"-I{registry.KERNEL_DIR}", *(f"-I{d}" for d in headers), *registry.compile_options()]
-    return _compiled(source, tuple(options), tuple(registry.instantiations(source)))
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(source, options, expressions):
-    """Compiled once per process and geometry (CuPy also caches the binary on disk)."""
-    return backend.raw_module(registry.read_source(source), list(options), list(expressions))
+    return backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
 
 
 def function(kernel, dtype, head_dim=None, gpu=True):
     """The callable ``f(grid, block, args)`` for ``kernel`` instantiated for ``dtype`` (and ``head_dim``)."""
     expression = registry.name_expression(kernel, dtype, head_dim)
     if gpu:
-        return _module(registry.source_of(kernel)).get_function(expression)
+        return _module(registry.source_of(kernel), registry.geometry()).get_function(expression)
     if registry.cuda_type(dtype) != "float":
         raise TypeError(f"{expression}: the CPU emulation runs the float32 kernels only")
     return emulation.function(expression)

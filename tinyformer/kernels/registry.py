@@ -59,6 +59,11 @@ def compile_options():
     return [f"-D{name}={value}" for name, value in definitions.items()]
 
 
+def geometry():
+    """Every geometry value the sources are compiled with, as a hashable key (a compiled module's)."""
+    return tuple(compile_options()) + tuple(ATTENTION_ROWS_PER_WARP.items())
+
+
 def _check_geometry():
     """The few relations the kernels rely on, so that a changed value fails here and not on a GPU."""
     if ROW_BLOCK % WARP_SIZE or not WARP_SIZE <= ROW_BLOCK <= 1024:
