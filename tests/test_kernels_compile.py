@@ -38,7 +38,8 @@ def test_attention_kernels_do_not_spill_at_their_default_tiles(reports):
 def _expected_shared_bytes(expression):
     """Static shared memory the registry's geometry gives each kernel (float words, as the sources declare it)."""
     name, args = expression.split("<")
-    warps, keys, row_warps = registry.ATTENTION_WARPS, registry.ATTENTION_KEY_TILE, registry.ROW_BLOCK // registry.WARP_SIZE
+    warps, keys = registry.ATTENTION_WARPS, registry.ATTENTION_KEY_TILE
+    row_warps = registry.ROW_BLOCK // registry.WARP_SIZE
     if name.startswith("attention_") and name != "attention_backward_delta":
         dim, rows = (int(a) for a in args.rstrip(">").split(", ")[1:])
         block_rows = warps * rows

@@ -67,7 +67,8 @@ def _compiler():
 
 def compile_flags(sanitize):
     """g++ flags: the registry's geometry as defines, as NVRTC gets them."""
-    flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}", *registry.compile_options()]
+    flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}",
+             *registry.compile_options()]
     return flags + (["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else ["-O2"])
 
 

@@ -36,7 +36,8 @@ __global__ void layer_norm_forward(const T* __restrict__ x, const T* __restrict_
     float rstd = 1.0f / sqrtf(variance + eps);
     if (!isfinite(mean) || !isfinite(variance)) {  // block-uniform: every thread holds the same sums
         float largest = 0.0f;
-        for (int j = threadIdx.x; j < cols; j += blockDim.x) largest = fmaxf(largest, fabsf(tf::to_float(x[offset + j])));
+        for (int j = threadIdx.x; j < cols; j += blockDim.x)
+            largest = fmaxf(largest, fabsf(tf::to_float(x[offset + j])));
         const float scale = tf::block_max(largest, scratch);
         if (isfinite(scale) && scale > 0.0f) {  // an infinite or NaN input keeps its NaN statistics
             const float inv_scale = 1.0f / scale;

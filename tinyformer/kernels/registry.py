@@ -67,7 +67,8 @@ def geometry():
 def _check_geometry():
     """The few relations the kernels rely on, so that a changed value fails here and not on a GPU."""
     if ROW_BLOCK % WARP_SIZE or not WARP_SIZE <= ROW_BLOCK <= 1024:
-        raise ValueError(f"registry.ROW_BLOCK must be a multiple of {WARP_SIZE} in [{WARP_SIZE}, 1024], got {ROW_BLOCK}")
+        raise ValueError(f"registry.ROW_BLOCK must be a multiple of {WARP_SIZE} in [{WARP_SIZE}, 1024], "
+                         f"got {ROW_BLOCK}")
     if ATTENTION_KEY_TILE != WARP_SIZE:
         raise ValueError(f"registry.ATTENTION_KEY_TILE must equal WARP_SIZE ({WARP_SIZE}): one key per lane")
     if not 1 <= ATTENTION_WARPS * WARP_SIZE <= 1024:
