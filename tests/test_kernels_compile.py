@@ -35,11 +35,46 @@ def test_attention_kernels_do_not_spill_at_their_default_tiles(reports):
     assert max(r.shared_bytes for r in attention) <= 48 * 1024  # static shared memory limit
 
 
+def _expected_shared_bytes(expression):
+    """Static shared memory the registry's geometry gives each kernel (float words, as the sources declare it)."""
+    name, args = expression.split("<")
+    warps, keys = registry.ATTENTION_WARPS, registry.ATTENTION_KEY_TILE
+    row_warps = registry.ROW_BLOCK // registry.WARP_SIZE
+    if name.startswith("attention_") and name != "attention_backward_delta":
+        dim, rows = (int(a) for a in args.rstrip(">").split(", ")[1:])
+        block_rows = warps * rows
+        words = {"attention_forward": block_rows * dim + keys * (dim + 1) + keys * dim,
+                 "attention_backward_kv": 2 * block_rows * dim + 2 * keys * (dim + 1) + 2 * keys,
+                 "attention_backward_q": 2 * block_rows * dim + 2 * keys * (dim + 1)}[name]
+    else:  # the row kernels' reduction scratch: one float (or max-sum pair) per warp of the row block
+        words = {"softmax_forward": 2, "softmax_backward": 1, "cross_entropy_forward": 3, "layer_norm_forward": 1,
+                 "layer_norm_backward_input": 1}.get(name, 0) * row_warps
+    return 4 * words
+
+
+def test_compiled_kernels_use_the_registry_geometry(reports):
+    """The tiles and scratch arrays the compiler reports are those of the registry's block sizes."""
+    for r in reports:
+        assert r.shared_bytes == _expected_shared_bytes(r.expression), r.expression
+
+
+def test_a_changed_registry_geometry_reaches_the_compiled_kernels(monkeypatch):
+    nvrtc = _nvrtc_or_skip()
+    monkeypatch.setattr(registry, "ROW_BLOCK", 512)
+    monkeypatch.setattr(registry, "ATTENTION_WARPS", 2)
+    monkeypatch.setattr(registry, "ATTENTION_ROWS_PER_WARP", {32: 8, 64: 3, 128: 1})
+    reports = compile_check.compile_all(("sm_80",), sources=["softmax.cu", "attention.cu"], nvrtc=nvrtc)
+    assert "attention_forward<float, 64, 3>" in {r.expression for r in reports}
+    for r in reports:
+        assert r.shared_bytes == _expected_shared_bytes(r.expression), r.expression
+    assert {r.expression: r.shared_bytes for r in reports}["softmax_backward<float>"] == 4 * 512 // 32
+
+
 def test_compile_check_command_prints_the_table(capsys):
     _nvrtc_or_skip()
     assert compile_check.main(["-v", "--arch", "sm_90"]) == 0
     out = capsys.readouterr().out
-    assert "attention_forward<__nv_bfloat16, 128>" in out and "spill" in out
+    assert "attention_forward<__nv_bfloat16, 128, 2>" in out and "spill" in out
 
 
 def test_a_compile_error_names_the_source_and_shows_the_log():

@@ -1,5 +1,6 @@
 """The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
-the NumPy references in functional/optim. These run in CI, where there is no GPU.
+the NumPy references in functional/optim (the cases of tinyformer/kernels/cases.py). These
+run in CI, where there is no GPU.
 
 The emulation runs every CUDA thread as an OS thread, so shapes are small. The whole file
 runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
@@ -15,12 +16,10 @@ import pytest
 
 import tinyformer
 from tinyformer import Tensor, functional as F, kernels
-from tinyformer.kernels import ops
+from tinyformer.kernels import cases, launch, ops, registry
+from tinyformer.kernels.cases import Device, rand
 from tinyformer.kernels.philox import philox4x32_10, philox_uniform
 from tinyformer.optim import Adam
-
-from kernel_cases import (Device, adam_case, attention_case, cross_entropy_case, dropout_case, layer_norm_case, rand,
-                          softmax_case)
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")
@@ -31,24 +30,76 @@ CPU = Device("cpu")
 @pytest.mark.parametrize("cols", [1, 7, 64, 129, 1000])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_kernel_matches_reference(cols, log):
-    softmax_case(CPU, 3, cols, log, seed=cols)
+    cases.softmax(CPU, 3, cols, log, seed=cols).check()
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1), (5, 7), (3, 64), (130, 129), (2, 1000)])
 def test_layer_norm_kernel_matches_reference(rows, cols):
-    layer_norm_case(CPU, rows, cols, seed=rows * cols)
+    cases.layer_norm(CPU, rows, cols, seed=rows * cols).check()
+
+
+@pytest.mark.parametrize("cols", [37, 300])
+def test_layer_norm_kernel_rescales_rows_whose_float32_statistics_overflow(cols):
+    """Rows near 1e20 (Σ (x − μ)² overflows float32) and 3e38 (Σ x overflows; x − μ too when the
+    signs are mixed) among normal rows match the float64 reference: not the bias, finite gradients."""
+    rng = np.random.default_rng(cols)
+    x = rand(rng, 6, cols, scale=2.0) + 1.5
+    x[1] = rng.uniform(-1, 1, cols) * 1e20
+    x[3] = rng.uniform(0.0, 1.0, cols) * 3e38
+    x[4] = rng.uniform(-1, 1, cols) * 3e38
+    x[5] = -rng.uniform(0.5, 1.0, cols) * 1e20
+    results = cases.layer_norm(CPU, 6, cols, seed=cols, x=x).check()
+    for name in ("y", "grad x", "grad w", "grad b", "mean", "rstd"):
+        assert np.isfinite(results[name]).all(), name
+    assert (results["rstd"] > 0).all()
+    assert np.abs(results["y"][[1, 3, 4, 5]]).max(axis=-1).min() > 0.5  # normalised rows, not the bias alone
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 129, 1000])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("ignore_index", [None, 0])
 def test_cross_entropy_kernel_matches_reference(vocab, smoothing, ignore_index):
-    cross_entropy_case(CPU, 9, vocab, smoothing, ignore_index, seed=vocab)
+    cases.cross_entropy(CPU, 9, vocab, smoothing, ignore_index, seed=vocab).check()
 
 
 def test_fused_adam_kernel_matches_reference_loop():
-    plan = adam_case(CPU, [(3, 5), (7,), (300,), (1,)], chunk_size=128)
+    plan = cases.adam(CPU, [(3, 5), (7,), (300,), (1,)], chunk_size=128).check()["plan"]
     assert plan.chunks == 6  # 300 elements in 3 chunks of 128
+
+
+def test_kernels_follow_a_changed_registry_geometry(monkeypatch):
+    """Other block sizes in the registry: the emulation is rebuilt with them, the launches use
+    them, and every kernel still matches its reference (a source that kept its own rows per warp
+    or warps per block would leave rows unprocessed)."""
+    monkeypatch.setattr(registry, "ROW_BLOCK", 64)
+    monkeypatch.setattr(registry, "COLUMN_BLOCK", 32)
+    monkeypatch.setattr(registry, "LAYER_NORM_ROWS_PER_CHUNK", 3)
+    monkeypatch.setattr(registry, "ADAM_BLOCK", 64)
+    monkeypatch.setattr(registry, "ADAM_CHUNK", 100)
+    monkeypatch.setattr(registry, "DROPOUT_MAX_BLOCKS", 3)
+    monkeypatch.setattr(registry, "ATTENTION_WARPS", 2)
+    monkeypatch.setattr(registry, "ATTENTION_ROWS_PER_WARP", {32: 1, 64: 3, 128: 5})
+    launches = []
+    original = launch.launch
+
+    def recording(kernel, dtype, grid, block, args, head_dim=None):
+        launches.append((kernel, tuple(grid), tuple(block)))
+        return original(kernel, dtype, grid, block, args, head_dim)
+
+    monkeypatch.setattr(launch, "launch", recording)
+    cases.softmax(CPU, 3, 1000, seed=1).check()
+    cases.layer_norm(CPU, 7, 300, seed=2, rows_per_chunk=None).check()
+    cases.cross_entropy(CPU, 5, 1000, 0.1, 0, seed=3).check()
+    assert cases.adam(CPU, [(300,), (7,)], chunk_size=None).check()["plan"].chunks == 4
+    cases.dropout(CPU, (4099,), 0.3, seed=4).check()
+    for dim in (32, 64, 128):
+        cases.attention(CPU, 1, 2, 13, 17, dim, lengths=[15], causal=True, rng_seed=dim).check()
+    blocks = {kernel: block for kernel, _, block in launches}
+    grids = {kernel: grid for kernel, grid, _ in launches}
+    assert blocks["softmax_forward"] == blocks["layer_norm_forward"] == blocks["dropout_forward"] == (64,)
+    assert blocks["layer_norm_backward_params"] == (32,) and grids["layer_norm_backward_params"] == (10, 3)
+    assert blocks["adam_update"] == (64,) and grids["dropout_forward"] == (3,)
+    assert blocks["attention_forward"] == (64,) and grids["attention_forward"] == (2, 2)  # 13 rows, 10 per block
 
 
 def test_adam_plan_refuses_mismatched_arrays():
@@ -59,30 +110,30 @@ def test_adam_plan_refuses_mismatched_arrays():
 
 @pytest.mark.parametrize("length", [1, 7, 64, 129])
 def test_attention_kernel_lengths(length):
-    attention_case(CPU, 1, 1, length, length, 32, rng_seed=length)
+    cases.attention(CPU, 1, 1, length, length, 32, rng_seed=length).check()
 
 
 @pytest.mark.parametrize("dim", [64, 128])
 def test_attention_kernel_head_dims(dim):
-    attention_case(CPU, 1, 2, 9, 11, dim, lengths=[8])
+    cases.attention(CPU, 1, 2, 9, 11, dim, lengths=[8]).check()
 
 
 def test_attention_kernel_causal_with_padding_odd_batch_and_heads():
-    attention_case(CPU, 3, 3, 19, 19, 32, lengths=[19, 5, 12], causal=True)
+    cases.attention(CPU, 3, 3, 19, 19, 32, lengths=[19, 5, 12], causal=True).check()
 
 
 def test_attention_kernel_causal_queries_aligned_with_last_keys():
-    attention_case(CPU, 1, 1, 5, 37, 32, causal=True)
+    cases.attention(CPU, 1, 1, 5, 37, 32, causal=True).check()
 
 
 def test_attention_kernel_fully_masked_rows_give_zero_output_and_gradient():
-    o, lse = attention_case(CPU, 2, 1, 6, 6, 32, lengths=[0, 6])
+    results = cases.attention(CPU, 2, 1, 6, 6, 32, lengths=[0, 6]).check()
+    o, lse = results["o"], results["lse"]
     assert not o[0].any() and np.isneginf(lse[0]).all()
 
 
-def test_attention_kernel_dropout_matches_reference_with_the_same_philox_mask(monkeypatch):
-    attention_case(CPU, 2, 1, 13, 40, 32, lengths=[40, 33], causal=True, dropout_p=0.3, seed=1234567,
-                   monkeypatch=monkeypatch)
+def test_attention_kernel_dropout_matches_reference_with_the_same_philox_mask():
+    cases.attention(CPU, 2, 1, 13, 40, 32, lengths=[40, 33], causal=True, dropout_p=0.3, seed=1234567).check()
 
 
 def test_attention_kernel_is_deterministic():
@@ -109,17 +160,17 @@ def test_attention_kernel_refuses_unsupported_head_dim_and_dtype():
 @pytest.mark.parametrize("p", [0.1, 0.5])
 @pytest.mark.parametrize("seed,offset", [(0, 0), (2 ** 63 - 25, 0), (987654321, 3)])
 def test_dropout_kernel_matches_the_philox_reference(n, p, seed, offset):
-    dropout_case(CPU, (n,), p, seed, offset, rng_seed=n)
+    cases.dropout(CPU, (n,), p, seed, offset, rng_seed=n).check()
 
 
 def test_dropout_kernel_masks_elements_in_c_order_of_any_shape():
-    keep = dropout_case(CPU, (3, 5, 7), 0.3, seed=11)
+    keep = cases.dropout(CPU, (3, 5, 7), 0.3, seed=11).check()["keep"]
     assert 0 < keep.sum() < keep.size
 
 
 def test_dropout_kernel_grid_stride(monkeypatch):
-    monkeypatch.setattr(ops, "_DROPOUT_MAX_BLOCKS", 2)  # 2 blocks of 256 threads stride over 1,025 groups
-    dropout_case(CPU, (4099,), 0.5, seed=3, offset=1)
+    monkeypatch.setattr(registry, "DROPOUT_MAX_BLOCKS", 2)  # 2 blocks of 256 threads stride over 1,025 groups
+    cases.dropout(CPU, (4099,), 0.5, seed=3, offset=1).check()
 
 
 def test_dropout_kernel_keeps_everything_at_p_zero():
@@ -235,7 +286,7 @@ def test_emulation_under_address_sanitizer():
     env = dict(os.environ, TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan,
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
     selection = ("attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or "
-                 "dropout_kernel or training_step")
+                 "dropout_kernel or registry_geometry or training_step")
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
                             env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,8 +1,8 @@
 """The CUDA kernels on a GPU against their NumPy references (skipped without a usable GPU).
 
-The same cases run on the CPU through the emulation in test_kernels_emulation.py; here they
-run on the real device, in float32, float16 and bfloat16 (tolerances in kernel_cases.py),
-at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
+The same cases (tinyformer/kernels/cases.py) run on the CPU through the emulation in
+test_kernels_emulation.py; here they run on the real device, in float32, float16 and bfloat16
+(tolerances in cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
 """
 
 import numpy as np
@@ -10,12 +10,10 @@ import pytest
 
 import tinyformer
 from tinyformer import Tensor, backend, functional as F
-from tinyformer.kernels import ops
+from tinyformer.kernels import cases, ops, registry
+from tinyformer.kernels.cases import Device, rand
 from tinyformer.kernels.philox import philox_uniform
 from tinyformer.optim import Adam
-
-from kernel_cases import (Device, adam_case, attention_case, cross_entropy_case, dropout_case, layer_norm_case, rand,
-                          softmax_case)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,24 +27,24 @@ LENGTHS = [1, 7, 64, 129, 1000]
 @pytest.mark.parametrize("cols", LENGTHS)
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_kernel(dtype, cols, log):
-    softmax_case(Device("cuda", dtype), 37, cols, log, seed=cols)
+    cases.softmax(Device("cuda", dtype), 37, cols, log, seed=cols).check()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", LENGTHS)
 def test_layer_norm_kernel(dtype, cols):
-    layer_norm_case(Device("cuda", dtype), 300, cols, seed=cols)
+    cases.layer_norm(Device("cuda", dtype), 300, cols, seed=cols).check()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", [7, 1000, 8000])
 @pytest.mark.parametrize("smoothing,ignore_index", [(0.0, None), (0.1, 0)])
 def test_cross_entropy_kernel(dtype, vocab, smoothing, ignore_index):
-    cross_entropy_case(Device("cuda", dtype), 129, vocab, smoothing, ignore_index, seed=vocab)
+    cases.cross_entropy(Device("cuda", dtype), 129, vocab, smoothing, ignore_index, seed=vocab).check()
 
 
 def test_fused_adam_kernel():
-    adam_case(Device("cuda"), [(512, 512), (7,), (70000,), (1,)], chunk_size=65536)
+    cases.adam(Device("cuda"), [(512, 512), (7,), (70000,), (1,)], chunk_size=registry.ADAM_CHUNK).check()
 
 
 def test_global_gradient_norm_and_clipping_on_the_gpu_equal_the_cpu():
@@ -69,26 +67,26 @@ def test_global_gradient_norm_and_clipping_on_the_gpu_equal_the_cpu():
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("dim", [32, 64, 128])
 def test_attention_kernel_lengths_and_head_dims(dtype, length, dim):
-    attention_case(Device("cuda", dtype), 2, 3, length, length, dim, rng_seed=length)
+    cases.attention(Device("cuda", dtype), 2, 3, length, length, dim, rng_seed=length).check()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_kernel_causal_with_padding_odd_batch_and_heads(dtype):
-    attention_case(Device("cuda", dtype), 5, 3, 129, 129, 64, lengths=[129, 1, 64, 100, 7], causal=True)
+    cases.attention(Device("cuda", dtype), 5, 3, 129, 129, 64, lengths=[129, 1, 64, 100, 7], causal=True).check()
 
 
 def test_attention_kernel_fully_masked_rows():
-    o, lse = attention_case(Device("cuda"), 3, 2, 7, 7, 64, lengths=[0, 7, 3])
+    results = cases.attention(Device("cuda"), 3, 2, 7, 7, 64, lengths=[0, 7, 3]).check()
+    o, lse = results["o"], results["lse"]
     assert not o[:2].any() and np.isneginf(lse[:2]).all()
 
 
 def test_attention_kernel_causal_aligned_with_last_keys():
-    attention_case(Device("cuda"), 2, 2, 7, 1000, 64, lengths=[1000, 500], causal=True)
+    cases.attention(Device("cuda"), 2, 2, 7, 1000, 64, lengths=[1000, 500], causal=True).check()
 
 
-def test_attention_kernel_dropout_matches_the_philox_reference(monkeypatch):
-    attention_case(Device("cuda"), 2, 2, 64, 129, 64, lengths=[129, 70], causal=True, dropout_p=0.1, seed=42,
-                   monkeypatch=monkeypatch)
+def test_attention_kernel_dropout_matches_the_philox_reference():
+    cases.attention(Device("cuda"), 2, 2, 64, 129, 64, lengths=[129, 70], causal=True, dropout_p=0.1, seed=42).check()
 
 
 def test_attention_kernel_repeated_runs_are_identical():
@@ -122,12 +120,12 @@ def test_unsupported_head_dim_falls_back_to_the_reference_and_ops_refuse_it():
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 1000, 4099, 1_000_003])
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout_kernel(dtype, n, p):
-    dropout_case(Device("cuda", dtype), (n,), p, seed=2 ** 62 + n, offset=n % 3, rng_seed=n)
+    cases.dropout(Device("cuda", dtype), (n,), p, seed=2 ** 62 + n, offset=n % 3, rng_seed=n).check()
 
 
 def test_dropout_kernel_grid_stride(monkeypatch):
-    monkeypatch.setattr(ops, "_DROPOUT_MAX_BLOCKS", 3)  # 3 blocks of 256 threads stride over 25,001 groups
-    dropout_case(Device("cuda"), (100_001,), 0.2, seed=17, offset=1)
+    monkeypatch.setattr(registry, "DROPOUT_MAX_BLOCKS", 3)  # 3 blocks of 256 threads stride over 25,001 groups
+    cases.dropout(Device("cuda"), (100_001,), 0.2, seed=17, offset=1).check()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -11,11 +11,12 @@ Parameters initialised to a constant (LayerNorm's gain 1 and bias 0, the Linear
 biases 0) are moved off it first: with a gain of exactly 1 a backward that forgets
 the gain would pass.
 
-The ``kernel_*`` cases (``KERNEL_CASES``) compare a CUDA kernel of
-``tinyformer.kernels.ops``, in float32, with the NumPy reference of ``functional``
-(or ``optim.Adam``) in float64 on the same values: outputs and gradients for a
-random upstream gradient. On "cuda" the compiled kernel runs; on "cpu" its very
-source runs through the C++ emulation (``kernels/emulation.py``, needs g++).
+The ``kernel_*`` cases (``KERNEL_CASES``) run cases of the kernel harness,
+``tinyformer.kernels.cases``, in float32: a CUDA kernel of ``tinyformer.kernels.ops``
+against the NumPy reference of ``functional`` (or ``optim.Adam``) in float64 on the
+same values, outputs and gradients for a random upstream gradient. On "cuda" the
+compiled kernel runs; on "cpu" its very source runs through the C++ emulation
+(``kernels/emulation.py``, needs g++).
 """
 
 import math
@@ -26,8 +27,9 @@ import numpy
 
 from . import backend, functional as F, nn
 from .gradcheck import gradcheck
+from .kernels import cases as kernel_cases
 from .random import make_generator
-from .tensor import Tensor, grad
+from .tensor import Tensor
 
 __all__ = ["Case", "Row", "CASES", "KERNEL_CASES", "TOLERANCES", "names", "run", "format_table"]
 
@@ -39,7 +41,8 @@ TOLERANCE_NOTE = (f"float64 inputs, random upstream gradients, eps={TOLERANCES['
 
 
 class Case(NamedTuple):
-    """A named check: ``build(mode, device)`` gives ``(fn, inputs)`` (kernel cases: a list of comparisons)."""
+    """A named check: ``build(mode, device)`` gives ``(fn, inputs)``; a kernel case's ``build(device)``
+    gives a ``kernels.cases.KernelRun``."""
 
     name: str
     about: str
@@ -283,176 +286,67 @@ def format_table(rows):
 
 
 # ------------------------------------------------------------------ CUDA kernels against NumPy
-KERNEL_RTOL, KERNEL_ATOL = 1e-4, 2e-5
-"""float32 kernels against the float64 reference: |kernel − reference| ≤ atol + rtol·|reference|."""
-KERNEL_TOLERANCE_NOTE = (f"kernel_* rows: the float32 kernel against the float64 NumPy reference, pass when "
-                         f"|kernel - reference| <= {KERNEL_ATOL:g} + {KERNEL_RTOL:g} * |reference|")
+def _kernel_tolerance_note():
+    rtol, atol = kernel_cases.TOLERANCE["float32"]
+    return (f"kernel_* rows: the float32 kernel against the float64 NumPy reference on the same values "
+            f"(kernels/cases.py), pass when |kernel - reference| <= atol + rtol * |reference|: outputs rtol {rtol:g}, "
+            f"atol {atol:g}, gradients both x{kernel_cases.GRAD_FACTOR['float32']:g}; some comparisons have their own "
+            f"(a failure names it)")
+
+
+KERNEL_TOLERANCE_NOTE = _kernel_tolerance_note()
 
 
 def _compare_kernel(case, device):
     """Run a kernel case: (inputs, max abs err, max rel err, passed, detail)."""
-    described, pairs = case.build(device)
-    worst_abs = worst_rel = 0.0
-    failures = []
-    for label, actual, expected in pairs:
-        actual = backend.to_numpy(actual).astype(numpy.float64)
-        expected = numpy.asarray(expected, dtype=numpy.float64)
-        if actual.shape != expected.shape:
-            failures.append(f"{label}: shape {actual.shape}, reference {expected.shape}")
-            continue
-        error = numpy.abs(actual - expected)
-        allowed = KERNEL_ATOL + KERNEL_RTOL * numpy.abs(expected)
-        if error.size:
-            worst_abs = max(worst_abs, float(error.max()), key=_nan_last)
-            worst_rel = max(worst_rel, float((error / (numpy.abs(expected) + KERNEL_ATOL)).max()), key=_nan_last)
-        bad = ~(error <= allowed)
-        if bad.any():
-            at = numpy.unravel_index(int(numpy.argmax(numpy.where(bad, error, -1.0))), error.shape)
-            failures.append(f"{label}: {int(bad.sum())} of {error.size} values off, worst at {at}: "
-                            f"kernel {actual[at]:.7g}, reference {expected[at]:.7g}")
-    detail = "" if not failures else "\n".join(
-        [f"tolerance |kernel - reference| <= {KERNEL_ATOL:g} + {KERNEL_RTOL:g} * |reference|"] + failures)
-    return described, worst_abs, worst_rel, not failures, detail
+    run = case.build(device)
+    worst_abs, worst_rel = run.max_errors()
+    failures = run.failures
+    detail = "\n".join([f"{len(failures)} of {len(run.comparisons)} comparisons off:", *failures]) if failures else ""
+    return run.inputs, worst_abs, worst_rel, not failures, detail
 
 
-def _float32(device, rng, *shape, scale=1.0, shift=0.0):
-    """Random float32 values as (kernel input on ``device``, float64 host copy of the same values)."""
-    host = (rng.standard_normal(shape) * scale + shift).astype(numpy.float32)
-    return backend.to_device(host, device), host.astype(numpy.float64)
-
-
-def _reference(fn, arrays, upstream):
-    """Outputs and input gradients of ``fn`` on float64 NumPy tensors for upstream gradients ``upstream``."""
-    tensors = [Tensor(a, requires_grad=True) for a in arrays]
-    outputs = fn(*tensors)
-    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-    grads = grad(outputs, tensors, [numpy.asarray(u, dtype=numpy.float64) for u in upstream])
-    return [o.data for o in outputs], grads
-
-
-def _softmax_kernel(device, log):
-    from .kernels import ops
-
-    rng = _rng(40 + log)
-    (x, x64), (g, g64) = _float32(device, rng, 6, 37, scale=3.0), _float32(device, rng, 6, 37)
-    (expected,), (expected_grad,) = _reference(F.log_softmax if log else F.softmax, [x64], [g64])
-    y = ops.softmax_forward(x, log=log)
-    return "x (6,37)", [("output", y, expected), ("grad x", ops.softmax_backward(y, g, log=log), expected_grad)]
+def _float32(device):
+    return kernel_cases.Device(device, "float32")
 
 
 @_register(KERNEL_CASES, "kernel_softmax", "softmax.cu forward and backward against F.softmax")
 def _kernel_softmax(device):
-    return _softmax_kernel(device, log=False)
+    return kernel_cases.softmax(_float32(device), 6, 37, seed=40)
 
 
 @_register(KERNEL_CASES, "kernel_log_softmax", "softmax.cu (log) forward and backward against F.log_softmax")
 def _kernel_log_softmax(device):
-    return _softmax_kernel(device, log=True)
+    return kernel_cases.softmax(_float32(device), 6, 37, log=True, seed=41)
 
 
 @_register(KERNEL_CASES, "kernel_layer_norm", "layer_norm.cu forward and the three backward kernels")
 def _kernel_layer_norm(device):
-    from .kernels import ops
-
-    rng = _rng(42)
-    x, x64 = _float32(device, rng, 10, 48, scale=2.0, shift=1.5)
-    (w, w64), (b, b64), (g, g64) = (_float32(device, rng, *s) for s in ((48,), (48,), (10, 48)))
-    (expected,), (gx, gw, gb) = _reference(lambda x, w, b: F.layer_norm(x, w, b, 1e-5), [x64, w64, b64], [g64])
-    y, mean, rstd = ops.layer_norm_forward(x, w, b, 1e-5)
-    kx, kw, kb = ops.layer_norm_backward(x, w, g, mean, rstd, rows_per_chunk=4)
-    return "x (10,48) w,b (48,)", [("output", y, expected), ("grad x", kx, gx), ("grad w", kw, gw),
-                                   ("grad b", kb, gb)]
+    return kernel_cases.layer_norm(_float32(device), 10, 48, seed=42, rows_per_chunk=4)
 
 
 @_register(KERNEL_CASES, "kernel_cross_entropy",
            "cross_entropy.cu, label smoothing 0.1, ignore_index 0: per-row loss, NLL, log-sum-exp, gradient")
 def _kernel_cross_entropy(device):
-    from .kernels import ops
-
-    rng = _rng(43)
-    logits, logits64 = _float32(device, rng, 9, 50, scale=4.0)
-    target = rng.integers(0, 50, 9)
-    target[:2] = 0
-    keep = (target != 0).astype(numpy.float32)
-    g_loss, g_nll = (rng.standard_normal(9).astype(numpy.float32) * keep for _ in range(2))
-    (loss, nll), (expected_grad,) = _reference(
-        lambda z: F.cross_entropy(z, target, 0.1, 0, reduction="none", return_nll=True), [logits64], [g_loss, g_nll])
-    device_target = backend.to_device(target, device)
-    k_loss, k_nll, lse = ops.cross_entropy_forward(logits, device_target, 0.1, 0)
-    k_grad = ops.cross_entropy_backward(logits, device_target, lse, backend.to_device(g_loss, device),
-                                        backend.to_device(g_nll, device), 0.1, 0)
-    shift = logits64.max(axis=-1)
-    expected_lse = shift + numpy.log(numpy.exp(logits64 - shift[:, None]).sum(axis=-1))
-    return "logits (9,50)", [("loss", k_loss, loss), ("nll", k_nll, nll), ("lse", lse, expected_lse),
-                             ("grad logits", k_grad, expected_grad)]
-
-
-def _attention_kernel(device, batch, heads, len_q, len_k, dim, lengths, causal, seed):
-    """attention.cu on (batch·heads, len, dim) arrays against F.scaled_dot_product_attention."""
-    from .kernels import ops
-
-    rng = _rng(seed)
-    (q, q64), (k, k64), (v, v64), (g, g64) = (
-        _float32(device, rng, batch * heads, n, dim) for n in (len_q, len_k, len_k, len_q))
-    mask = None if lengths is None else _key_mask(lengths, len_k)
-
-    def four_d(a):
-        return a.reshape(batch, heads, a.shape[1], dim)
-
-    (expected,), grads = _reference(
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, causal), [four_d(a) for a in (q64, k64, v64)],
-        [four_d(g64)])
-    key_lengths = None if lengths is None else backend.to_device(numpy.asarray(lengths, numpy.int32), device)
-    args = dict(key_lengths=key_lengths, causal=causal)
-    o, lse = ops.attention_forward(q, k, v, heads, **args)
-    kq, kk, kv = ops.attention_backward(q, k, v, o, lse, g, heads, **args)
-    flat = [a.reshape(batch * heads, -1, dim) for a in (expected, *grads)]
-    return (f"q ({batch},{heads},{len_q},{dim}) k,v ({batch},{heads},{len_k},{dim})",
-            [("output", o, flat[0]), ("grad q", kq, flat[1]), ("grad k", kk, flat[2]), ("grad v", kv, flat[3])])
+    return kernel_cases.cross_entropy(_float32(device), 9, 50, 0.1, 0, seed=43)
 
 
 @_register(KERNEL_CASES, "kernel_attention_padding", "attention.cu with key lengths 7 and 3, head size 32")
 def _kernel_attention_padding(device):
-    return _attention_kernel(device, 2, 2, 5, 7, 32, [7, 3], False, 44)
+    return kernel_cases.attention(_float32(device), 2, 2, 5, 7, 32, lengths=[7, 3], rng_seed=44)
 
 
 @_register(KERNEL_CASES, "kernel_attention_causal", "attention.cu, causal, head size 64")
 def _kernel_attention_causal(device):
-    return _attention_kernel(device, 1, 2, 6, 6, 64, None, True, 45)
+    return kernel_cases.attention(_float32(device), 1, 2, 6, 6, 64, causal=True, rng_seed=45)
 
 
 @_register(KERNEL_CASES, "kernel_dropout",
            "dropout.cu, p 0.3: the keep mask against philox.py, the output against x ∘ keep / (1 − p)")
 def _kernel_dropout(device):
-    from .kernels import ops
-    from .kernels.philox import philox_uniform
-
-    x, x64 = _float32(device, _rng(47), 9, 130)
-    seed, p = 2 ** 62 + 47, 0.3
-    keep = (philox_uniform(seed, 0, numpy.arange(x64.size)) >= numpy.float32(p)).reshape(x64.shape)
-    y, kernel_keep = ops.dropout_forward(x, p, seed)
-    return "x (9,130)", [("keep", backend.to_numpy(kernel_keep).astype(numpy.float64), keep),
-                         ("output", y, x64 * keep / (1.0 - p))]
+    return kernel_cases.dropout(_float32(device), (9, 130), 0.3, 2 ** 62 + 47, rng_seed=47)
 
 
 @_register(KERNEL_CASES, "kernel_adam", "adam.cu: three fused steps against optim.Adam's NumPy loop")
 def _kernel_adam(device):
-    from .kernels import ops
-    from .optim import Adam
-
-    rng = _rng(46)
-    shapes = [(3, 5), (7,), (300,)]
-    start = [rng.standard_normal(s).astype(numpy.float32) for s in shapes]
-    reference = [Tensor(a.astype(numpy.float64), requires_grad=True) for a in start]
-    lr, betas, eps, decay = 0.01, (0.9, 0.98), 1e-9, 0.01
-    adam = Adam(reference, lr=lr, betas=betas, eps=eps, weight_decay=decay)
-    params = [backend.to_device(a.copy(), device) for a in start]
-    m, v = ([backend.to_device(numpy.zeros_like(a), device) for a in start] for _ in range(2))
-    for t in range(1, 4):
-        grads = [rng.standard_normal(s).astype(numpy.float32) for s in shapes]
-        for p, g in zip(reference, grads):
-            p.grad = g.astype(numpy.float64)
-        adam.step()
-        plan = ops.AdamPlan(params, [backend.to_device(g, device) for g in grads], m, v, chunk_size=128)
-        ops.adam_update(plan, lr / (1 - betas[0] ** t), *betas, 1 - betas[1] ** t, eps, decay)
-    return "3 params (15, 7, 300)", [(f"param {i}", p, r.data) for i, (p, r) in enumerate(zip(params, reference))]
+    return kernel_cases.adam(_float32(device), [(3, 5), (7,), (300,)], 128, seed=46)

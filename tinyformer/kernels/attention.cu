@@ -2,14 +2,16 @@
 // Reference: functional.ScaledDotProductAttention.
 //
 // Shapes: q (BH, Lq, D), k and v (BH, Lk, D), o (BH, Lq, D), all contiguous; BH = batch·heads.
-// The Lq × Lk score matrix never reaches global memory: each block streams tiles of 32 keys
-// through shared memory and keeps, per query row, the running maximum m, the running sum
+// The Lq × Lk score matrix never reaches global memory: each block streams tiles of keys
+// (one per lane) through shared memory and keeps, per query row, the running maximum m, the running sum
 // l = Σ exp(s − m) and the output accumulator (online softmax). It saves the row's
 // log-sum-exp, lse = m + log l, from which the backward recomputes the probabilities.
 //
-// Work split: a warp owns ROWS query rows (or key rows in the dK/dV kernel); within a key
-// tile, lane j scores key j, and for the products with V, K, Q or dO lane j owns the
-// columns j, j+32, ... of the head dimension (D/32 of them). No tensor cores: plain FMA.
+// Work split: a block has TF_ATTENTION_WARPS warps; a warp owns ROWS_PER_WARP query rows (or
+// key rows in the dK/dV kernel); within a key tile, lane j scores key j, and for the products
+// with V, K, Q or dO lane j owns the columns j, j+32, ... of the head dimension (D/32 of them).
+// The block sizes come from kernels/registry.py (defines and the ROWS_PER_WARP argument).
+// No tensor cores: plain FMA.
 //
 // Masks: key j of sequence b is visible to query i iff j < key_lengths[b] (when given) and,
 // if causal, j <= i + (Lk − Lq) (queries aligned with the last keys). A query that sees
@@ -22,14 +24,16 @@
 
 namespace tf_attention {
 
-constexpr int kWarps = 4;
-constexpr int kKeys = 32;  // keys per tile: one per lane
+using tf::kWarp;
+constexpr int kWarps = TF_ATTENTION_WARPS;
+constexpr int kKeys = TF_ATTENTION_KEY_TILE;
+static_assert(kKeys == kWarp, "a key tile holds one key per lane");
 
-template <int D>
+template <int D, int ROWS_PER_WARP>
 struct Shape {
-    static_assert(D % 32 == 0, "head dimension must be a multiple of 32");
-    static constexpr int kCols = D / 32;             // columns of the head dimension per lane
-    static constexpr int kRows = D >= 128 ? 2 : 4;   // rows per warp (fits 48 KB of shared memory)
+    static_assert(D % kWarp == 0, "head dimension must be a multiple of the warp");
+    static constexpr int kCols = D / kWarp;  // columns of the head dimension per lane
+    static constexpr int kRows = ROWS_PER_WARP;
     static constexpr int kBlockRows = kWarps * kRows;
 };
 
@@ -75,21 +79,21 @@ __device__ float dot_shared(const float* a, const float* b) {
 }  // namespace tf_attention
 
 // o = softmax(q kᵀ · scale + mask) v, and lse per query row (float, −inf for a fully masked row).
-// grid (BH, ceil(Lq / kBlockRows)), block 128.
-template <typename T, int HEAD_DIM>
+// grid (BH, ceil(Lq / kBlockRows)), block kWarps · kWarp.
+template <typename T, int HEAD_DIM, int ROWS_PER_WARP>
 __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                   T* __restrict__ o, float* __restrict__ lse, const int* __restrict__ key_lengths,
                                   int heads, int len_q, int len_k, int causal, float scale, float dropout_p,
                                   unsigned long long seed, unsigned long long offset) {
     using namespace tf_attention;
-    using S = Shape<HEAD_DIM>;
+    using S = Shape<HEAD_DIM, ROWS_PER_WARP>;
     constexpr int D = HEAD_DIM;
     __shared__ float q_rows[S::kBlockRows][D];
     __shared__ float k_tile[kKeys][D + 1];  // +1: lane j reads row j without bank conflicts
     __shared__ float v_tile[kKeys][D];
     const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
     const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const T* qb = q + (long long)bh * len_q * D;
     const T* kb = k + (long long)bh * len_k * D;
     const T* vb = v + (long long)bh * len_k * D;
@@ -125,7 +129,7 @@ __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__
             for (int c = 0; c < S::kCols; ++c) acc[r][c] *= correction;
             for (int src = 0; src < kKeys; ++src) {
                 const float weight = __shfl_sync(tf::kFullMask, p_out, src);
-                for (int c = 0; c < S::kCols; ++c) acc[r][c] += weight * v_tile[src][lane + 32 * c];
+                for (int c = 0; c < S::kCols; ++c) acc[r][c] += weight * v_tile[src][lane + kWarp * c];
             }
         }
     }
@@ -134,31 +138,33 @@ __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__
         if (i >= len_q) continue;
         const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
         for (int c = 0; c < S::kCols; ++c)
-            o[((long long)bh * len_q + i) * D + lane + 32 * c] = tf::from_float<T>(acc[r][c] * inv);
+            o[((long long)bh * len_q + i) * D + lane + kWarp * c] = tf::from_float<T>(acc[r][c] * inv);
         if (lane == 0) lse[(long long)bh * len_q + i] = row_sum[r] > 0.0f ? row_max[r] + logf(row_sum[r]) : -TF_INFINITY;
     }
 }
 
-// delta = rowsum(dO ∘ O), one warp per row of the (rows, D) matrices. grid ceil(rows / 4), block 128.
+// delta = rowsum(dO ∘ O), one warp per row of the (rows, D) matrices.
+// grid ceil(rows / warps per block), any whole number of warps per block.
 template <typename T, int HEAD_DIM>
 __global__ void attention_backward_delta(const T* __restrict__ o, const T* __restrict__ grad_o,
                                          float* __restrict__ delta, long long rows) {
+    using tf::kWarp;
     constexpr int D = HEAD_DIM;
-    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
     float s = 0.0f;
     if (row < rows)
-        for (int c = lane; c < D; c += 32) s += tf::to_float(o[row * D + c]) * tf::to_float(grad_o[row * D + c]);
+        for (int c = lane; c < D; c += kWarp) s += tf::to_float(o[row * D + c]) * tf::to_float(grad_o[row * D + c]);
     s = tf::warp_sum(s);
     if (row < rows && lane == 0) delta[row] = s;
 }
 
-// dK and dV for a block of keys, streaming tiles of 32 queries:
+// dK and dV for a block of keys, streaming tiles of kKeys queries:
 //   p = exp(s − lse), z = dropout scale, dP = (dO · v)·z, dS = p ∘ (dP − delta)
 //   dV_j = Σ_i p·z·dO_i,   dK_j = scale · Σ_i dS·q_i
 // Each key's sums run over queries in a fixed order: deterministic, no atomics.
-// grid (BH, ceil(Lk / kBlockRows)), block 128.
-template <typename T, int HEAD_DIM>
+// grid (BH, ceil(Lk / kBlockRows)), block kWarps · kWarp.
+template <typename T, int HEAD_DIM, int ROWS_PER_WARP>
 __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                       const T* __restrict__ grad_o, const float* __restrict__ lse,
                                       const float* __restrict__ delta, T* __restrict__ grad_k, T* __restrict__ grad_v,
@@ -166,7 +172,7 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
                                       float scale, float dropout_p, unsigned long long seed,
                                       unsigned long long offset) {
     using namespace tf_attention;
-    using S = Shape<HEAD_DIM>;
+    using S = Shape<HEAD_DIM, ROWS_PER_WARP>;
     constexpr int D = HEAD_DIM;
     __shared__ float k_rows[S::kBlockRows][D];
     __shared__ float v_rows[S::kBlockRows][D];
@@ -175,7 +181,7 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
     __shared__ float lse_tile[kKeys], delta_tile[kKeys];
     const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
     const int bh = blockIdx.x, first_key = blockIdx.y * S::kBlockRows;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;
 
     load_rows<T, D>(&k_rows[0][0], D, k + k_base * D, first_key, S::kBlockRows, len_k);
@@ -214,8 +220,8 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
                 const float p_src = __shfl_sync(tf::kFullMask, p, src);
                 const float ds_src = __shfl_sync(tf::kFullMask, ds, src);
                 for (int c = 0; c < S::kCols; ++c) {
-                    dv[r][c] += p_src * go_tile[src][lane + 32 * c];
-                    dk[r][c] += ds_src * q_tile[src][lane + 32 * c];
+                    dv[r][c] += p_src * go_tile[src][lane + kWarp * c];
+                    dk[r][c] += ds_src * q_tile[src][lane + kWarp * c];
                 }
             }
         }
@@ -224,15 +230,15 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
         const int j = first_key + warp * S::kRows + r;
         if (j >= len_k) continue;
         for (int c = 0; c < S::kCols; ++c) {
-            grad_k[(k_base + j) * D + lane + 32 * c] = tf::from_float<T>(dk[r][c] * scale);
-            grad_v[(k_base + j) * D + lane + 32 * c] = tf::from_float<T>(dv[r][c]);
+            grad_k[(k_base + j) * D + lane + kWarp * c] = tf::from_float<T>(dk[r][c] * scale);
+            grad_v[(k_base + j) * D + lane + kWarp * c] = tf::from_float<T>(dv[r][c]);
         }
     }
 }
 
-// dQ for a block of queries, streaming tiles of 32 keys: dQ_i = scale · Σ_j dS_ij k_j.
-// grid (BH, ceil(Lq / kBlockRows)), block 128.
-template <typename T, int HEAD_DIM>
+// dQ for a block of queries, streaming tiles of kKeys keys: dQ_i = scale · Σ_j dS_ij k_j.
+// grid (BH, ceil(Lq / kBlockRows)), block kWarps · kWarp.
+template <typename T, int HEAD_DIM, int ROWS_PER_WARP>
 __global__ void attention_backward_q(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                      const T* __restrict__ grad_o, const float* __restrict__ lse,
                                      const float* __restrict__ delta, T* __restrict__ grad_q,
@@ -240,7 +246,7 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
                                      float scale, float dropout_p, unsigned long long seed,
                                      unsigned long long offset) {
     using namespace tf_attention;
-    using S = Shape<HEAD_DIM>;
+    using S = Shape<HEAD_DIM, ROWS_PER_WARP>;
     constexpr int D = HEAD_DIM;
     __shared__ float q_rows[S::kBlockRows][D];
     __shared__ float go_rows[S::kBlockRows][D];
@@ -248,7 +254,7 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
     __shared__ float v_tile[kKeys][D + 1];
     const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
     const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;
 
     load_rows<T, D>(&q_rows[0][0], D, q + q_base * D, first_row, S::kBlockRows, len_q);
@@ -279,7 +285,7 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
             }
             for (int src = 0; src < kKeys; ++src) {
                 const float ds_src = __shfl_sync(tf::kFullMask, ds, src);
-                for (int c = 0; c < S::kCols; ++c) dq[r][c] += ds_src * k_tile[src][lane + 32 * c];
+                for (int c = 0; c < S::kCols; ++c) dq[r][c] += ds_src * k_tile[src][lane + kWarp * c];
             }
         }
     }
@@ -287,6 +293,6 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
         const int i = first_row + warp * S::kRows + r;
         if (i >= len_q) continue;
         for (int c = 0; c < S::kCols; ++c)
-            grad_q[(q_base + i) * D + lane + 32 * c] = tf::from_float<T>(dq[r][c] * scale);
+            grad_q[(q_base + i) * D + lane + kWarp * c] = tf::from_float<T>(dq[r][c] * scale);
     }
 }

@@ -4,7 +4,14 @@
 // and writes T. The same source also builds as plain C++ against cpu_emulation.h (where
 // TF_CPU_EMULATION is defined and only T = float is instantiated), so nothing here may
 // rely on a GPU-only feature outside the #ifndef below.
+//
+// Block sizes are not defined here or in any kernel source: kernels/registry.py passes them
+// at compile time (-DTF_WARP_SIZE=... etc., registry.compile_options()).
 #pragma once
+
+#if !defined(TF_WARP_SIZE) || !defined(TF_ROW_BLOCK) || !defined(TF_ATTENTION_WARPS) || !defined(TF_ATTENTION_KEY_TILE)
+#error "compile the kernels with the launch geometry of kernels/registry.py: registry.compile_options()"
+#endif
 
 #ifndef TF_CPU_EMULATION
 #include <cuda_fp16.h>
@@ -16,8 +23,11 @@
 
 namespace tf {
 
-constexpr int kWarp = 32;
+constexpr int kWarp = TF_WARP_SIZE;
 constexpr unsigned kFullMask = 0xffffffffu;
+static_assert(kWarp == 32, "the shuffles' full masks and the emulation's warps have 32 lanes");
+constexpr int kRowBlockWarps = TF_ROW_BLOCK / kWarp;  // warps of the largest row-kernel block
+static_assert(kRowBlockWarps * kWarp == TF_ROW_BLOCK, "the row block must be whole warps");
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 template <typename T> __device__ __forceinline__ T from_float(float x);
@@ -69,28 +79,29 @@ __device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
     return v;
 }
 
-// Block-wide reductions for blocks of up to 32 warps. `scratch` is __shared__ storage of
-// 32 entries; every thread of the block must call these (they contain __syncthreads).
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Block-wide reductions for blocks of up to TF_ROW_BLOCK threads. `scratch` is __shared__
+// storage of kRowBlockWarps entries; every thread of the block must call these (they contain
+// __syncthreads). `identity` is what a missing warp contributes.
+template <typename V, typename WarpReduce>
+__device__ __forceinline__ V block_reduce(V v, V* scratch, V identity, WarpReduce warp_reduce) {
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int warps = (blockDim.x + kWarp - 1) / kWarp;
-    v = warp_sum(v);
+    v = warp_reduce(v);
     __syncthreads();  // scratch may still be read by a previous call
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < warps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < warps ? scratch[lane] : identity;
+    return warp_reduce(v);
+}
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, warp_sum); }
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    return block_reduce(v, scratch, -TF_INFINITY, warp_max);
 }
 
 __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, MaxSum* scratch) {
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const int warps = (blockDim.x + kWarp - 1) / kWarp;
-    v = warp_max_sum(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < warps ? scratch[lane] : MaxSum{-TF_INFINITY, 0.0f};
-    return warp_max_sum(v);
+    return block_reduce(v, scratch, MaxSum{-TF_INFINITY, 0.0f}, warp_max_sum);
 }
 
 }  // namespace tf

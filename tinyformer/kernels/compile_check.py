@@ -113,7 +113,7 @@ def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None):
     for source in sources or registry.KERNELS:
         expressions = registry.instantiations(source)
         for arch in archs:
-            options = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes]
+            options = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
             log, lowered = nvrtc.compile(registry.read_source(source), source, expressions, options)
             stats = parse_ptxas(log)
             for expression in expressions:

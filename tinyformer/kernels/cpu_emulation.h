@@ -149,3 +149,4 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 using std::max;
 using std::min;
+using std::isfinite;

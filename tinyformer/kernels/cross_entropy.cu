@@ -12,8 +12,8 @@ template <typename T>
 __global__ void cross_entropy_forward(const T* __restrict__ logits, const long long* __restrict__ target,
                                       float* __restrict__ loss, float* __restrict__ nll, float* __restrict__ lse_out,
                                       int vocab, long long ignore_index, int has_ignore, float smoothing) {
-    __shared__ tf::MaxSum scratch[32];
-    __shared__ float sum_scratch[32];
+    __shared__ tf::MaxSum scratch[tf::kRowBlockWarps];
+    __shared__ float sum_scratch[tf::kRowBlockWarps];
     const long long row = blockIdx.x, offset = row * vocab;
     tf::MaxSum stats = {-TF_INFINITY, 0.0f};
     float total = 0.0f;

@@ -66,7 +66,9 @@ def _compiler():
 
 
 def compile_flags(sanitize):
-    flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}"]
+    """g++ flags: the registry's geometry as defines, as NVRTC gets them."""
+    flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}",
+             *registry.compile_options()]
     return flags + (["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else ["-O2"])
 
 
@@ -95,9 +97,9 @@ def build(sanitize=None):
     return library
 
 
-@functools.lru_cache(maxsize=2)
-def _library(sanitize):
-    return ctypes.CDLL(str(build(sanitize)))
+@functools.lru_cache(maxsize=None)
+def _library(path):
+    return ctypes.CDLL(str(path))
 
 
 def _c_value(arg):
@@ -113,10 +115,9 @@ def _c_value(arg):
 class EmulatedFunction:
     """Callable as ``function(grid, block, args)``, like a ``cupy.RawKernel``."""
 
-    def __init__(self, expression, sanitize=None):
-        sanitize = sanitize_requested() if sanitize is None else sanitize
+    def __init__(self, expression, library):
         self.expression = expression
-        self._launch = getattr(_library(sanitize), symbol(expression))
+        self._launch = getattr(_library(library), symbol(expression))
         self._launch.restype = None
 
     def __call__(self, grid, block, args):
@@ -126,6 +127,7 @@ class EmulatedFunction:
         self._launch(*(ctypes.c_uint(int(n)) for n in grid + block), pointers)
 
 
-@functools.lru_cache(maxsize=None)
 def function(expression):
-    return EmulatedFunction(expression)
+    """The emulated ``expression``, from the library built for the sources and the registry's
+    geometry as they are now (``build`` finds an existing one by its hash)."""
+    return EmulatedFunction(expression, build())

@@ -10,10 +10,11 @@ from . import emulation, registry, toolchain
 
 
 @functools.lru_cache(maxsize=None)
-def _module(source):
-    """Compiled once per process (CuPy also caches the binary on disk) with every instantiation."""
+def _module(source, geometry):
+    """Every instantiation of ``source``, compiled once per process and ``registry.geometry()``
+    (CuPy also caches the binary on disk)."""
     headers = toolchain.cuda_include_dirs(backend.cuda_runtime_major())
-    options = ["-std=c++17", f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in headers]
+    options = ["-std=c++17", f"-I{registry.KERNEL_DIR}", *(f"-I{d}" for d in headers), *registry.compile_options()]
     return backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
 
 
@@ -21,7 +22,7 @@ def function(kernel, dtype, head_dim=None, gpu=True):
     """The callable ``f(grid, block, args)`` for ``kernel`` instantiated for ``dtype`` (and ``head_dim``)."""
     expression = registry.name_expression(kernel, dtype, head_dim)
     if gpu:
-        return _module(registry.source_of(kernel)).get_function(expression)
+        return _module(registry.source_of(kernel), registry.geometry()).get_function(expression)
     if registry.cuda_type(dtype) != "float":
         raise TypeError(f"{expression}: the CPU emulation runs the float32 kernels only")
     return emulation.function(expression)

@@ -2,7 +2,8 @@
 
 Each function takes CuPy arrays (the GPU path) or NumPy float32 arrays (the same kernel
 through the CPU emulation, for tests) and returns arrays of the same kind. ``dtype`` names
-the element type when it is not the arrays' own: "bfloat16" for uint16 storage.
+the element type when it is not the arrays' own: "bfloat16" for uint16 storage. Block sizes
+and grids come from ``registry`` (read at each launch).
 """
 
 import math
@@ -11,10 +12,8 @@ import numpy
 
 from .. import backend
 from . import launch as _launch
+from . import registry
 from .registry import HEAD_DIMS, cuda_type
-
-_ROW_BLOCK = 256
-_WARPS = 4
 
 
 def _xp(*arrays):
@@ -29,11 +28,6 @@ def _element_dtype(array, dtype):
     if name != "bfloat16" and array.dtype.name != name:
         raise TypeError(f"array of dtype {array.dtype} passed as {name}")
     return name
-
-
-def _row_block(cols):
-    """Threads per row-block: a multiple of 32, at most 256, no more than the row needs."""
-    return max(32, min(_ROW_BLOCK, 32 * math.ceil(cols / 32)))
 
 
 def _rows(array, row_size):
@@ -62,7 +56,7 @@ def softmax_forward(x, log=False, dtype=None):
     rows = _rows(x, cols)
     y = _xp(x).empty_like(x)
     if rows and cols:
-        _launch.launch("softmax_forward", name, (rows,), (_row_block(cols),), (x, y, _i32(cols), _i32(log)))
+        _launch.launch("softmax_forward", name, (rows,), (registry.row_threads(cols),), (x, y, _i32(cols), _i32(log)))
     return y
 
 
@@ -73,7 +67,7 @@ def softmax_backward(y, grad_y, log=False, dtype=None):
     rows = _rows(y, cols)
     grad_x = _xp(y).empty_like(y)
     if rows and cols:
-        _launch.launch("softmax_backward", name, (rows,), (_row_block(cols),),
+        _launch.launch("softmax_backward", name, (rows,), (registry.row_threads(cols),),
                        (y, grad_y, grad_x, _i32(cols), _i32(log)))
     return grad_x
 
@@ -89,14 +83,15 @@ def layer_norm_forward(x, weight, bias, eps=1e-5, dtype=None):
     mean = xp.empty(rows, dtype=numpy.float32)
     rstd = xp.empty(rows, dtype=numpy.float32)
     if rows and cols:
-        _launch.launch("layer_norm_forward", name, (rows,), (_row_block(cols),),
+        _launch.launch("layer_norm_forward", name, (rows,), (registry.row_threads(cols),),
                        (x, weight, bias, y, mean, rstd, _i32(cols), _f32(eps)))
     return y, mean, rstd
 
 
 def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_params=True, dtype=None,
-                        rows_per_chunk=64):
-    """Returns (grad_x, grad_weight, grad_bias); an entry is None when not asked for."""
+                        rows_per_chunk=None):
+    """Returns (grad_x, grad_weight, grad_bias); an entry is None when not asked for.
+    ``rows_per_chunk`` (default ``registry.LAYER_NORM_ROWS_PER_CHUNK``): rows per block of dw/db's first stage."""
     x, weight, grad_y = _contiguous(x, weight, grad_y)
     name = _element_dtype(x, dtype)
     xp, cols = _xp(x), x.shape[-1]
@@ -105,14 +100,15 @@ def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_par
     if need_input:
         grad_x = xp.empty_like(x)
         if rows and cols:
-            _launch.launch("layer_norm_backward_input", name, (rows,), (_row_block(cols),),
+            _launch.launch("layer_norm_backward_input", name, (rows,), (registry.row_threads(cols),),
                            (x, weight, grad_y, mean, rstd, grad_x, _i32(cols)))
     if need_params:
+        rows_per_chunk = rows_per_chunk or registry.LAYER_NORM_ROWS_PER_CHUNK
         chunks = max(1, math.ceil(rows / rows_per_chunk))
         partial_w = xp.zeros((chunks, cols), dtype=numpy.float32)
         partial_b = xp.zeros((chunks, cols), dtype=numpy.float32)
         grad_w, grad_b = xp.empty_like(weight), xp.empty_like(weight)
-        threads = 128
+        threads = registry.COLUMN_BLOCK
         column_blocks = math.ceil(cols / threads)
         if rows and cols:
             _launch.launch("layer_norm_backward_params", name, (column_blocks, chunks), (threads,),
@@ -138,7 +134,7 @@ def cross_entropy_forward(logits, target, smoothing=0.0, ignore_index=None, dtyp
     target = _targets(target, xp)
     loss, nll, lse = (xp.empty(rows, dtype=numpy.float32) for _ in range(3))
     if rows:
-        _launch.launch("cross_entropy_forward", name, (rows,), (_row_block(vocab),),
+        _launch.launch("cross_entropy_forward", name, (rows,), (registry.row_threads(vocab),),
                        (logits, target, loss, nll, lse, _i32(vocab), numpy.int64(ignore_index or 0),
                         _i32(ignore_index is not None), _f32(smoothing)))
     return loss, nll, lse
@@ -154,20 +150,19 @@ def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0
     grad_loss, grad_nll = (xp.ascontiguousarray(g, dtype=numpy.float32) for g in (grad_loss, grad_nll))
     grad = xp.empty_like(logits)
     if rows:
-        _launch.launch("cross_entropy_backward", name, (rows,), (_row_block(vocab),),
+        _launch.launch("cross_entropy_backward", name, (rows,), (registry.row_threads(vocab),),
                        (logits, target, lse, grad_loss, grad_nll, grad, _i32(vocab),
                         numpy.int64(ignore_index or 0), _i32(ignore_index is not None), _f32(smoothing)))
     return grad
 
 
 # ------------------------------------------------------------------------ adam
-ADAM_CHUNK = 65536
-
-
 class AdamPlan:
     """Pointer tables and chunk lists for one fixed list of parameter/grad/moment arrays."""
 
-    def __init__(self, params, grads, m, v, chunk_size=ADAM_CHUNK):
+    def __init__(self, params, grads, m, v, chunk_size=None):
+        """``chunk_size`` elements per block (default ``registry.ADAM_CHUNK``)."""
+        chunk_size = chunk_size or registry.ADAM_CHUNK
         xp = _xp(*params)
         sizes = [p.size for p in params]
         for name, arrays in (("grads", grads), ("m", m), ("v", v)):
@@ -198,15 +193,12 @@ def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dty
     if not plan.chunks:
         return
     name = _element_dtype(plan.keep_alive[0][0], dtype)
-    _launch.launch("adam_update", name, (plan.chunks,), (256,),
+    _launch.launch("adam_update", name, (plan.chunks,), (registry.ADAM_BLOCK,),
                    (*plan.tables, plan.sizes, plan.chunk_tensor, plan.chunk_start, _i32(plan.chunk_size),
                     _f32(step_size), _f32(beta1), _f32(beta2), _f32(bias2), _f32(eps), _f32(weight_decay)))
 
 
 # ------------------------------------------------------------------------ dropout
-_DROPOUT_MAX_BLOCKS = 8192  # the kernel strides over the rest
-
-
 def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     """Inverted dropout with the mask from Philox: returns (y, keep), keep a bool array of x's shape.
 
@@ -221,8 +213,8 @@ def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     keep = xp.empty(x.shape, dtype=numpy.bool_)
     groups = math.ceil(x.size / 4)  # one thread per 4 elements: one Philox block
     if groups:
-        threads = _row_block(groups)  # up to 256, fewer for a small array
-        blocks = min(_DROPOUT_MAX_BLOCKS, math.ceil(groups / threads))
+        threads = registry.row_threads(groups)  # fewer for a small array
+        blocks = min(registry.DROPOUT_MAX_BLOCKS, math.ceil(groups / threads))
         _launch.launch("dropout_forward", name, (blocks,), (threads,),
                        (x, y, keep, numpy.int64(x.size), _f32(p), _f32(scale), numpy.uint64(seed),
                         numpy.uint64(offset)))
@@ -230,10 +222,6 @@ def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
 
 
 # ------------------------------------------------------------------------ attention
-def attention_rows_per_block(head_dim):
-    return _WARPS * (2 if head_dim >= 128 else 4)
-
-
 def _check_attention(q, k, v, key_lengths):
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise ValueError(f"attention kernel: q, k, v must be (batch·heads, len, head_dim), got {q.shape}, {k.shape}, {v.shape}")
@@ -257,8 +245,8 @@ def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None
     lse = xp.empty((bh, len_q), dtype=numpy.float32)
     lengths = _key_lengths(key_lengths, bh // heads, xp)
     if bh and len_q:
-        rows = attention_rows_per_block(dim)
-        _launch.launch("attention_forward", name, (bh, math.ceil(len_q / rows)), (32 * _WARPS,),
+        rows = registry.attention_rows_per_block(dim)
+        _launch.launch("attention_forward", name, (bh, math.ceil(len_q / rows)), (registry.attention_threads(),),
                        (q, k, v, o, lse, lengths, _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale),
                         _f32(dropout_p), numpy.uint64(seed), numpy.uint64(offset)), head_dim=dim)
     return o, lse
@@ -277,16 +265,17 @@ def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=
     lengths = _key_lengths(key_lengths, bh // heads, xp)
     grad_q, grad_k, grad_v = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
     delta = xp.empty((bh, len_q), dtype=numpy.float32)
-    rows = attention_rows_per_block(dim)
+    rows, threads = registry.attention_rows_per_block(dim), registry.attention_threads()
     tail = (lengths, _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p),
             numpy.uint64(seed), numpy.uint64(offset))
     if bh and len_q:
-        _launch.launch("attention_backward_delta", name, (math.ceil(bh * len_q / _WARPS),), (32 * _WARPS,),
+        delta_blocks = math.ceil(bh * len_q / registry.ATTENTION_WARPS)  # one warp per row
+        _launch.launch("attention_backward_delta", name, (delta_blocks,), (threads,),
                        (o, grad_o, delta, numpy.int64(bh * len_q)), head_dim=dim)
-        _launch.launch("attention_backward_q", name, (bh, math.ceil(len_q / rows)), (32 * _WARPS,),
+        _launch.launch("attention_backward_q", name, (bh, math.ceil(len_q / rows)), (threads,),
                        (q, k, v, grad_o, lse, delta, grad_q, *tail), head_dim=dim)
     if bh and len_k:
-        _launch.launch("attention_backward_kv", name, (bh, math.ceil(len_k / rows)), (32 * _WARPS,),
+        _launch.launch("attention_backward_kv", name, (bh, math.ceil(len_k / rows)), (threads,),
                        (q, k, v, grad_o, lse, delta, grad_k, grad_v, *tail), head_dim=dim)
     return grad_q, grad_k, grad_v
 

@@ -7,7 +7,7 @@
 // pass writes exp(x - m) / s (or x - m - log s).
 template <typename T>
 __global__ void softmax_forward(const T* __restrict__ x, T* __restrict__ y, int cols, int log) {
-    __shared__ tf::MaxSum scratch[32];
+    __shared__ tf::MaxSum scratch[tf::kRowBlockWarps];
     const long long offset = (long long)blockIdx.x * cols;
     tf::MaxSum stats = {-TF_INFINITY, 0.0f};
     for (int j = threadIdx.x; j < cols; j += blockDim.x) stats = tf::max_sum_add(stats, tf::to_float(x[offset + j]));
@@ -25,7 +25,7 @@ __global__ void softmax_forward(const T* __restrict__ x, T* __restrict__ y, int 
 template <typename T>
 __global__ void softmax_backward(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int cols,
                                  int log) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[tf::kRowBlockWarps];
     const long long offset = (long long)blockIdx.x * cols;
     float dot = 0.0f;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {

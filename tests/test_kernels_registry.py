@@ -1,0 +1,117 @@
+"""kernels/registry.py is the one home of the launch geometry: no kernel source restates a block
+size, and the sources get the registry's values at compile time."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tinyformer.kernels import emulation, registry
+
+KERNEL_SOURCES = sorted(p for p in registry.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh"))
+
+# A name bound to a decimal number, or a shared array sized by one: a block size restated.
+_RESTATED = [
+    (re.compile(r"#\s*define\s+(\w+)\s+\(?\d+\)?\s*$", re.M), "#define of a number"),
+    (re.compile(r"\b(?:constexpr|const)\b[^;=(]*?\b(\w+)\s*=\s*\d+[uUlL]*\s*;"), "constant bound to a number"),
+    (re.compile(r"\benum\b[^{]*\{[^}]*?\b(\w+)\s*=\s*\d+"), "enumerator bound to a number"),
+    (re.compile(r"__shared__[^;]*?\b(\w+)\s*\[\s*\d+\s*\]"), "shared array of a literal size"),
+    (re.compile(r"__launch_bounds__\s*\(\s*(\d+)"), "literal launch bounds"),
+    (re.compile(r"\bconstexpr\b[^;=]*?\b(\w+)\s*=[^;]*?(?<![\w.])(?:[2-9]|\d{2,})(?![\w.])[^;]*;"),
+     "constant computed from numbers"),
+    (re.compile(r"\b(?:blockDim|threadIdx)\.\w\s*[/%]\s*(\d+)"), "literal warp or block arithmetic"),
+    (re.compile(r"(?:[*/%]|\+=)\s*(32)\b|\b(32)\s*\*"), "literal warp width"),
+]
+
+
+def _code(text):
+    """The source without comments and string literals."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+
+
+def restated_geometry(text):
+    """[(what, name)] for each place that binds a launch-geometry number in the source itself."""
+    code = _code(text)
+    found = [(what, next(g for g in m.groups() if g)) for pattern, what in _RESTATED for m in pattern.finditer(code)]
+    defined = re.findall(r"#\s*define\s+(TF_\w+)", code)
+    geometry = {option[2:].split("=")[0] for option in registry.compile_options()}
+    return found + [("geometry define in the source", name) for name in defined if name in geometry]
+
+
+@pytest.mark.parametrize("source", KERNEL_SOURCES, ids=lambda p: p.name)
+def test_no_kernel_source_defines_a_block_size(source):
+    assert restated_geometry(source.read_text(encoding="utf-8")) == []
+
+
+def test_the_check_catches_a_restated_block_size():
+    text = """
+    // constexpr int kCommented = 4;   (comments do not count)
+    #define TF_ROW_BLOCK 256
+    #define ROWS 4
+    constexpr int kWarps = 4;
+    static constexpr int kRows = 2;
+    static constexpr int kRowsPerWarp = D >= 128 ? 2 : 4;
+    __shared__ float scratch[32];
+    __global__ void __launch_bounds__(128) k() { const int lane = threadIdx.x % kWarp; x[lane + 32 * c] = 0; }
+    const int warp = threadIdx.x / 32;
+    """
+    found = restated_geometry(text)
+    assert sorted(name for _, name in found) == sorted(
+        ["TF_ROW_BLOCK", "TF_ROW_BLOCK", "ROWS", "kWarps", "kWarps", "kRows", "kRows", "kRowsPerWarp", "scratch",
+         "128", "32", "32", "32"])
+
+
+def test_every_geometry_definition_is_used_by_the_sources():
+    code = "\n".join(_code(p.read_text(encoding="utf-8")) for p in KERNEL_SOURCES)
+    for option in registry.compile_options():
+        name = option[2:].split("=")[0]
+        assert re.search(rf"\b{name}\b", code), f"{name} is passed to the compiler but no source reads it"
+
+
+def test_compile_options_follow_the_registry(monkeypatch):
+    assert "-DTF_ROW_BLOCK=256" in registry.compile_options()
+    monkeypatch.setattr(registry, "ROW_BLOCK", 512)
+    monkeypatch.setattr(registry, "ATTENTION_WARPS", 2)
+    assert {"-DTF_ROW_BLOCK=512", "-DTF_ATTENTION_WARPS=2"} <= set(registry.compile_options())
+    assert "-DTF_ROW_BLOCK=512" in emulation.compile_flags(sanitize=False)
+
+
+def test_attention_instantiations_carry_the_rows_per_warp_of_the_registry(monkeypatch):
+    assert registry.name_expression("attention_forward", "float16", 128) == "attention_forward<__half, 128, 2>"
+    assert registry.name_expression("attention_backward_delta", "float32", 64) == "attention_backward_delta<float, 64>"
+    monkeypatch.setitem(registry.ATTENTION_ROWS_PER_WARP, 64, 3)
+    assert registry.name_expression("attention_backward_q", "float32", 64) == "attention_backward_q<float, 64, 3>"
+    assert "attention_backward_kv<__nv_bfloat16, 64, 3>" in registry.instantiations("attention.cu")
+    assert registry.attention_rows_per_block(64) == 3 * registry.ATTENTION_WARPS
+
+
+def test_row_threads_are_whole_warps_up_to_the_row_block(monkeypatch):
+    assert [registry.row_threads(n) for n in (1, 32, 33, 255, 10_000)] == [32, 32, 64, 256, 256]
+    monkeypatch.setattr(registry, "ROW_BLOCK", 64)
+    assert registry.row_threads(10_000) == 64
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("ROW_BLOCK", 100, "ROW_BLOCK must be a multiple of 32"),
+    ("ROW_BLOCK", 2048, "ROW_BLOCK must be a multiple of 32 in"),
+    ("ATTENTION_KEY_TILE", 16, "ATTENTION_KEY_TILE must equal WARP_SIZE"),
+    ("ATTENTION_WARPS", 64, "ATTENTION_WARPS: 64 warps do not fit a block"),
+])
+def test_a_geometry_the_kernels_cannot_run_is_refused(monkeypatch, name, value, message):
+    monkeypatch.setattr(registry, name, value)
+    with pytest.raises(ValueError, match=message):
+        registry.compile_options()
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_a_source_compiled_without_the_registry_geometry_stops_with_an_error(tmp_path):
+    unit = tmp_path / "unit.cpp"
+    unit.write_text('#include "cpu_emulation.h"\n#include "softmax.cu"\n')
+    cxx = os.environ.get("CXX", "g++")
+    result = subprocess.run([cxx, "-std=c++20", "-fsyntax-only", f"-I{registry.KERNEL_DIR}", str(unit)],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "registry.compile_options()" in result.stderr

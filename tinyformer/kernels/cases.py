@@ -1,0 +1,323 @@
+"""The one harness that checks each CUDA kernel against its NumPy reference.
+
+A case draws float32 inputs, rounds them to the element type under test, runs the kernel of
+``kernels.ops`` on the device (CuPy arrays: the compiled kernel; NumPy arrays: its very source
+through the C++ emulation, float32 only) and returns a ``KernelRun``: one ``Comparison`` per
+kernel result against the reference of ``functional`` (or ``optim.Adam``), computed in float64
+from the same rounded values for a random upstream gradient. ``tinyformer gradcheck`` shows its
+verdicts as the ``kernel_*`` rows (gradcheck_suite.KERNEL_CASES); tests/test_kernels_emulation.py
+and tests/test_kernels_gpu.py call the same cases over more shapes and element types.
+
+A comparison passes when |kernel − reference| <= atol + rtol·|reference| everywhere, with
+(rtol, atol) by element type (``TOLERANCE``), gradients (longer sums) looser by ``GRAD_FACTOR``:
+    float32   rtol 1e-5, atol 2e-6
+    float16   rtol 2e-3, atol 2e-3   (output rounding 2^-11, accumulation in float32)
+    bfloat16  rtol 2e-2, atol 2e-2   (output rounding 2^-8)
+A comparison may raise its atol floor for a cancellation it names (a half type's floor still
+applies when larger); some compare at fixed tolerances, dropout's keep mask exactly.
+
+This module of ``kernels/`` imports the references (functional, optim) it checks against;
+nothing below them imports it.
+"""
+
+import math
+from typing import NamedTuple
+
+import numpy
+
+from .. import backend, functional as F
+from ..optim import Adam
+from ..tensor import Tensor, grad
+from . import ops
+from .philox import philox_uniform
+
+TOLERANCE = {"float32": (1e-5, 2e-6), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
+GRAD_FACTOR = {"float32": 10.0, "float16": 2.0, "bfloat16": 2.0}
+
+
+class Comparison(NamedTuple):
+    """A kernel result (host float64) against its reference, with the tolerance it must meet."""
+
+    label: str
+    actual: numpy.ndarray
+    expected: numpy.ndarray
+    rtol: float
+    atol: float
+
+    def failure(self):
+        """None when within tolerance, else one line naming the worst element."""
+        if self.actual.shape != self.expected.shape:
+            return f"{self.label}: shape {self.actual.shape}, reference {self.expected.shape}"
+        error = numpy.abs(self.actual - self.expected)
+        bad = ~(error <= self.atol + self.rtol * numpy.abs(self.expected))  # NaN counts as off
+        if not bad.any():
+            return None
+        worst = numpy.argmax(numpy.where(bad, numpy.nan_to_num(error, nan=numpy.inf), -1.0))
+        at = tuple(int(i) for i in numpy.unravel_index(int(worst), error.shape))
+        return (f"{self.label}: {int(bad.sum())} of {error.size} values off (tolerance {self.atol:g} + "
+                f"{self.rtol:g}·|reference|), worst at {at}: kernel {self.actual[at]:.7g}, "
+                f"reference {self.expected[at]:.7g}")
+
+    def errors(self):
+        """(max |kernel − reference|, max of that over |reference| + atol); NaN when a value is NaN."""
+        if self.actual.shape != self.expected.shape or not self.actual.size:
+            return (math.nan, math.nan) if self.actual.shape != self.expected.shape else (0.0, 0.0)
+        error = numpy.abs(self.actual - self.expected)
+        scale = numpy.abs(self.expected) + self.atol
+        with numpy.errstate(divide="ignore", invalid="ignore"):
+            relative = numpy.where(scale > 0, error / scale, numpy.where(error > 0, numpy.inf, 0.0))
+        return _max_or_nan(error), _max_or_nan(relative)
+
+
+def _max_or_nan(values):
+    return math.nan if numpy.isnan(values).any() else float(values.max())
+
+
+def compared(label, actual, expected, rtol, atol):
+    """A Comparison of a kernel array (NumPy or CuPy) at a fixed tolerance; both are copied (the
+    reference of a later step may update its arrays in place)."""
+    actual = backend.to_numpy(actual).astype(numpy.float64)
+    return Comparison(label, actual, numpy.array(expected, dtype=numpy.float64), rtol, atol)
+
+
+class KernelRun(NamedTuple):
+    """A case's outcome: what it ran on (for the table), its comparisons, and kernel results
+    (host arrays) that a test may look at further."""
+
+    inputs: str
+    comparisons: list
+    results: dict
+
+    @property
+    def failures(self):
+        return [f for f in (c.failure() for c in self.comparisons) if f]
+
+    @property
+    def passed(self):
+        return not self.failures
+
+    def max_errors(self):
+        """(worst absolute, worst relative) error over the comparisons, NaN first."""
+        pairs = [c.errors() for c in self.comparisons] or [(0.0, 0.0)]
+        return tuple(max((p[i] for p in pairs), key=lambda e: math.inf if math.isnan(e) else e) for i in (0, 1))
+
+    def check(self):
+        """Raise AssertionError listing every comparison off its tolerance; return ``results``."""
+        failures = self.failures
+        if failures:
+            raise AssertionError(f"{self.inputs}:\n" + "\n".join(failures))
+        return self.results
+
+
+class Device:
+    """Moves arrays to ``device`` in the element type ``dtype`` and back as float32, and makes
+    the comparisons with that element type's tolerance."""
+
+    def __init__(self, device, dtype="float32"):
+        if dtype not in TOLERANCE:
+            raise ValueError(f"dtype must be one of {', '.join(TOLERANCE)}, got {dtype!r}")
+        self.device, self.dtype = device, dtype
+
+    def round(self, x):
+        """x as the element type would hold it, in float32 (the reference's input)."""
+        if self.dtype == "bfloat16":
+            return ops.from_bfloat16(ops.to_bfloat16(x))
+        return x.astype(self.dtype).astype(numpy.float32)
+
+    def put(self, x):
+        x = backend.to_device(numpy.ascontiguousarray(x, dtype=numpy.float32), self.device)
+        return ops.to_bfloat16(x) if self.dtype == "bfloat16" else x.astype(self.dtype)
+
+    def get(self, x):
+        """An array of the element type (bfloat16: uint16 storage) as host float32."""
+        x = ops.from_bfloat16(x) if self.dtype == "bfloat16" else x
+        return backend.to_numpy(x).astype(numpy.float32)
+
+    @property
+    def kernel_dtype(self):
+        return "bfloat16" if self.dtype == "bfloat16" else None
+
+    def output(self, label, actual, expected, atol=None, gradient=False):
+        """A Comparison of an element-type kernel result; ``atol`` names a case's own floor
+        (cancellation in float32 sums), the element type's floor applies when larger."""
+        rtol, floor = TOLERANCE[self.dtype]
+        factor = GRAD_FACTOR[self.dtype] if gradient else 1.0
+        atol = floor if atol is None else max(atol, floor)
+        return compared(label, self.get(actual), expected, rtol * factor, atol * factor)
+
+    def gradient(self, label, actual, expected, atol=None):
+        return self.output(label, actual, expected, atol, gradient=True)
+
+
+def rand(rng, *shape, scale=1.0):
+    """float32 N(0, scale²) values."""
+    return (rng.standard_normal(shape) * scale).astype(numpy.float32)
+
+
+def reference(fn, inputs, upstream):
+    """Outputs and input gradients of ``fn`` on float64 tensors of ``inputs`` for the upstream
+    gradients ``upstream`` (one per output)."""
+    tensors = [Tensor(numpy.asarray(x, dtype=numpy.float64), requires_grad=True) for x in inputs]
+    outputs = fn(*tensors)
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    grads = grad(outputs, tensors, [numpy.asarray(u, dtype=numpy.float64) for u in upstream])
+    return [o.data for o in outputs], grads
+
+
+def _shape(array):
+    return str(tuple(array.shape)).replace(" ", "")
+
+
+# ------------------------------------------------------------------------ softmax
+def softmax(dev, rows, cols, log=False, seed=0):
+    """softmax.cu against F.softmax (F.log_softmax). The backward kernel takes the forward's y;
+    it is compared with the backward's formula on that y, and (float32) with F's gradient:
+        softmax:      dx = y ∘ (dy − Σ dy ∘ y);   log-softmax:  dx = dy − exp(y) · Σ dy
+    """
+    rng = numpy.random.default_rng(seed)
+    x, g = dev.round(rand(rng, rows, cols, scale=3.0)), dev.round(rand(rng, rows, cols))
+    (expected,), (expected_grad,) = reference(F.log_softmax if log else F.softmax, [x], [g])
+    y = ops.softmax_forward(dev.put(x), log=log, dtype=dev.kernel_dtype)
+    grad_x = ops.softmax_backward(y, dev.put(g), log=log, dtype=dev.kernel_dtype)
+    y64, g64 = dev.get(y).astype(numpy.float64), g.astype(numpy.float64)
+    if log:
+        from_y = g64 - numpy.exp(y64) * g64.sum(-1, keepdims=True)
+    else:
+        from_y = y64 * (g64 - (g64 * y64).sum(-1, keepdims=True))
+    comparisons = [dev.output("output", y, expected), dev.gradient("grad x", grad_x, from_y)]
+    if dev.dtype == "float32":  # y is F's to float32 rounding: the formula is F's gradient
+        comparisons.append(dev.gradient("grad x against F's", grad_x, expected_grad))
+    return KernelRun(f"x {_shape(x)}", comparisons, {"y": dev.get(y)})
+
+
+# ------------------------------------------------------------------------ layer norm
+def layer_norm(dev, rows, cols, seed=0, rows_per_chunk=16, x=None):
+    """layer_norm.cu (forward, dx, the two-stage dw/db) against F.layer_norm, eps 1e-5.
+    ``x`` (float32, rows × cols) replaces the drawn N(1.5, 4) input, e.g. by rows near the
+    float32 maximum, whose statistics the kernel computes on a rescaled row."""
+    rng = numpy.random.default_rng(seed)
+    x = dev.round(rand(rng, rows, cols, scale=2.0) + 1.5) if x is None else dev.round(x)
+    w, b, g = dev.round(rand(rng, cols)), dev.round(rand(rng, cols)), dev.round(rand(rng, rows, cols))
+    (expected,), (gx, gw, gb) = reference(lambda x, w, b: F.layer_norm(x, w, b, 1e-5), [x, w, b], [g])
+    y, mean, rstd = ops.layer_norm_forward(dev.put(x), dev.put(w), dev.put(b), 1e-5, dtype=dev.kernel_dtype)
+    kx, kw, kb = ops.layer_norm_backward(dev.put(x), dev.put(w), dev.put(g), mean, rstd,
+                                         rows_per_chunk=rows_per_chunk, dtype=dev.kernel_dtype)
+    # r·(g − mean g − x̂·mean(g x̂)) cancels: a few ulp of r·|g|; dw and db sum over the rows
+    sums = 1e-5 * max(1, rows / 16)
+    return KernelRun(f"x {_shape(x)} w,b {_shape(w)}",
+                     [dev.output("output", y, expected, atol=1e-5), dev.gradient("grad x", kx, gx, atol=1e-5),
+                      dev.gradient("grad w", kw, gw, atol=sums), dev.gradient("grad b", kb, gb, atol=sums)],
+                     {"y": dev.get(y), "grad x": dev.get(kx), "grad w": dev.get(kw), "grad b": dev.get(kb),
+                      "mean": backend.to_numpy(mean), "rstd": backend.to_numpy(rstd)})
+
+
+# ------------------------------------------------------------------------ cross entropy
+def cross_entropy(dev, rows, vocab, smoothing, ignore_index, seed=0):
+    """cross_entropy.cu against F.cross_entropy(reduction="none", return_nll=True): per-row loss,
+    NLL and log-sum-exp (float32 whatever the element type) and d logits; the first two targets
+    are 0 (ignored when ignore_index is 0)."""
+    rng = numpy.random.default_rng(seed)
+    logits = dev.round(rand(rng, rows, vocab, scale=4.0))
+    target = rng.integers(0, vocab, rows)
+    target[: min(2, rows)] = 0
+    keep = numpy.ones(rows, bool) if ignore_index is None else target != ignore_index
+    g_loss, g_nll = (rand(rng, rows) * keep for _ in range(2))
+    (loss, nll), (expected_grad,) = reference(
+        lambda z: F.cross_entropy(z, target, smoothing, ignore_index, reduction="none", return_nll=True),
+        [logits], [g_loss, g_nll])
+    device_target = backend.to_device(target, dev.device)
+    k_loss, k_nll, lse = ops.cross_entropy_forward(dev.put(logits), device_target, smoothing, ignore_index,
+                                                   dtype=dev.kernel_dtype)
+    k_grad = ops.cross_entropy_backward(dev.put(logits), device_target, lse,
+                                        *(backend.to_device(g, dev.device) for g in (g_loss, g_nll)),
+                                        smoothing, ignore_index, dtype=dev.kernel_dtype)
+    z = logits.astype(numpy.float64)
+    shift = z.max(axis=-1)
+    expected_lse = shift + numpy.log(numpy.exp(z - shift[:, None]).sum(axis=-1))
+    return KernelRun(f"logits {_shape(logits)}",
+                     [compared("loss", k_loss, loss, 1e-5, 2e-5), compared("nll", k_nll, nll, 1e-5, 2e-5),
+                      compared("lse", lse, expected_lse, 1e-5, 2e-5),
+                      dev.gradient("grad logits", k_grad, expected_grad, atol=1e-5)], {})
+
+
+# ------------------------------------------------------------------------ adam
+def adam(dev, shapes, chunk_size, steps=3, seed=0):
+    """adam.cu's fused update against optim.Adam's loop (lr 0.01, betas (0.9, 0.98), eps 1e-9,
+    weight decay 0.01), after every step; float32 parameters and moments round once a step:
+    rtol 1e-6, atol 1e-7."""
+    rng = numpy.random.default_rng(seed)
+    start = [rand(rng, *s) for s in shapes]
+    lr, betas, eps, decay = 0.01, (0.9, 0.98), 1e-9, 0.01
+    expected = [Tensor(a.astype(numpy.float64), requires_grad=True) for a in start]
+    reference_adam = Adam(expected, lr=lr, betas=betas, eps=eps, weight_decay=decay)
+    params = [dev.put(a) for a in start]
+    m, v = ([dev.put(numpy.zeros_like(a)) for a in start] for _ in range(2))
+    comparisons, plan = [], None
+    for t in range(1, steps + 1):
+        grads = [rand(rng, *s) for s in shapes]
+        for p, g in zip(expected, grads):
+            p.grad = g.astype(numpy.float64)
+        reference_adam.step()
+        plan = ops.AdamPlan(params, [dev.put(g) for g in grads], m, v, chunk_size=chunk_size)
+        ops.adam_update(plan, lr / (1 - betas[0] ** t), *betas, 1 - betas[1] ** t, eps, decay)
+        comparisons += [compared(f"param {i}, step {t}", dev.get(p), r.data, 1e-6, 1e-7)
+                        for i, (p, r) in enumerate(zip(params, expected))]
+    return KernelRun(f"{len(shapes)} params ({', '.join(str(math.prod(s)) for s in shapes)})", comparisons,
+                     {"plan": plan})
+
+
+# ------------------------------------------------------------------------ dropout
+def dropout(dev, shape, p, seed, offset=0, rng_seed=0):
+    """dropout.cu against its Philox reference: keep_i = philox_uniform(seed, offset, i) >= p over
+    the elements in C order, exactly; y = x ∘ keep / (1 − p) (float32: rtol 1e-6)."""
+    rng = numpy.random.default_rng(rng_seed)
+    x = dev.round(rand(rng, *shape))
+    keep = (philox_uniform(seed, offset, numpy.arange(x.size)) >= numpy.float32(p)).reshape(x.shape)
+    expected = numpy.where(keep, x.astype(numpy.float64) / (1.0 - p), 0.0)
+    y, kernel_keep = ops.dropout_forward(dev.put(x), p, seed, offset, dtype=dev.kernel_dtype)
+    if kernel_keep.dtype != numpy.bool_ or kernel_keep.shape != x.shape or y.shape != x.shape:
+        raise AssertionError(f"dropout kernel: keep {kernel_keep.dtype} {kernel_keep.shape}, y {y.shape} "
+                             f"for x {x.shape}")
+    output = (compared("output", dev.get(y), expected, 1e-6, 0.0) if dev.dtype == "float32"
+              else dev.output("output", y, expected))
+    return KernelRun(f"x {_shape(x)}", [compared("keep", kernel_keep, keep, 0.0, 0.0), output],
+                     {"keep": backend.to_numpy(kernel_keep)})
+
+
+# ------------------------------------------------------------------------ attention
+def attention(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=False, dropout_p=0.0, seed=0,
+              rng_seed=0):
+    """attention.cu on (batch·heads, len, dim) arrays against F.scaled_dot_product_attention with
+    the padding mask of ``lengths`` and ``causal``. With dropout the reference is (P ∘ Z)·V,
+    P the probabilities F returns, Z = keep/(1 − p) from the kernel's Philox stream:
+    keep = philox_uniform(seed, 0, (bh·Lq + i)·Lk + j) >= p."""
+    rng = numpy.random.default_rng(rng_seed)
+    q, k, v = (dev.round(rand(rng, batch, heads, n, dim)) for n in (len_q, len_k, len_k))
+    g = dev.round(rand(rng, batch, heads, len_q, dim))
+    mask = None
+    if lengths is not None:
+        mask = (numpy.arange(len_k)[None, :] < numpy.asarray(lengths)[:, None])[:, None, None, :]
+    if dropout_p:
+        index = numpy.arange(batch * heads * len_q * len_k)
+        keep = (philox_uniform(seed, 0, index) >= numpy.float32(dropout_p)).reshape(batch, heads, len_q, len_k)
+        kept = Tensor(keep / (1.0 - dropout_p))
+
+        def fn(q, k, v):
+            _, probabilities = F.scaled_dot_product_attention(q, k, v, mask, causal, return_weights=True)
+            return (probabilities * kept) @ v
+    else:
+        def fn(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, mask, causal)
+    (expected,), grads = reference(fn, [q, k, v], [g])
+
+    def flat(a):
+        return dev.put(a.reshape(batch * heads, a.shape[2], dim))
+
+    key_lengths = None if lengths is None else backend.to_device(numpy.asarray(lengths, numpy.int32), dev.device)
+    args = dict(key_lengths=key_lengths, causal=causal, dropout_p=dropout_p, seed=seed, dtype=dev.kernel_dtype)
+    o, lse = ops.attention_forward(flat(q), flat(k), flat(v), heads, **args)
+    kq, kk, kv = ops.attention_backward(flat(q), flat(k), flat(v), o, lse, flat(g), heads, **args)
+    comparisons = [dev.output("output", o, expected.reshape(o.shape))]
+    for label, got, want in (("grad q", kq, grads[0]), ("grad k", kk, grads[1]), ("grad v", kv, grads[2])):
+        comparisons.append(dev.gradient(label, got, want.reshape(got.shape), atol=1e-5))
+    return KernelRun(f"q {_shape(q)} k,v {_shape(k)}", comparisons, {"o": dev.get(o), "lse": backend.to_numpy(lse)})
