@@ -118,6 +118,8 @@ def test_a_model_built_from_a_config_equals_one_built_from_arguments():
         nn.Transformer.from_config(a.config)
     with pytest.raises(TypeError, match="src_vocab_size is unset"):
         nn.Transformer.from_config(nn.PRESETS["tiny"])
+    with pytest.raises(TypeError, match=r"Transformer.from_config\(config\)"):
+        nn.Transformer(config)
 
 
 def test_presets_are_configs_and_from_preset_applies_the_overrides():

@@ -25,7 +25,8 @@ class MultiHeadAttention(Module):
     ``attention_probs``. In a pass that records the graph P is a graph tensor, the hook
     point for dL/dP (see ``forward``); under ``no_grad`` (``nn.inference``) it is the
     values alone and the output is computed as with the switch off (on a GPU by the
-    reference path, since the fused kernel never forms P). Off, ``attention_probs`` is None. ``forward(..., need_weights=True)`` asks one call for a detached copy of P,
+    reference path, since the fused kernel never forms P). Off, ``attention_probs`` is None.
+    ``forward(..., need_weights=True)`` asks one call for a detached copy of P,
     ``last_weights``, as PyTorch's argument of that name does.
     """
 

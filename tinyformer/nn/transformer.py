@@ -135,6 +135,8 @@ class Transformer(Module):
     matrix; with two vocabularies the target embedding is the projection.
     ``positional`` is "sinusoid" (the fixed encodings of §3.5) or "learned" (one
     learned vector per position, shared by encoder and decoder: Table 3 row (E)).
+    The whole shape is a ``TransformerConfig`` (``from_config``); ``model.config`` is
+    its ``to_dict()``, what checkpoints store and ``Transformer(**model.config)`` rebuilds.
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
@@ -147,18 +149,20 @@ class Transformer(Module):
         from the default generator, which ``tinyformer.manual_seed`` resets.
         """
         super().__init__()
+        if isinstance(src_vocab_size, TransformerConfig):
+            raise TypeError("Transformer: got a TransformerConfig as src_vocab_size; build it with "
+                            "Transformer.from_config(config)")
         TransformerConfig.check_names(unknown)
-        config = TransformerConfig(
+        c = TransformerConfig(
             src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model, d_ff=d_ff,
             heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
             activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
             eps=eps, seed=seed, positional=positional,
         )
-        if config.src_vocab_size is None:
+        if c.src_vocab_size is None:
             raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
                             "from_preset(name, vocab_size=...))")
-        self.config = config.to_dict()
-        c = config
+        self.config = c.to_dict()
         generator = None if c.seed is None else make_generator(c.seed)
         self.d_model, self.pad_id = c.d_model, c.pad_id
         self.shared_vocab = c.tgt_vocab_size is None
