@@ -33,6 +33,7 @@ import warnings
 import numpy
 
 PAD, BOS, EOS = 0, 1, 2  # token ids; real words are drawn from [3, vocab)
+LABEL_SMOOTHING = 0.1  # §5.4, as `tinyformer train` (TrainConfig.label_smoothing)
 CHECK_ROWS = 8  # rows of the batch used for the same-model check (eval mode, no dropout)
 
 
@@ -171,7 +172,7 @@ class TinyformerRunner:
         move = (lambda a: backend.to_device(a, "cuda")) if device == "cuda" else (lambda a: a)
         self.src, self.tgt_in, self.tgt_out = (move(batch[k]) for k in ("src", "tgt_in", "tgt_out"))
         self.device = device
-        self.smoothing = self.config["label_smoothing"]
+        self.smoothing = LABEL_SMOOTHING
 
     def num_parameters(self):
         return self.model.num_parameters()
@@ -313,7 +314,7 @@ class TorchRunner:
         self.model = build_torch_model(config, device)
         self.model.train()
         self.vocab = config["src_vocab_size"]
-        self.smoothing = config["label_smoothing"]
+        self.smoothing = LABEL_SMOOTHING
         noam = NoamSchedule(config["d_model"], 4000)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         # LambdaLR counts from 0; tinyformer's schedule from 1.

@@ -85,13 +85,13 @@ class Variant:
 # The paper's Table 3, base model: 4.92 dev perplexity, 25.8 dev BLEU (h=8, d_k=64, N=6,
 # d_model=512, d_ff=2048, dropout 0.1, label smoothing 0.1, sinusoids).
 def variants(base):
-    """The Table 3 rows for a base model ``base`` (num_layers, d_model, d_ff, heads, dropout,
-    label_smoothing), scaled down: each paper row's factor is applied to the base's value."""
+    """The Table 3 rows for a base model ``base`` (a ``TransformerConfig.to_dict()``; label smoothing
+    is the training's default), scaled down: each paper row's factor is applied to the base's value."""
     n, d, d_ff, h = base["num_layers"], base["d_model"], base["d_ff"], base["heads"]
     d_k = d // h
     rows = [
         Variant("base", "base", f"N={n}, d_model={d}, d_ff={d_ff}, h={h}, d_k={d_k}, dropout "
-                f"{base['dropout']}, label smoothing {base['label_smoothing']}, sinusoids",
+                f"{base['dropout']}, label smoothing {TrainConfig.label_smoothing}, sinusoids",
                 "base: ppl 4.92, BLEU 25.8"),
         Variant("base-seed1", "noise", "the base model, seed 1 (initialisation, batch order, dropout)",
                 "run-to-run noise (not in the paper)", seed=1),
@@ -459,7 +459,7 @@ def main(argv=None):
     if scale["preset"] not in PRESETS:
         raise SystemExit(f"--preset: unknown {scale['preset']!r}; known: {', '.join(PRESETS)}")
     base_model = dict(scale["model"])
-    base = {**PRESETS[scale["preset"]], **base_model}
+    base = PRESETS[scale["preset"]].replace(**base_model).to_dict()
     rows = select(variants(base), args.variants)
     if args.list:
         for r in rows:

@@ -51,7 +51,7 @@ def main(argv=None):
     tf.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     model = nn.Transformer(args.vocab, d_model=32, d_ff=64, heads=2, num_layers=2, dropout=0.0,
-                           label_smoothing=0.1, max_len=64, seed=args.seed)
+                           max_len=64, seed=args.seed)
     schedule = optim.NoamSchedule(model.d_model, warmup_steps=args.warmup, factor=args.lr_factor)
     adam = optim.Adam(model.parameters(), lr=schedule, betas=(0.9, 0.98), eps=1e-9)
     print(f"model: {model.extra_repr()}, {model.num_parameters():,} parameters; "
@@ -63,7 +63,7 @@ def main(argv=None):
             sequences = random_sequences(rng, args.batch, args.vocab, args.min_len, args.max_len)
             batch = make_batch(sequences, sequences)  # target = source: src + EOS, BOS + tgt, tgt + EOS
             logits = model(batch.src, batch.tgt_in, src_mask=batch.src_mask)
-            loss, nll = F.cross_entropy(logits, batch.tgt_out, label_smoothing=model.label_smoothing,
+            loss, nll = F.cross_entropy(logits, batch.tgt_out, label_smoothing=0.1,  # §5.4
                                         ignore_index=PAD_ID, return_nll=True)
             adam.zero_grad()
             loss.backward()

@@ -77,7 +77,7 @@ def main(argv=None):
     for step in range(1, args.steps + 1):
         src, tgt_in, tgt_out = make_batch(rng, args.batch, args.vocab, 2, args.max_len)
         logits = model(src, tgt_in)
-        loss, nll = F.cross_entropy(logits, tgt_out, label_smoothing=model.label_smoothing,
+        loss, nll = F.cross_entropy(logits, tgt_out, label_smoothing=0.1,  # §5.4
                                     ignore_index=PAD, return_nll=True)
         adam.zero_grad()
         loss.backward()

@@ -33,8 +33,7 @@ def train_copy_model(steps, **sizes):
     trained ``steps`` Adam steps on batches of 32 copy pairs, from seed 0."""
     tf.manual_seed(0)
     rng = np.random.default_rng(0)
-    model = nn.Transformer.from_preset("tiny", vocab_size=VOCAB, dropout=0.0, label_smoothing=0.0, seed=0,
-                                       **sizes)
+    model = nn.Transformer.from_preset("tiny", vocab_size=VOCAB, dropout=0.0, seed=0, **sizes)
     adam = optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(steps):
         src, tgt_in, tgt_out = copy_batch(rng, 32)

@@ -421,3 +421,48 @@ def test_keep_attention_in_every_layer_of_a_transformer_changes_nothing_but_expo
     for g, expected in zip(kept_grads, grads):
         np.testing.assert_allclose(g, expected, rtol=1e-10, atol=1e-13)
     assert all(m.attention_probs is not None and m.attention_probs.requires_grad for m in attentions)
+
+
+# ---------------------------------------------------------------------------- the switch without a graph
+@pytest.mark.parametrize("causal", [False, True])
+def test_keep_attention_without_a_graph_changes_no_output_and_keeps_the_reference_probabilities(causal):
+    rng = np.random.default_rng(15)
+    mha = make_mha(rng)
+    q = tf.Tensor(rng.standard_normal((2, 3, D_MODEL)))
+    kv = q if causal else tf.Tensor(rng.standard_normal((2, 4, D_MODEL)))
+    mask = np.ones((2, 1, 1, kv.shape[1]), dtype=bool)
+    mask[1, ..., -1] = False
+    with tf.no_grad():
+        plain = mha(q, kv, mask=mask, causal=causal).data
+        mha.keep_attention = True
+        kept = mha(q, kv, mask=mask, causal=causal).data
+    np.testing.assert_array_equal(kept, plain)  # the same fused call: bit for bit
+    expected_out, expected_probs = reference(mha, q.data, kv.data, kv.data, mask, causal)
+    np.testing.assert_allclose(kept, expected_out, rtol=1e-12, atol=1e-13)
+    assert not mha.attention_probs.requires_grad and mha.last_weights is None
+    np.testing.assert_allclose(mha.attention_probs.data, expected_probs, rtol=1e-12, atol=1e-14)
+    with tf.no_grad():
+        mha.keep_attention = False
+        mha(q, kv, mask=mask, causal=causal)
+    assert mha.attention_probs is None
+
+
+def test_keep_attention_in_inference_gives_a_models_outputs_and_every_heads_probabilities():
+    model = nn.Transformer(11, d_model=8, d_ff=16, heads=2, num_layers=2, dropout=0.1, seed=3).double()
+    src, tgt = np.array([[4, 5, 6, 7, 0]]), np.array([[1, 8, 9]])
+    attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
+    with nn.inference(model):
+        plain = model(src, tgt).data
+        for m in attentions:
+            m.keep_attention = True
+        kept = model(src, tgt).data
+    np.testing.assert_array_equal(kept, plain)
+    assert all(m.attention_probs.shape[:2] == (1, 2) and not m.attention_probs.requires_grad for m in attentions)
+    # the first encoder layer attends over the embedded source (post-LN: no norm before it)
+    x = model.positional(model.src_embed(src) * math.sqrt(8)).data
+    _, probs = reference(model.encoder.layers[0].self_attn, x, x, x, mask=src[:, None, None, :] != 0)
+    np.testing.assert_allclose(model.encoder.layers[0].self_attn.attention_probs.data, probs, rtol=1e-12,
+                               atol=1e-14)
+    cross = model.decoder.layers[-1].cross_attn.attention_probs.data
+    np.testing.assert_array_equal(cross[..., -1], 0.0)  # the padded source token
+    assert cross.shape == (1, 2, 3, 5)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import tinyformer as tf
 from tinyformer import backend, nn, optim
 
 
@@ -345,3 +346,34 @@ def test_module_list_children_follow_mode_and_dtype():
     assert not ml[0].training and not ml[1].training
     ml.double()
     assert ml[1].table.dtype == np.float64
+
+
+# ---------------------------------------------------------------------------- inference
+def test_inference_is_eval_mode_without_a_graph_and_restores_every_modules_mode():
+    model = tiny_model()
+    model.train()
+    model.decoder.eval()  # a mixed model: each module must get its own mode back
+    before = [(m, m.training) for m in model.modules()]
+    with nn.inference(model) as same:
+        assert same is model
+        assert not any(m.training for m in model.modules())
+        assert not tf.is_grad_enabled()
+        logits = model(np.array([[4, 5, 6]]), np.array([[1, 7]]))
+        assert not logits.requires_grad
+    assert tf.is_grad_enabled()
+    assert all(m.training == mode for m, mode in before)
+
+
+def test_inference_restores_modes_and_grad_recording_after_an_exception():
+    model = tiny_model()
+    model.encoder.layers[0].eval()
+    before = [(m, m.training) for m in model.modules()]
+    with pytest.raises(RuntimeError, match="inside"):
+        with nn.inference(model):
+            raise RuntimeError("inside")
+    assert tf.is_grad_enabled()
+    assert all(m.training == mode for m, mode in before)
+    with tf.no_grad():  # nested in a no_grad block, leaving it keeps recording off
+        with nn.inference(model):
+            pass
+        assert not tf.is_grad_enabled()

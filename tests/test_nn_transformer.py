@@ -42,10 +42,15 @@ def decoder_output(model, tgt, memory, src_mask):
 def test_presets_hold_the_papers_numbers():
     p = nn.PRESETS
     assert set(p) >= {"base", "big", "small", "tiny"}
-    assert p["base"] == dict(num_layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1, label_smoothing=0.1)
-    assert p["big"] == dict(num_layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3, label_smoothing=0.1)
+    assert p["base"] == nn.TransformerConfig(num_layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1)
+    assert p["big"] == nn.TransformerConfig(num_layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3)
     for name, (layers, d, d_ff, heads) in {"small": (3, 256, 1024, 4), "tiny": (2, 64, 256, 4)}.items():
-        assert (p[name]["num_layers"], p[name]["d_model"], p[name]["d_ff"], p[name]["heads"]) == (layers, d, d_ff, heads)
+        assert (p[name].num_layers, p[name].d_model, p[name].d_ff, p[name].heads) == (layers, d, d_ff, heads)
+    for config in p.values():  # the vocabulary is the user's; label smoothing the training's (TrainConfig)
+        assert config.src_vocab_size is None and config.tgt_vocab_size is None
+        assert "label_smoothing" not in config.to_dict()
+    with pytest.raises(TypeError):
+        p["tiny"] = p["base"]  # a read-only view: presets are not changed by accident
 
 
 @pytest.mark.parametrize("name, low, high", [("base", 63e6, 65e6), ("big", 210e6, 215e6)])
@@ -54,12 +59,12 @@ def test_paper_sizes_parameter_counts(name, low, high):
     try:
         count = model.num_parameters()
         c = nn.PRESETS[name]
-        assert count == expected_parameter_count(37000, c["d_model"], c["d_ff"], c["num_layers"])
+        assert count == expected_parameter_count(37000, c.d_model, c.d_ff, c.num_layers)
         assert low <= count <= high
         assert model.src_embed.weight is model.tgt_embed.weight
-        assert model.config["dropout"] == c["dropout"] and model.label_smoothing == 0.1
+        assert model.config == c.replace(src_vocab_size=37000).to_dict()
         assert len(model.encoder.layers) == len(model.decoder.layers) == 6
-        assert model.decoder.layers[0].self_attn.heads == c["heads"]
+        assert model.decoder.layers[0].self_attn.heads == c.heads
     finally:
         del model
         gc.collect()

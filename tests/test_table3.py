@@ -22,7 +22,7 @@ def load_table3():
 
 
 table3 = load_table3()
-TINY = nn.PRESETS["tiny"]
+TINY = nn.PRESETS["tiny"].to_dict()
 QUIET = dict(echo=lambda *a: None, progress=False)
 
 WORDS = ["the", "a", "red", "big", "dog", "cat", "man", "runs", "sees", "house"]

@@ -75,12 +75,40 @@ def test_attention_maps_are_the_probabilities_of_every_layer_and_head(model):
 
 def test_attention_maps_leave_the_model_as_they_found_it(model):
     model.train()
+    attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
+    attentions[0].keep_attention = True  # a student's own switch stays as it was
     viz.attention_maps(model, CharTokenizer(), "abc")
     for module in model.modules():
         assert module.training
-        if isinstance(module, nn.MultiHeadAttention):
-            assert "forward" not in vars(module)  # the need_weights shim is gone
+        assert "forward" not in vars(module)  # the switch is an attribute, forward is never shadowed
+    assert [m.keep_attention for m in attentions] == [True] + [False] * (len(attentions) - 1)
+    assert all(m.attention_probs is None for m in attentions[1:])  # what the translation's last step left
+    attentions[0].keep_attention = False
     model.eval()
+
+
+def first_layer_probabilities(attention, x, causal):
+    """softmax(QKᵀ/√d_k) per head, in float64, of ``attention`` over the embedded tokens ``x`` (len, d_model)."""
+    def heads(linear):
+        y = x @ linear.weight.data.T.astype(np.float64) + linear.bias.data
+        return y.reshape(len(x), attention.heads, attention.d_k).swapaxes(0, 1)
+
+    scores = heads(attention.w_q) @ heads(attention.w_k).swapaxes(-1, -2) / np.sqrt(attention.d_k)
+    if causal:
+        scores = np.where(np.tril(np.ones(scores.shape[-2:], dtype=bool)), scores, -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_attention_maps_are_the_probabilities_the_reference_computes(model):
+    found = viz.attention_maps(model, CharTokenizer(), "abcde")
+    for kind, tokens, embed, stack in (("encoder_self", found["source"], model.src_embed, model.encoder),
+                                       ("decoder_self", found["target"], model.tgt_embed, model.decoder)):
+        ids = np.array([[CharTokenizer.pieces.index(p) for p in tokens]])
+        with tf.no_grad():  # post-LN: the first layer attends over the embedded tokens themselves
+            x = model.positional(embed(ids) * np.sqrt(model.d_model)).data[0].astype(np.float64)
+        expected = first_layer_probabilities(stack.layers[0].self_attn, x, causal=kind == "decoder_self")
+        np.testing.assert_allclose(found["maps"][kind, 1], expected, rtol=1e-4, atol=1e-6)
 
 
 def test_plot_attention_writes_one_png_per_kind_and_layer_with_one_panel_per_head(model, tmp_path):

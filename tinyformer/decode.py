@@ -21,7 +21,6 @@ Conventions shared by every search here:
   −inf after the softmax, as fairseq does for padding).
 """
 
-import contextlib
 import warnings
 from typing import NamedTuple
 
@@ -31,7 +30,7 @@ from . import functional as F
 from .backend import to_numpy
 from .data.batching import pad
 from .data.special import BOS_ID, EOS_ID
-from .tensor import no_grad
+from .nn import inference
 from .validation import check_int, check_real
 
 __all__ = ["Hypothesis", "InputWarning", "LongLineError", "LONG_LINES", "length_penalty", "greedy_decode",
@@ -73,19 +72,6 @@ def length_penalty(length, alpha):
 
 
 # ------------------------------------------------------------------------ helpers
-@contextlib.contextmanager
-def _inference(model):
-    """Eval mode (dropout off) and no graph recording; every module's previous mode is restored."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        with no_grad():
-            yield
-    finally:
-        for module, mode in modes:  # parents come before children, so each ends with its own mode
-            module.train(mode)
-
-
 def _check_src(src):
     """Source ids as a 2-D NumPy integer array (batch, len_src)."""
     array = to_numpy(src)
@@ -190,7 +176,7 @@ def greedy_decode(model, src, max_len=None, max_len_a=1, max_len_b=50, bos_id=BO
     results = [None] * len(src)
     if not len(src):
         return results
-    with _inference(model):
+    with inference(model):
         memory, src_mask, state = _start(model, src, pad_id, 1, use_cache)
         alive = np.arange(len(src))  # the sentence each decoder row belongs to
         tokens = np.full((len(src), 1), bos_id, dtype=np.int64)
@@ -245,7 +231,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, m
     finished = [[] for _ in range(len(src))]
     if not len(src):
         return []
-    with _inference(model):
+    with inference(model):
         memory, src_mask, state = _start(model, src, pad_id, k, use_cache)
         alive = np.arange(len(src))
         tokens = np.full((len(src) * k, 1), bos_id, dtype=np.int64)

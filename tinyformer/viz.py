@@ -9,7 +9,6 @@ nothing; ``render_dot`` needs Graphviz's ``dot`` program.
 """
 
 import contextlib
-import functools
 import json
 import math
 import shutil
@@ -19,8 +18,9 @@ from pathlib import Path
 import numpy
 
 from . import backend
-from . import decode as decode_module
 from .data.special import BOS_ID, EOS_ID
+from .decode import beam_search, greedy_decode
+from .nn import MultiHeadAttention, inference
 from .tensor import Tensor
 from .validation import check_int, is_real
 
@@ -84,28 +84,23 @@ HEADS_PER_ROW = 4
 
 
 @contextlib.contextmanager
-def _attention_weights_kept(model):
-    """Call every MultiHeadAttention of ``model`` with ``need_weights=True``.
-
-    The layers call their attention without that flag and nn/ has no switch for it,
-    so each module's ``forward`` is shadowed, for the duration, by an instance
-    attribute that adds the flag; ``last_weights`` then holds the probabilities.
-    """
-    from .nn import MultiHeadAttention
-
+def _attention_kept(model):
+    """``keep_attention`` on in every MultiHeadAttention of ``model``; on leaving, each module's
+    own switch and ``attention_probs`` are put back."""
     modules = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    before = [(m.keep_attention, m.attention_probs) for m in modules]
     for module in modules:
-        module.forward = functools.partial(type(module).forward, module, need_weights=True)
+        module.keep_attention = True
     try:
         yield
     finally:
-        for module in modules:
-            del module.forward
+        for module, (switch, probs) in zip(modules, before):
+            module.keep_attention, module.attention_probs = switch, probs
 
 
 def _weights(attention):
     """(heads, len_q, len_k) NumPy probabilities of a MultiHeadAttention's last call (batch of one)."""
-    return backend.to_numpy(attention.last_weights.data)[0].astype(numpy.float64)
+    return backend.to_numpy(attention.attention_probs.data)[0].astype(numpy.float64)
 
 
 def attention_maps(model, tokenizer, sentence, beam_size=1, alpha=0.6):
@@ -119,8 +114,6 @@ def attention_maps(model, tokenizer, sentence, beam_size=1, alpha=0.6):
     {(kind, layer): (heads, len_q, len_k) array} with kind in ``ATTENTION_KINDS`` and
     layers counted from 1 (§3.2.3: the three uses of attention).
     """
-    from .decode import beam_search, greedy_decode
-
     text = sentence.strip()
     if not text:
         raise ValueError("attention_maps: the sentence is empty")
@@ -131,14 +124,14 @@ def attention_maps(model, tokenizer, sentence, beam_size=1, alpha=0.6):
     else:
         tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha)[0]
     tgt_in = numpy.array([[BOS_ID] + list(tokens)], dtype=numpy.int64)
-    with decode_module._inference(model), _attention_weights_kept(model):
-        model(src, tgt_in)
     maps = {}
-    for n, layer in enumerate(model.encoder.layers, 1):
-        maps["encoder_self", n] = _weights(layer.self_attn)
-    for n, layer in enumerate(model.decoder.layers, 1):
-        maps["decoder_self", n] = _weights(layer.self_attn)
-        maps["decoder_cross", n] = _weights(layer.cross_attn)
+    with inference(model), _attention_kept(model):
+        model(src, tgt_in)
+        for n, layer in enumerate(model.encoder.layers, 1):
+            maps["encoder_self", n] = _weights(layer.self_attn)
+        for n, layer in enumerate(model.decoder.layers, 1):
+            maps["decoder_self", n] = _weights(layer.self_attn)
+            maps["decoder_cross", n] = _weights(layer.cross_attn)
     return {
         "source": [tokenizer.id_to_piece(i) for i in source],
         "target": [tokenizer.id_to_piece(int(i)) for i in tgt_in[0]],

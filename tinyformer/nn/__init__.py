@@ -4,7 +4,8 @@ from . import init
 from .attention import MultiHeadAttention
 from .layers import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Linear, PositionalEncoding,
                      PositionwiseFeedForward)
-from .module import Module, ModuleList, Parameter, StateDictError
+from .config import TransformerConfig
+from .module import Module, ModuleList, Parameter, StateDictError, inference
 from .presets import PRESETS
 from .transformer import Decoder, DecoderLayer, DecoderState, Encoder, EncoderLayer, Transformer
 
@@ -12,5 +13,5 @@ __all__ = [
     "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding", "LayerNorm",
     "Dropout", "PositionalEncoding", "LearnedPositionalEmbedding", "PositionwiseFeedForward",
     "MultiHeadAttention", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState",
-    "PRESETS", "init",
+    "TransformerConfig", "PRESETS", "inference", "init",
 ]

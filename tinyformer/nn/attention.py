@@ -2,6 +2,7 @@
 
 from .. import functional as F
 from ..ops import concat
+from ..tensor import is_grad_enabled
 from ..validation import check_int, check_probability
 from .layers import Linear
 from .module import Module
@@ -18,9 +19,15 @@ class MultiHeadAttention(Module):
     initialises the projections; dropout masks come from ``dropout_generator``,
     by default the one ``tinyformer.manual_seed`` resets.
 
-    ``keep_attention=True`` (or setting ``mha.keep_attention = True`` later) keeps the
-    attention probabilities of each forward pass in the graph as ``attention_probs``,
-    the hook point for inspecting dL/dP (see ``forward``).
+    ``keep_attention`` is its one recording switch, an argument or an attribute to set at
+    any time: while it is on, every forward pass keeps the attention probabilities
+    P = softmax(QKᵀ/√d_k) of every head, (batch, heads, len_q, len_k), as
+    ``attention_probs``. In a pass that records the graph P is a graph tensor, the hook
+    point for dL/dP (see ``forward``); under ``no_grad`` (``nn.inference``) it is the
+    values alone and the output is computed as with the switch off (on a GPU by the
+    reference path, since the fused kernel never forms P). Off, ``attention_probs`` is None.
+    ``forward(..., need_weights=True)`` asks one call for a detached copy of P,
+    ``last_weights``, as PyTorch's argument of that name does.
     """
 
     def __init__(self, d_model, heads, dropout=0.0, generator=None, dropout_generator=None,
@@ -66,14 +73,14 @@ class MultiHeadAttention(Module):
 
         The hook point (§3.2.1). By default attention is one fused node
         (``F.scaled_dot_product_attention``) and the output's gradient never passes
-        through a probabilities tensor. With ``keep_attention`` on, the masked
-        P = softmax(QKᵀ/√d_k), (batch, heads, len_q, len_k), is a graph tensor,
-        ``self.attention_probs``, and the output is computed from it as
-        Dropout(P)·V with tensor ops; so ``mha.attention_probs.retain_grad()`` or
-        ``.register_hook(fn)`` after the forward pass sees dL/dP = dO·Vᵀ (times the
-        dropout mask) for every head, where dO is the gradient at the heads' output
-        before W_O. Outputs and every other gradient equal the fused path's; it
-        costs one extra P·V product, and on a GPU it never takes the fused kernel.
+        through a probabilities tensor. With ``keep_attention`` on and the graph being
+        recorded, the masked P is a graph tensor, ``self.attention_probs``, and the output
+        is computed from it as Dropout(P)·V with tensor ops; so
+        ``mha.attention_probs.retain_grad()`` or ``.register_hook(fn)`` after the forward
+        pass sees dL/dP = dO·Vᵀ (times the dropout mask) for every head, where dO is the
+        gradient at the heads' output before W_O. Outputs and every other gradient equal
+        the fused path's; it costs one extra P·V product. Wherever P is kept, on a GPU the
+        reference path runs instead of the fused kernel (which never forms P).
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -97,19 +104,19 @@ class MultiHeadAttention(Module):
         if cache is not None:
             cache["k"], cache["v"] = k, v
         dropout_p = self.dropout if self.training else 0.0
-        if self.keep_attention:
+        if self.keep_attention and is_grad_enabled():
             # Only the probabilities output is used: its backward is softmax's and QKᵀ's.
             _, weights = F.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal,
                                                         return_weights=True)
             out = F.dropout(weights, dropout_p, generator=self.dropout_generator) @ v
-            self.attention_probs = weights
         else:
+            kept = self.keep_attention or need_weights
             result = F.scaled_dot_product_attention(
                 q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
-                return_weights=need_weights, generator=self.dropout_generator,
+                return_weights=kept, generator=self.dropout_generator,
             )
-            out, weights = result if need_weights else (result, None)
-            self.attention_probs = None
+            out, weights = result if kept else (result, None)
+        self.attention_probs = weights if self.keep_attention else None
         self.last_weights = weights.detach() if need_weights else None
         return self.w_o(self._merge(out))
 

@@ -7,10 +7,12 @@ parameter a dotted name ("encoder.layers.0.self_attn.w_q.weight") used by
 listed once, under the first name.
 """
 
-from .. import backend
-from ..tensor import Tensor
+import contextlib
 
-__all__ = ["Parameter", "Module", "ModuleList", "StateDictError"]
+from .. import backend
+from ..tensor import Tensor, no_grad
+
+__all__ = ["Parameter", "Module", "ModuleList", "StateDictError", "inference"]
 
 
 class Parameter(Tensor):
@@ -220,3 +222,20 @@ class ModuleList(Module):
     def append(self, module):
         self._items.append(module)
         return self
+
+
+@contextlib.contextmanager
+def inference(model):
+    """``with nn.inference(model):`` runs ``model`` for inference: eval mode (dropout off) and no graph.
+
+    On leaving, even through an exception, every sub-module gets back the mode it had (a model
+    may mix modes) and graph recording is as it was. Decoding and the study tools use it.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with no_grad():
+            yield model
+    finally:
+        for module, mode in modes:
+            object.__setattr__(module, "training", mode)

@@ -2,11 +2,11 @@
 
 from .. import functional as F
 from ..random import make_generator
-from ..validation import check_int, check_probability, check_real, is_integer
 from .attention import MultiHeadAttention
-from .layers import (POSITIONAL_KINDS, Dropout, Embedding, LayerNorm, PositionwiseFeedForward,
-                     positional_encoding, scale_embedding)
+from .config import LABEL_SMOOTHING_MOVED, TransformerConfig
+from .layers import Dropout, Embedding, LayerNorm, PositionwiseFeedForward, positional_encoding, scale_embedding
 from .module import Module, ModuleList
+from .presets import preset_config
 
 __all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState"]
 
@@ -135,56 +135,65 @@ class Transformer(Module):
     matrix; with two vocabularies the target embedding is the projection.
     ``positional`` is "sinusoid" (the fixed encodings of §3.5) or "learned" (one
     learned vector per position, shared by encoder and decoder: Table 3 row (E)).
+    The whole shape is a ``TransformerConfig`` (``from_config``); ``model.config`` is
+    its ``to_dict()``, what checkpoints store and ``Transformer(**model.config)`` rebuilds.
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
-                 num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-                 label_smoothing=0.1, max_len=1024, pad_id=0, norm_first=False, eps=1e-5,
-                 seed=None, positional="sinusoid"):
-        """``seed`` gives the initialisation a generator of its own; dropout always draws
-        from the default generator, which ``tinyformer.manual_seed`` resets."""
+                 num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, *,
+                 max_len=1024, pad_id=0, norm_first=False, eps=1e-5, seed=None, positional="sinusoid",
+                 **unknown):
+        """The arguments are ``TransformerConfig``'s fields (see there for each one's meaning).
+
+        ``seed`` gives the initialisation a generator of its own; dropout always draws
+        from the default generator, which ``tinyformer.manual_seed`` resets.
+        """
         super().__init__()
-        self.config = dict(
-            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
-            d_ff=d_ff, heads=heads, num_layers=num_layers, dropout=dropout,
-            attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-            label_smoothing=label_smoothing, max_len=max_len, pad_id=pad_id,
-            norm_first=norm_first, eps=eps, seed=seed, positional=positional,
+        if isinstance(src_vocab_size, TransformerConfig):
+            raise TypeError("Transformer: got a TransformerConfig as src_vocab_size; build it with "
+                            "Transformer.from_config(config)")
+        TransformerConfig.check_names(unknown)
+        c = TransformerConfig(
+            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model, d_ff=d_ff,
+            heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
+            eps=eps, seed=seed, positional=positional,
         )
-        check_int("num_layers", num_layers, 1)
-        for name, p in (("dropout", dropout), ("attention_dropout", attention_dropout),
-                        ("activation_dropout", activation_dropout)):
-            check_probability(f"Transformer: {name}", p)
-        check_real("Transformer: label_smoothing", label_smoothing, 0, 1)
-        if positional not in POSITIONAL_KINDS:
-            raise ValueError(f"Transformer: positional must be one of "
-                             f"{', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {positional!r}")
-        generator = None if seed is None else make_generator(seed)
-        self.d_model, self.pad_id = d_model, pad_id
-        self.shared_vocab = tgt_vocab_size is None
-        self.label_smoothing = label_smoothing
-        self.src_embed = Embedding(src_vocab_size, d_model, generator)
-        self.tgt_embed = self.src_embed if self.shared_vocab else Embedding(tgt_vocab_size, d_model, generator)
-        vocab = min(self.src_vocab_size, self.tgt_vocab_size)
-        if not is_integer(pad_id) or not 0 <= pad_id < vocab:
-            raise ValueError(f"Transformer: pad_id must be an id of the vocabulary, 0 <= pad_id < {vocab}, "
-                             f"got {pad_id!r}")
+        if c.src_vocab_size is None:
+            raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
+                            "from_preset(name, vocab_size=...))")
+        self.config = c.to_dict()
+        generator = None if c.seed is None else make_generator(c.seed)
+        self.d_model, self.pad_id = c.d_model, c.pad_id
+        self.shared_vocab = c.tgt_vocab_size is None
+        self.src_embed = Embedding(c.src_vocab_size, c.d_model, generator)
+        self.tgt_embed = self.src_embed if self.shared_vocab else Embedding(c.tgt_vocab_size, c.d_model, generator)
         self.positional = None  # set below; assigned here to keep its place among the modules
-        self.embed_dropout = Dropout(dropout)
-        layer_args = dict(heads=heads, d_ff=d_ff, dropout=dropout, attention_dropout=attention_dropout,
-                          activation_dropout=activation_dropout, generator=generator)
-        self.encoder = Encoder(num_layers, d_model, norm_first, eps, **layer_args)
-        self.decoder = Decoder(num_layers, d_model, norm_first, eps, **layer_args)
+        self.embed_dropout = Dropout(c.dropout)
+        layer_args = dict(heads=c.heads, d_ff=c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
+                          activation_dropout=c.activation_dropout, generator=generator)
+        self.encoder = Encoder(c.num_layers, c.d_model, c.norm_first, c.eps, **layer_args)
+        self.decoder = Decoder(c.num_layers, c.d_model, c.norm_first, c.eps, **layer_args)
         # Learned positions are drawn after the stacks, so that with the same seed such a model
         # starts from the sinusoid model's weights everywhere else (a controlled Table 3 (E)).
-        self.positional = positional_encoding(positional, d_model, max_len, generator)
+        self.positional = positional_encoding(c.positional, c.d_model, c.max_len, generator)
+
+    @classmethod
+    def from_config(cls, config):
+        """The model a ``TransformerConfig`` describes (its vocabulary set)."""
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"Transformer.from_config: expected a TransformerConfig, got {type(config).__name__}"
+                            + (" (a dict: use TransformerConfig.from_dict)" if isinstance(config, dict) else ""))
+        return cls(**config.to_dict())
 
     @classmethod
     def from_preset(cls, name, vocab_size=None, **overrides):
-        """A model of a named size (see ``tinyformer.nn.presets``), e.g. ``from_preset("base", vocab_size=37000)``."""
-        from .presets import preset_config
+        """A model of a named size (``nn.PRESETS``), e.g. ``from_preset("base", vocab_size=37000)``."""
+        return cls.from_config(preset_config(name, vocab_size, **overrides))
 
-        return cls(**preset_config(name, vocab_size, **overrides))
+    @property
+    def label_smoothing(self):
+        raise AttributeError(f"Transformer has no label_smoothing: {LABEL_SMOOTHING_MOVED}")
 
     @property
     def src_vocab_size(self):

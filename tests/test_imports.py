@@ -1,0 +1,258 @@
+"""No import cycle inside tinyformer: every module's imports, read with ``ast`` (nothing is imported).
+
+The graph has an edge M → T when running M's imports runs module T of the package:
+
+* ``import a.b.c`` runs ``a.b.c`` and the ``__init__`` of each package on the way (``a``, ``a.b``);
+* ``from X import n`` runs ``X.n`` when that is a module, else ``X``, whose ``__init__`` must have
+  defined ``n`` (so a re-export through a package ``__init__`` is an edge to that ``__init__``, which
+  in turn has edges to the modules it re-exports from), and the packages on the way to ``X``;
+* relative imports are resolved against M's package (``__init__.py`` is its own package);
+* a package that is an ancestor of M is already being imported when M runs, so it is an edge only
+  where M asks it for a name that is not a submodule (``from .. import Tensor``); an
+  ``if TYPE_CHECKING:`` block runs nothing.
+
+Two graphs are checked: the imports that run when a module is imported (module and class level),
+where a cycle is an import-order bug waiting to happen, and the same plus the imports inside
+functions, where a cycle means two modules that need each other and hide it with a late import
+(the way ``nn/presets.py`` once asked ``nn/transformer.py`` for its arguments). Both must be acyclic.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tinyformer"
+
+
+# ---------------------------------------------------------------------------- the walk
+def package_modules(package_dir):
+    """{dotted name: (path, is_package)} for every ``.py`` file under ``package_dir``."""
+    root = Path(package_dir)
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        modules[".".join(parts)] = (path, is_package)
+    return modules
+
+
+def _is_type_checking(test):
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+class _ImportCollector(ast.NodeVisitor):
+    """(import node, inside a function?) for every import statement that can run."""
+
+    def __init__(self):
+        self.found, self._depth = [], 0
+
+    def _function(self, node):
+        self._depth += 1
+        self.generic_visit(node)
+        self._depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_If(self, node):
+        if _is_type_checking(node.test):
+            for child in node.orelse:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node):
+        self.found.append((node, self._depth > 0))
+
+    visit_ImportFrom = visit_Import
+
+
+def _ancestors(name):
+    """'a.b.c' -> ['a', 'a.b']."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _resolve_from(node, module, is_package):
+    """The absolute module name ``from <...> import`` refers to."""
+    if not node.level:
+        return node.module
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level > 1:
+        base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_edges(package_dir):
+    """[(importer, imported, line, lazy)] between modules of the package under ``package_dir``."""
+    modules = package_modules(package_dir)
+    edges = []
+    for module, (path, is_package) in modules.items():
+        collector = _ImportCollector()
+        collector.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        running = set(_ancestors(module)) | ({module} if is_package else set())
+        for node, lazy in collector.found:
+            if isinstance(node, ast.Import):
+                targets = [t for alias in node.names for t in (*_ancestors(alias.name), alias.name)]
+                needed = set()
+            else:
+                source = _resolve_from(node, module, is_package)
+                submodules = [f"{source}.{alias.name}" for alias in node.names]
+                targets = [*_ancestors(source), source, *(s for s in submodules if s in modules)]
+                needed = {source} if any(s not in modules for s in submodules) else set()
+            for target in dict.fromkeys(targets):
+                if target in modules and target != module and (target not in running or target in needed):
+                    edges.append((module, target, node.lineno, lazy))
+    return edges
+
+
+def find_cycles(edges):
+    """One cycle per strongly connected component of more than one module, as [m0, m1, ..., m0]."""
+    graph = {}
+    for importer, imported, _, _ in edges:
+        graph.setdefault(importer, []).append(imported)
+        graph.setdefault(imported, [])
+    index, low, on_stack, stack, components = {}, {}, set(), [], []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:  # Tarjan's algorithm, iteratively
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        components.append(component)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(graph[child])))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return [_a_cycle_in(component, graph) for component in components]
+
+
+def _a_cycle_in(component, graph):
+    """A shortest cycle through the component's first module (breadth first inside the component)."""
+    start = min(component)
+    parents, frontier = {start: None}, [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in graph[node]:
+                if child == start:
+                    path = [node]
+                    while parents[path[-1]] is not None:
+                        path.append(parents[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if len(path) > 1 else [start, node, start]
+                if child in component and child not in parents:
+                    parents[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"no cycle through {start} in {sorted(component)}")
+
+
+def describe(cycle, edges):
+    """'a (line 3) -> b (line 9, in a function) -> a': the line of each import taken."""
+    lines = {}
+    for importer, imported, line, lazy in edges:
+        lines.setdefault((importer, imported), (line, lazy))
+    steps = []
+    for importer, imported in zip(cycle, cycle[1:]):
+        line, lazy = lines[importer, imported]
+        steps.append(f"{importer} (line {line}{', in a function' if lazy else ''}) -> ")
+    return "".join(steps) + cycle[-1]
+
+
+def check_acyclic(edges, what):
+    cycles = find_cycles(edges)
+    assert not cycles, f"import cycles among {what}: " + "; ".join(describe(c, edges) for c in cycles)
+
+
+# ---------------------------------------------------------------------------- tinyformer
+def test_the_walk_sees_the_package():
+    edges = import_edges(PACKAGE_DIR)
+    pairs = {(a, b) for a, b, _, _ in edges}
+    assert ("tinyformer", "tinyformer.nn") in pairs  # from . import functional, nn, optim
+    assert ("tinyformer.nn.transformer", "tinyformer.nn.attention") in pairs  # from .attention import ...
+    assert ("tinyformer.nn.transformer", "tinyformer.functional") in pairs  # from .. import functional as F
+    assert not any(b == "tinyformer" for a, b, _, _ in edges if a.startswith("tinyformer.nn"))
+
+
+def test_no_import_cycle_at_import_time():
+    check_acyclic([e for e in import_edges(PACKAGE_DIR) if not e[3]], "tinyformer's module-level imports")
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    check_acyclic(import_edges(PACKAGE_DIR), "tinyformer's imports, those inside functions included")
+
+
+# ---------------------------------------------------------------------------- the walk itself
+def write_package(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+@pytest.fixture
+def toy(tmp_path):
+    return lambda files: write_package(tmp_path / "toy", {"__init__.py": "", **files})
+
+
+def test_a_cycle_is_found_and_named_with_its_lines(toy):
+    root = toy({"a.py": "from . import b\n", "b.py": "import os\n\nfrom .c import thing\n",
+                "c.py": "from .a import other\n"})
+    edges = import_edges(root)
+    with pytest.raises(AssertionError) as error:
+        check_acyclic(edges, "toy")
+    assert "toy.a (line 1) -> toy.b (line 3) -> toy.c (line 1) -> toy.a" in str(error.value)
+
+
+def test_a_late_import_closes_a_cycle_only_in_the_full_graph(toy):
+    root = toy({"a.py": "from .b import B\n", "b.py": "def f():\n    from .a import A\n"})
+    edges = import_edges(root)
+    check_acyclic([e for e in edges if not e[3]], "toy")
+    with pytest.raises(AssertionError, match=r"toy.b \(line 2, in a function\) -> toy.a"):
+        check_acyclic(edges, "toy")
+
+
+def test_a_reexport_through_a_package_init_is_an_edge_to_that_init(toy):
+    root = toy({"sub/__init__.py": "from .inner import Thing\n", "sub/inner.py": "from ..user import helper\n",
+                "user.py": "from .sub import Thing\n"})
+    edges = import_edges(root)
+    assert {(a, b) for a, b, _, _ in edges} == {("toy.sub", "toy.sub.inner"), ("toy.sub.inner", "toy.user"),
+                                                ("toy.user", "toy.sub")}
+    assert find_cycles(edges) == [["toy.sub", "toy.sub.inner", "toy.user", "toy.sub"]]
+
+
+def test_plain_imports_relative_levels_and_type_checking(toy):
+    root = toy({"sub/__init__.py": "", "sub/deep.py": "from .. import x\nimport toy.other\n",
+                "other.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .sub import deep\n",
+                "x.py": "import json\n"})
+    # toy and toy.sub are already running when toy.sub.deep runs, and x is a submodule: no edge to them
+    assert {(a, b) for a, b, _, _ in import_edges(root)} == {("toy.sub.deep", "toy.x"), ("toy.sub.deep", "toy.other")}
+
+
+def test_a_name_asked_of_a_running_ancestor_package_is_an_edge(toy):
+    root = toy({"__init__.py": "from .sub import thing\nVALUE = 1\n", "sub.py": "from . import VALUE\n"})
+    assert find_cycles(import_edges(root)) == [["toy", "toy.sub", "toy"]]

@@ -1,0 +1,174 @@
+"""TransformerConfig: the model's shape in one frozen dataclass, its checks, replace, dict round trips,
+presets as instances, and checkpoints written while label smoothing was still a model argument."""
+
+import dataclasses
+import inspect
+import json
+
+import numpy as np
+import pytest
+
+import tinyformer as tf
+from tinyformer import checkpoint, nn
+from tinyformer.data.synthetic import synthetic_pairs
+from tinyformer.data.tokenizer import Tokenizer
+from tinyformer.nn import TransformerConfig
+
+SMALL = dict(src_vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.0, seed=0)
+
+
+def test_the_fields_are_the_transformers_arguments_with_the_same_defaults():
+    parameters = dict(inspect.signature(nn.Transformer.__init__).parameters)
+    del parameters["self"], parameters["unknown"]  # **unknown only turns old arguments into clear errors
+    assert list(parameters) == TransformerConfig.field_names()
+    for field in dataclasses.fields(TransformerConfig):
+        default = parameters[field.name].default
+        if default is inspect.Parameter.empty:  # src_vocab_size: required by the model, unset in presets
+            assert field.name == "src_vocab_size" and field.default is None
+        else:
+            assert default == field.default, field.name
+    assert "label_smoothing" not in TransformerConfig.field_names()
+
+
+def test_it_is_frozen_and_replace_makes_a_checked_copy():
+    config = TransformerConfig(**SMALL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 16
+    wider = config.replace(d_model=16, heads=4)
+    assert (wider.d_model, wider.heads, config.d_model) == (16, 4, 8)
+    with pytest.raises(ValueError, match=r"d_model=8 is not divisible by heads=3"):
+        config.replace(heads=3)
+
+
+def test_replace_refuses_an_unknown_name_in_one_line_listing_the_allowed_ones():
+    with pytest.raises(TypeError) as error:
+        TransformerConfig().replace(d_modle=16)
+    message = str(error.value)
+    assert "\n" not in message and "'d_modle'" in message
+    assert message.endswith("allowed: " + ", ".join(TransformerConfig.field_names()))
+    with pytest.raises(TypeError, match=r"label smoothing is a property of the loss.*F\.cross_entropy"):
+        TransformerConfig().replace(label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("name, value, parts", [
+    ("d_model", 0, ["Transformer: d_model", "positive integer", "0"]),
+    ("d_ff", 2.5, ["Transformer: d_ff", "2.5"]),
+    ("heads", True, ["Transformer: heads", "True"]),
+    ("num_layers", -1, ["Transformer: num_layers", "-1"]),
+    ("max_len", None, ["Transformer: max_len", "None"]),
+    ("dropout", 1.0, ["Transformer: dropout", "[0, 1)", "1.0"]),
+    ("attention_dropout", float("nan"), ["Transformer: attention_dropout", "nan"]),
+    ("activation_dropout", "0.1", ["Transformer: activation_dropout", "'0.1'"]),
+    ("eps", -1e-6, ["Transformer: eps", "-1e-06"]),
+    ("norm_first", "yes", ["Transformer: norm_first", "True or False", "'yes'"]),
+    ("positional", "rotary", ["Transformer: positional", "'sinusoid'", "'learned'", "'rotary'"]),
+    ("seed", -1, ["Transformer: seed", "-1"]),
+    ("src_vocab_size", 0, ["Transformer: src_vocab_size", "0"]),
+    ("tgt_vocab_size", 1.5, ["Transformer: tgt_vocab_size", "1.5"]),
+    ("pad_id", 11, ["Transformer: pad_id", "0 <= pad_id < 11", "11"]),
+])
+def test_every_field_is_checked_with_a_one_line_error_naming_it(name, value, parts):
+    with pytest.raises(ValueError) as error:
+        TransformerConfig(**dict(SMALL, **{name: value}))
+    message = str(error.value)
+    assert "\n" not in message
+    for part in parts:
+        assert part in message, f"{part!r} not in {message!r}"
+
+
+def test_pad_id_must_fit_the_smaller_vocabulary_and_without_one_just_be_an_id():
+    with pytest.raises(ValueError, match=r"0 <= pad_id < 5, got 7"):
+        TransformerConfig(src_vocab_size=11, tgt_vocab_size=5, pad_id=7)
+    assert TransformerConfig(pad_id=7).pad_id == 7  # no vocabulary yet: a preset
+    with pytest.raises(ValueError, match="pad_id"):
+        TransformerConfig(pad_id=-1)
+
+
+def test_values_are_kept_as_plain_python_values():
+    config = TransformerConfig(src_vocab_size=np.int64(11), d_model=np.int32(8), heads=np.int64(2),
+                               dropout=np.float32(0.25), eps=np.float64(1e-6), norm_first=np.bool_(True),
+                               seed=np.uint8(3))
+    values = config.to_dict()
+    assert type(values["src_vocab_size"]) is int and type(values["d_model"]) is int and type(values["seed"]) is int
+    assert type(values["dropout"]) is float and type(values["norm_first"]) is bool
+    assert json.loads(json.dumps(values)) == values  # what a checkpoint's metadata holds
+
+
+def test_dict_round_trip_and_the_legacy_label_smoothing_key():
+    config = TransformerConfig(**SMALL, positional="learned")
+    assert TransformerConfig.from_dict(config.to_dict()) == config
+    old = dict(config.to_dict(), label_smoothing=0.1)  # a model_config written before it moved to the loss
+    assert TransformerConfig.from_dict(old) == config and "label_smoothing" in old
+    with pytest.raises(TypeError, match=r"from_dict: unknown argument 'd_modle'"):
+        TransformerConfig.from_dict(dict(config.to_dict(), d_modle=8))
+    with pytest.raises(TypeError, match="expected a dict"):
+        TransformerConfig.from_dict([("d_model", 8)])
+
+
+# ---------------------------------------------------------------------------- the model built from it
+def test_a_model_built_from_a_config_equals_one_built_from_arguments():
+    config = TransformerConfig(**SMALL)
+    a, b = nn.Transformer.from_config(config), nn.Transformer(**SMALL)
+    assert a.config == b.config == config.to_dict()
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    rebuilt = nn.Transformer(**a.config)  # what a checkpoint's model_config rebuilds
+    assert rebuilt.config == a.config
+    with pytest.raises(TypeError, match="TransformerConfig.from_dict"):
+        nn.Transformer.from_config(a.config)
+    with pytest.raises(TypeError, match="src_vocab_size is unset"):
+        nn.Transformer.from_config(nn.PRESETS["tiny"])
+    with pytest.raises(TypeError, match=r"Transformer.from_config\(config\)"):
+        nn.Transformer(config)
+
+
+def test_presets_are_configs_and_from_preset_applies_the_overrides():
+    model = nn.Transformer.from_preset("small", vocab_size=8000, dropout=0.0, num_layers=1)
+    assert model.config == nn.PRESETS["small"].replace(src_vocab_size=8000, dropout=0.0, num_layers=1).to_dict()
+    assert nn.PRESETS["small"].dropout == 0.1  # the preset itself is unchanged
+
+
+def test_label_smoothing_is_the_losss_not_the_models():
+    with pytest.raises(TypeError) as error:
+        nn.Transformer(11, d_model=8, d_ff=16, heads=2, num_layers=1, label_smoothing=0.1)
+    message = str(error.value)
+    assert "\n" not in message and "F.cross_entropy(..., label_smoothing=)" in message
+    assert "TrainConfig.label_smoothing" in message
+    with pytest.raises(TypeError, match="label smoothing is a property of the loss"):
+        nn.Transformer.from_preset("tiny", vocab_size=11, label_smoothing=0.1)
+    model = nn.Transformer(**SMALL)
+    with pytest.raises(AttributeError, match="label smoothing is a property of the loss"):
+        model.label_smoothing  # noqa: B018
+
+
+def test_the_arguments_after_the_dropouts_are_keywords():
+    # Where label_smoothing stood, a positional value would silently become max_len: refused instead.
+    with pytest.raises(TypeError):
+        nn.Transformer(11, None, 8, 16, 2, 1, 0.0, 0.0, 0.0, 0.1)
+    assert nn.Transformer(11, None, 8, 16, 2, 1, 0.0, 0.0, 0.0, max_len=12).config["max_len"] == 12
+
+
+def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_path):
+    from tinyformer.train import TrainConfig, load_model
+
+    english, german = synthetic_pairs("val")
+    tokenizer = Tokenizer.train(english + german, tmp_path, vocab_size=150)
+    model = nn.Transformer(len(tokenizer), d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, seed=0)
+    legacy = {  # the Transformer's config as checkpoints held it, in its order, label smoothing included
+        "src_vocab_size": len(tokenizer), "tgt_vocab_size": None, "d_model": 16, "d_ff": 32, "heads": 2,
+        "num_layers": 1, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
+        "label_smoothing": 0.1, "max_len": 1024, "pad_id": 0, "norm_first": False, "eps": 1e-5, "seed": 0,
+        "positional": "sinusoid",
+    }
+    assert {k: v for k, v in legacy.items() if k != "label_smoothing"} == model.config
+    meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(tmp_path)).to_dict(),
+            "model_config": legacy, "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
+            "rng_state": tf.random.get_rng_state(), "tokenizer_sha256": tokenizer.sha256,
+            "tokenizer_file": "spm.model", "saved_at": "2026-01-01T00:00:00"}
+    path = tmp_path / "checkpoint_0000001.npz"
+    checkpoint.save_checkpoint(path, model.state_dict(), meta)
+    loaded, _, loaded_meta = load_model(path)
+    assert loaded.config == model.config and loaded_meta["model_config"]["label_smoothing"] == 0.1
+    src, tgt = np.array([[5, 6, 7, 3]]), np.array([[2, 8, 9]])
+    np.testing.assert_array_equal(loaded(src, tgt).data, model.eval()(src, tgt).data)
+    assert checkpoint.model_config_mismatch(legacy, loaded.config) == []  # and a run may resume from it
