@@ -9,6 +9,8 @@ compares with the tolerance of that element type:
     bfloat16  rtol 2e-2, atol 2e-2   (output rounding 2^-8)
 """
 
+import importlib
+
 import numpy as np
 
 from tinyformer import Tensor, backend, functional as F
@@ -161,7 +163,7 @@ def attention_reference(q, k, v, lengths, causal, g, dropout_p=0.0, seed=0, monk
     """F.scaled_dot_product_attention on (B, H, L, D); dropout drawn from the kernel's Philox stream."""
     if dropout_p:
         # the NumPy reference draws through uniform_blocks: hand it the kernel's samples instead
-        monkeypatch.setattr(F, "uniform_blocks",
+        monkeypatch.setattr(importlib.import_module("tinyformer.functional.dropout"), "uniform_blocks",
                             lambda gen, size, fn: fn(0, size, philox_uniform(seed, 0, np.arange(size))))
     mask = None
     if lengths is not None:

@@ -8,11 +8,10 @@ from .. import backend, kernels
 from ..kernels import ops as kernel_ops
 from ..kernels.registry import HEAD_DIMS
 from ..ops._helpers import sum_to_shape
-from ..random import uniform_blocks
 from ..tensor import Tensor
 from ..validation import as_array, check_probability
 from ._dispatch import KernelFunction
-from .dropout import _check_generator, _dropped, _kernel_seed
+from .dropout import _check_generator, _dropped, _keep_mask_on_cpu, _kernel_seed
 from .masks import causal_mask
 
 _xp = backend.get_array_module
@@ -206,15 +205,6 @@ def _batch_blocks(xp, q, k, v, mask):
     scores = q.shape[:-1] + k.shape[-2:-1]
     return ((mask.ndim < 4 or mask.shape[0] in (1, batch))
             and numpy.broadcast_shapes(scores, mask.shape) == scores)
-
-
-def _keep_mask_on_cpu(shape, p, generator):
-    """keep = [u ≥ p] for one ``generator.random(shape, float32)`` draw, drawn in blocks."""
-    keep = numpy.empty(shape, dtype=bool)
-    flat = keep.reshape(-1)
-    uniform_blocks(generator, flat.size, lambda start, stop, samples: numpy.greater_equal(
-        samples, p, out=flat[start:stop]))
-    return keep
 
 
 def _empty_in_layout_of(like, shape, dtype):

@@ -87,6 +87,15 @@ def _dropped(x, p, generator):
 
 
 
+def _keep_mask_on_cpu(shape, p, generator):
+    """keep = [u ≥ p] for one ``generator.random(shape, float32)`` draw, drawn in blocks."""
+    keep = numpy.empty(shape, dtype=bool)
+    flat = keep.reshape(-1)
+    uniform_blocks(generator, flat.size, lambda start, stop, samples: numpy.greater_equal(
+        samples, p, out=flat[start:stop]))
+    return keep
+
+
 def _check_generator(generator, name):
     if generator is not None and not isinstance(generator, numpy.random.Generator):
         raise TypeError(f"{name} must be a numpy.random.Generator or None (the default generator), "
