@@ -25,7 +25,8 @@ class KernelFunction(Function):
         """Raise on inputs that neither path takes (Chainer's ``check_type_forward``); none by default."""
 
     def kernel_applies(self, *args, **params):
-        """Whether the CUDA kernel runs this call: ``use_kernels(arrays)`` and the op's own conditions."""
+        """Whether the CUDA kernel runs this call: ``use_kernels(arrays)`` and the op's own conditions.
+        What it works out for the kernel on the way (attention: the key lengths) it may keep on ``self``."""
         raise NotImplementedError
 
     def forward_cpu(self, *args, **params):

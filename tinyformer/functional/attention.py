@@ -48,7 +48,7 @@ class ScaledDotProductAttention(KernelFunction):
             return False
         if len({q.dtype, k.dtype, v.dtype}) != 1:
             return False
-        fits, self.key_lengths = _key_lengths(mask, q.shape[0], k.shape[2])
+        fits, self.key_lengths = _key_lengths(mask, q.shape[0], k.shape[2])  # forward_gpu passes them on
         return fits
 
     # ---------------------------------------------------------------- the NumPy reference
