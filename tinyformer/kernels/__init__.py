@@ -1,4 +1,4 @@
-"""Raw CUDA kernels for the hot paths, and the one place that decides when they run.
+"""Raw CUDA kernels for the hot paths, and the one rule that decides when they run.
 
 Sources: ``attention.cu`` (fused attention forward and backward), ``softmax.cu``,
 ``layer_norm.cu``, ``cross_entropy.cu``, ``dropout.cu``, ``adam.cu``, with ``common.cuh`` and
@@ -12,12 +12,26 @@ tinyformer.kernels.compile_check`` compiles all of them with NVRTC, no GPU neede
 
 import os
 
+import numpy
+
 from .. import backend
 
+KERNEL_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16))
 
-def enabled(*arrays):
-    """True when the kernels replace the NumPy reference: CuPy arrays, and
-    ``TINYFORMER_KERNELS`` is not "0" (set it to compare against the reference on a GPU)."""
+
+def on_gpu(*arrays):
+    """Whether the arrays all live on the GPU (CuPy arrays): the array check of ``use_kernels``."""
+    return bool(arrays) and all(backend.is_cupy_array(a) for a in arrays)
+
+
+def use_kernels(*arrays):
+    """The one switch between a CUDA kernel and the NumPy reference, for every fused op and Adam.
+
+    True for CuPy arrays of float32/float16 (float64, used by gradient checks, always takes the
+    reference) unless ``TINYFORMER_KERNELS`` is "0" (set it to compare against the reference on
+    a GPU). An op adds its own conditions (softmax: the last axis; attention: its mask and head
+    dim); see ``tinyformer.functional``.
+    """
     if os.environ.get("TINYFORMER_KERNELS", "1") == "0":
         return False
-    return any(backend.is_cupy_array(a) for a in arrays)
+    return on_gpu(*arrays) and all(a.dtype in KERNEL_DTYPES for a in arrays)

@@ -151,15 +151,14 @@ class Adam:
         return buffer[: like.size].reshape(like.shape)
 
     def _fused_step(self, step_size, bias2):
-        """kernels/adam.cu: every parameter with a gradient in one launch (CuPy, one float dtype).
+        """kernels/adam.cu: every parameter with a gradient in one launch, where ``kernels.use_kernels``
+        says so for the parameters and gradients and they share one dtype.
 
         Returns False, doing nothing, when the reference loop above must run instead.
         """
         active = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if not active or not kernels.enabled(self.params[active[0]].data):
-            return False
-        dtypes = {self.params[i].data.dtype for i in active} | {self.params[i].grad.dtype for i in active}
-        if len(dtypes) != 1 or dtypes.pop().name not in ("float32", "float16"):
+        arrays = [a for i in active for a in (self.params[i].data, self.params[i].grad)]
+        if not arrays or not kernels.use_kernels(*arrays) or len({a.dtype for a in arrays}) != 1:
             return False
         xp = backend.get_array_module(self.params[active[0]].data)
         for i in active:

@@ -1,0 +1,324 @@
+"""The one dispatch rule (``kernels.use_kernels``) and the one pattern (``KernelFunction``) behind
+every fused op and Adam's fused step (``tinyformer/functional/_dispatch.py``).
+
+NumPy arrays stand in for CuPy ones (``kernels.on_gpu``, the rule's array check, patched to say
+so), and the kernel entry points of ``kernels.ops`` are replaced by recording stand-ins that
+compute the NumPy reference: no GPU and no compiler needed. Each op must call its kernels exactly
+when the rule and the op's own condition say so, its backward must follow the forward's choice
+even when the rule would now answer otherwise, and the kernel path's wiring (reshapes, seeds,
+weights, reductions) must give the reference path's values.
+"""
+
+import importlib
+
+import numpy as np
+import pytest
+
+import tinyformer as tf
+from tinyformer import Tensor, functional as F, kernels
+from tinyformer.kernels import ops
+from tinyformer.kernels.philox import philox_uniform
+from tinyformer.optim import Adam
+
+GENERATOR_SEED = 7
+KERNEL_SEED = int(np.random.default_rng(GENERATOR_SEED).integers(2 ** 63))  # what the kernel path draws
+
+
+def generator():
+    return np.random.default_rng(GENERATOR_SEED)
+
+
+def philox_keep(seed, offset, shape, p):
+    return (philox_uniform(seed, offset, np.arange(int(np.prod(shape)))) >= np.float32(p)).reshape(shape)
+
+
+# ------------------------------------------------------------------ reference stand-ins for kernels.ops
+def softmax_forward(x, log=False, dtype=None):
+    z = x.astype(np.float64)
+    shifted = z - z.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return (log_p if log else np.exp(log_p)).astype(x.dtype)
+
+
+def softmax_backward(y, grad_y, log=False, dtype=None):
+    y64, g = y.astype(np.float64), grad_y.astype(np.float64)
+    grad = g - np.exp(y64) * g.sum(-1, keepdims=True) if log else y64 * (g - (g * y64).sum(-1, keepdims=True))
+    return grad.astype(y.dtype)
+
+
+def layer_norm_forward(x, weight, bias, eps=1e-5, dtype=None):
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    mean = rows.mean(axis=-1)
+    rstd = 1.0 / np.sqrt(((rows - mean[:, None]) ** 2).mean(axis=-1) + eps)
+    y = (rows - mean[:, None]) * rstd[:, None] * weight + bias
+    return y.reshape(x.shape).astype(x.dtype), mean.astype(np.float32), rstd.astype(np.float32)
+
+
+def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_params=True, dtype=None,
+                        rows_per_chunk=64):
+    n = x.shape[-1]
+    rows, g = x.reshape(-1, n).astype(np.float64), grad_y.reshape(-1, n).astype(np.float64)
+    xhat = (rows - mean[:, None]) * rstd[:, None]
+    grad_x = grad_w = grad_b = None
+    if need_input:
+        dxhat = g * weight
+        grad_x = rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+        grad_x = grad_x.reshape(x.shape).astype(x.dtype)
+    if need_params:
+        grad_w, grad_b = (g * xhat).sum(axis=0).astype(x.dtype), g.sum(axis=0).astype(x.dtype)
+    return grad_x, grad_w, grad_b
+
+
+def _log_probabilities(logits, target, ignore_index):
+    z = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    t = target.reshape(-1)
+    counted = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+    return z - lse[:, None], np.where(counted, t, 0), counted, lse
+
+
+def cross_entropy_forward(logits, target, smoothing=0.0, ignore_index=None, dtype=None):
+    log_p, t, counted, lse = _log_probabilities(logits, target, ignore_index)
+    nll = -log_p[np.arange(len(t)), t]
+    loss = (1 - smoothing) * nll - smoothing / log_p.shape[-1] * log_p.sum(-1)
+    return (np.where(counted, loss, 0).astype(np.float32), np.where(counted, nll, 0).astype(np.float32),
+            lse.astype(np.float32))
+
+
+def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0.0, ignore_index=None, dtype=None):
+    log_p, t, counted, _ = _log_probabilities(logits, target, ignore_index)
+    p, vocab = np.exp(log_p), log_p.shape[-1]
+    onehot = np.eye(vocab)[t]
+    grad = (p - (1 - smoothing) * onehot - smoothing / vocab) * grad_loss[:, None] + (p - onehot) * grad_nll[:, None]
+    return (grad * counted[:, None]).reshape(logits.shape).astype(logits.dtype)
+
+
+def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
+    keep = philox_keep(seed, offset, x.shape, p)
+    scale = 1.0 / (1.0 - p) if scale is None else scale
+    return (x * keep * x.dtype.type(scale)).astype(x.dtype), keep
+
+
+def _attention_probabilities(q, k, heads, key_lengths, causal, scale, dropout_p, seed, offset):
+    """P (rows with no key: zeros) and the dropout factor D of (batch·heads, len_q, len_k) attention."""
+    bh, len_q, dim = q.shape
+    len_k = k.shape[1]
+    scale = 1.0 / np.sqrt(dim) if scale is None else scale
+    keep = np.ones((bh, len_q, len_k), bool)
+    if key_lengths is not None:
+        keep &= np.arange(len_k) < np.repeat(np.asarray(key_lengths), heads)[:, None, None]
+    if causal:
+        keep &= np.tril(np.ones((len_q, len_k), bool), k=len_k - len_q)
+    scores = np.where(keep, q.astype(np.float64) @ k.astype(np.float64).swapaxes(1, 2) * scale, -np.inf)
+    top = np.where(keep.any(-1, keepdims=True), scores.max(-1, keepdims=True), 0)
+    e = np.exp(scores - top)
+    total = e.sum(-1, keepdims=True)
+    p = e / np.where(total == 0, 1, total)
+    lse = np.where(total[..., 0] == 0, -np.inf, np.log(np.where(total == 0, 1, total))[..., 0] + top[..., 0])
+    drop = philox_keep(seed, offset, p.shape, dropout_p) / (1 - dropout_p) if dropout_p else 1.0
+    return p, drop, scale, lse
+
+
+def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                      dtype=None):
+    p, drop, _, lse = _attention_probabilities(q, k, heads, key_lengths, causal, scale, dropout_p, seed, offset)
+    return ((p * drop) @ v.astype(np.float64)).astype(q.dtype), lse.astype(np.float32)
+
+
+def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                       seed=0, offset=0, dtype=None):
+    p, drop, scale, _ = _attention_probabilities(q, k, heads, key_lengths, causal, scale, dropout_p, seed, offset)
+    q64, k64, v64, g = (a.astype(np.float64) for a in (q, k, v, grad_o))
+    dp = (g @ v64.swapaxes(1, 2)) * drop
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    grads = ds @ k64 * scale, ds.swapaxes(1, 2) @ q64 * scale, (p * drop).swapaxes(1, 2) @ g
+    return tuple(a.astype(q.dtype) for a in grads)
+
+
+def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None):
+    for theta, g, m, v in zip(*plan.keep_alive):
+        g = g + weight_decay * theta
+        m *= beta1
+        m += (1 - beta1) * g
+        v *= beta2
+        v += (1 - beta2) * g * g
+        theta -= step_size * m / (np.sqrt(v / bias2) + eps)
+
+
+STAND_INS = [softmax_forward, softmax_backward, layer_norm_forward, layer_norm_backward, cross_entropy_forward,
+             cross_entropy_backward, dropout_forward, attention_forward, attention_backward, adam_update]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The kernel entry points replaced by recording reference stand-ins: the names called, in order.
+
+    The reference path's dropout draws the same Philox samples as the kernel path (seed
+    ``KERNEL_SEED``), so that both paths' values can be compared with dropout on."""
+    called = []
+
+    def recording(stand_in):
+        def kernel(*args, **kwargs):
+            called.append(stand_in.__name__)
+            return stand_in(*args, **kwargs)
+        return kernel
+
+    for stand_in in STAND_INS:
+        monkeypatch.setattr(ops, stand_in.__name__, recording(stand_in))
+    monkeypatch.setattr(importlib.import_module("tinyformer.functional.dropout"), "uniform_blocks",
+                        lambda gen, size, fn: fn(0, size, philox_uniform(KERNEL_SEED, 0, np.arange(size))))
+    return called
+
+
+def set_on_gpu(monkeypatch, value):
+    """The rule's array check answers ``value`` for every array (NumPy arrays "on the GPU")."""
+    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: value)
+
+
+# ------------------------------------------------------------------ the rule itself
+def test_use_kernels_wants_gpu_arrays_of_float32_or_float16_and_the_kernels_on(monkeypatch):
+    x = np.zeros(3, np.float32)
+    assert not kernels.on_gpu(x) and not kernels.use_kernels(x)  # NumPy arrays are not on the GPU
+    set_on_gpu(monkeypatch, True)
+    assert kernels.use_kernels(x) and kernels.use_kernels(x.astype(np.float16), x)
+    assert not kernels.use_kernels(x.astype(np.float64)) and not kernels.use_kernels(x, x.astype(np.float64))
+    monkeypatch.setenv("TINYFORMER_KERNELS", "0")
+    assert not kernels.use_kernels(x)
+    monkeypatch.setenv("TINYFORMER_KERNELS", "1")
+    assert kernels.use_kernels(x)
+
+
+# ------------------------------------------------------------------ every fused op
+rng = np.random.default_rng(0)
+X = rng.standard_normal((2, 3, 5, 32)).astype(np.float32)
+W, B = rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+TARGET = rng.integers(0, 32, (2, 3, 5))
+TARGET[0, 0] = 0
+IDS = np.array([[4, 5, 6, 0, 0], [1, 2, 3, 4, 5]])
+PADDING = F.padding_mask(IDS, 0)
+HOLES = PADDING.copy()
+HOLES[1, 0, 0, 2] = False
+
+SOFTMAX = (["softmax_forward"], ["softmax_backward"])
+ATTENTION = (["attention_forward"], ["attention_backward"])
+
+
+def attend(mask=None, causal=False, dropout_p=0.0, return_weights=False):
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, causal, dropout_p, return_weights,
+                                                          generator())
+
+
+# name: (fn, inputs, (forward kernels, backward kernels), whether the op's own condition holds)
+CASES = {
+    "softmax": (F.softmax, [X], SOFTMAX, True),
+    "softmax-axis-0": (lambda x: F.softmax(x, axis=0), [X], SOFTMAX, False),
+    "log_softmax": (F.log_softmax, [X], SOFTMAX, True),
+    "log_softmax-axis-1": (lambda x: F.log_softmax(x, axis=1), [X], SOFTMAX, False),
+    "layer_norm": (F.layer_norm, [X, W, B], (["layer_norm_forward"], ["layer_norm_backward"]), True),
+    "cross_entropy": (lambda x: F.cross_entropy(x, TARGET, 0.1, ignore_index=0, return_nll=True), [X],
+                      (["cross_entropy_forward"], ["cross_entropy_backward"]), True),
+    "cross_entropy-none": (lambda x: F.cross_entropy(x, TARGET, reduction="none"), [X],
+                           (["cross_entropy_forward"], ["cross_entropy_backward"]), True),
+    "dropout": (lambda x: F.dropout(x, 0.3, True, generator()), [X], (["dropout_forward"], []), True),
+    "attention": (attend(), [X, X[::-1], X * 2], ATTENTION, True),
+    "attention-padding-causal": (attend(PADDING, causal=True), [X[:, :2], X[:, 1:], X[:, :2]], ATTENTION, True),
+    "attention-dropout": (attend(PADDING, dropout_p=0.3), [X[:, :2], X[:, 1:], X[:, :2]], ATTENTION, True),
+    "attention-mask-with-holes": (attend(HOLES), [X[:, :2], X[:, 1:], X[:, :2]], ATTENTION, False),
+    "attention-full-mask": (attend(rng.random((2, 2, 5, 5)) > 0.3), [X[:, :2]] * 3, ATTENTION, False),
+    "attention-return-weights": (attend(PADDING, return_weights=True), [X[:, :2]] * 3, ATTENTION, False),
+    "attention-head-dim-12": (attend(), [X[..., :12]] * 3, ATTENTION, False),
+    "attention-3d": (attend(), [X[0]] * 3, ATTENTION, False),
+    "attention-shared-heads": (attend(), [X, X[:, :1], X[:, :1]], ATTENTION, False),
+    "attention-mixed-half": (attend(), [X, X.astype(np.float16), X], ATTENTION, False),
+}
+# condition: (rule's array check, TINYFORMER_KERNELS, float dtype, whether use_kernels holds)
+CONDITIONS = {
+    "gpu-float32": (True, "1", np.float32, True),
+    "gpu-float16": (True, "1", np.float16, True),
+    "gpu-float64": (True, "1", np.float64, False),
+    "gpu-kernels-off": (True, "0", np.float32, False),
+    "cpu": (False, "1", np.float32, False),
+}
+
+
+def run(name, dtype, between=lambda: None):
+    """Outputs, input gradients and the path taken; ``between`` runs after the forward."""
+    fn, inputs, _, _ = CASES[name]
+    tensors = [Tensor(a.astype(dtype) if a.dtype == np.float32 else a.copy(), requires_grad=True) for a in inputs]
+    outs = fn(*tensors)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    (uses_kernel,) = {out.grad_fn.uses_kernel for out in outs}
+    between()
+    upstream = np.random.default_rng(1)
+    grads = tf.grad(list(outs), tensors, [upstream.standard_normal(out.shape).astype(out.dtype) for out in outs])
+    return [out.data for out in outs], grads, uses_kernel
+
+
+@pytest.mark.parametrize("condition", CONDITIONS)
+@pytest.mark.parametrize("name", CASES)
+def test_every_fused_op_takes_its_kernel_exactly_when_the_rule_and_its_condition_say_so(name, condition, calls,
+                                                                                       monkeypatch):
+    on_gpu, switch, dtype, rule = CONDITIONS[condition]
+    _, _, (forward_kernels, backward_kernels), own_condition = CASES[name]
+    expect_kernel = rule and own_condition
+    if name == "attention-mixed-half" and dtype != np.float32:
+        pytest.skip("mixed float32 and float16 inputs are this case; under another dtype they agree")
+    monkeypatch.setenv("TINYFORMER_KERNELS", switch)
+    want_out, want_grads, _ = run(name, dtype)  # NumPy arrays, not on the GPU: the reference
+    assert calls == []
+    set_on_gpu(monkeypatch, on_gpu)
+    out, grads, uses_kernel = run(name, dtype, between=lambda: set_on_gpu(monkeypatch, not on_gpu))
+    assert uses_kernel == expect_kernel
+    assert calls == (forward_kernels + backward_kernels if expect_kernel else [])
+    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == np.float16 else dict(rtol=1e-4, atol=1e-5)
+    for got, want in zip(out + grads, want_out + want_grads):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), **tolerance)
+
+
+# ------------------------------------------------------------------ Adam
+def adam_run(dtypes, with_grads=(True, True, True), steps=2):
+    params = [Tensor(np.linspace(-1, 1, 12).reshape(3, 4).astype(d) * (i + 1), requires_grad=True)
+              for i, d in enumerate(dtypes)]
+    adam = Adam(params, lr=0.01, weight_decay=0.01)
+    for step in range(steps):
+        for i, (p, has_grad) in enumerate(zip(params, with_grads)):
+            p.grad = (np.cos(p.data * (step + 2) + i) if has_grad else None)
+            p.grad = None if p.grad is None else p.grad.astype(p.data.dtype)
+        adam.step()
+    return [p.data for p in params]
+
+
+ADAM_CASES = {  # name: (parameter dtypes, which have a gradient, whether the fused step may run)
+    "float32": ((np.float32,) * 3, (True, True, True), True),
+    "float16": ((np.float16,) * 3, (True, True, True), True),
+    "one-without-gradient": ((np.float32,) * 3, (True, False, True), True),
+    "float64": ((np.float64,) * 3, (True, True, True), False),
+    "mixed-float32-float16": ((np.float32, np.float16, np.float32), (True, True, True), False),
+    "no-gradient-at-all": ((np.float32,) * 3, (False, False, False), False),
+}
+
+
+@pytest.mark.parametrize("condition", ["gpu", "gpu-kernels-off", "cpu"])
+@pytest.mark.parametrize("name", ADAM_CASES)
+def test_adam_takes_its_fused_step_exactly_when_the_rule_says_so(name, condition, calls, monkeypatch):
+    dtypes, with_grads, fusable = ADAM_CASES[name]
+    want = adam_run(dtypes, with_grads)
+    monkeypatch.setenv("TINYFORMER_KERNELS", "0" if condition == "gpu-kernels-off" else "1")
+    set_on_gpu(monkeypatch, condition != "cpu")
+    got = adam_run(dtypes, with_grads)
+    assert calls == (["adam_update"] * 2 if fusable and condition == "gpu" else [])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-3 if g.dtype == np.float16
+                                   else 1e-6, atol=1e-3 if g.dtype == np.float16 else 1e-7)
+
+
+# ------------------------------------------------------------------ the pattern
+def test_every_op_with_a_kernel_follows_the_pattern():
+    """Each Function of functional that calls a kernel is a KernelFunction with all four paths."""
+    with_kernels = {F.Softmax, F.LogSoftmax, F.LayerNorm, F.CrossEntropy, F.Dropout, F.ScaledDotProductAttention}
+    for op in with_kernels:
+        assert issubclass(op, F.KernelFunction), op
+        for path in ("kernel_applies", "forward_cpu", "forward_gpu", "backward_cpu", "backward_gpu"):
+            assert getattr(op, path) is not getattr(F.KernelFunction, path), (op, path)
+    assert not issubclass(F.Linear, F.KernelFunction) and not issubclass(F.Embedding, F.KernelFunction)

@@ -1,0 +1,115 @@
+"""Layer normalisation over the last axis; kernels/layer_norm.cu on the GPU."""
+
+import numpy
+
+from .. import backend, kernels
+from ..kernels import ops as kernel_ops
+from ..validation import check_real
+from ._dispatch import KernelFunction
+
+_xp = backend.get_array_module
+
+
+class LayerNorm(KernelFunction):
+    """y = x̂ ∘ w + b with x̂ = (x − μ) / √(σ² + eps) over the last axis (biased σ²).
+
+    With r = 1/√(σ² + eps) and dx̂ = dy ∘ w, over the n features:
+    dx = r · (dx̂ − mean(dx̂) − x̂ ∘ mean(dx̂ ∘ x̂));  dw = Σ dy ∘ x̂;  db = Σ dy
+    (the last two summed over every axis but the last).
+    """
+
+    def check_forward(self, x, weight, bias, eps):
+        n = x.shape[-1]
+        if weight.shape != (n,) or bias.shape != (n,):
+            raise ValueError(
+                f"weight and bias must have shape ({n},) for {n} features, "
+                f"got {weight.shape} and {bias.shape}"
+            )
+
+    def kernel_applies(self, x, weight, bias, eps):
+        return kernels.use_kernels(x, weight, bias)
+
+    def forward_cpu(self, x, weight, bias, eps):
+        self.weight = weight
+        n = x.shape[-1]
+        xp = _xp(x)
+        rows = x.reshape(-1, n)
+        xhat = xp.empty_like(rows)
+        y = xp.empty(rows.shape, dtype=xp.result_type(x, weight, bias))
+        rstd = xp.empty((len(rows), 1), dtype=x.dtype)
+
+        def normalize(start, stop):  # rows [start, stop): x̂, r and y, in row blocks on several threads
+            z, block = rows[start:stop], xhat[start:stop]
+            xp.subtract(z, z.mean(axis=-1, keepdims=True), out=block)
+            var = xp.einsum("ri,ri->r", block, block)[:, None] / n  # Σ (x − μ)², no temporary
+            r = 1.0 / xp.sqrt(var + eps)
+            if not bool(xp.isfinite(var).all()):
+                r = _rescaled_rstd(xp, block, var, eps)
+            rstd[start:stop] = r
+            block *= rstd[start:stop]
+            xp.multiply(block, weight, out=y[start:stop])
+            y[start:stop] += bias
+
+        backend.map_row_blocks(normalize, len(rows), x, row_size=n)
+        self.xhat, self.rstd = xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
+        return y.reshape(x.shape)
+
+    def backward_cpu(self, g):
+        xp, xhat = _xp(g), self.xhat
+        n = xhat.shape[-1]
+        rows_g, rows_xhat, rstd = g.reshape(-1, n), xhat.reshape(-1, n), self.rstd.reshape(-1, 1)
+        need_x, need_w, need_b = self.needs_input_grad[:3]
+        grad_x = xp.empty(rows_g.shape, dtype=xp.result_type(g, self.weight)) if need_x else None
+
+        def gradient_rows(start, stop):  # dx of rows [start, stop); their share of dw and db
+            g_block, xhat_block = rows_g[start:stop], rows_xhat[start:stop]
+            if need_x:
+                dxhat = grad_x[start:stop]
+                xp.multiply(g_block, self.weight, out=dxhat)
+                mean_dxhat_xhat = xp.einsum("ri,ri->r", dxhat, xhat_block)[:, None] / n
+                dxhat -= dxhat.mean(axis=-1, keepdims=True)
+                dxhat -= xhat_block * mean_dxhat_xhat
+                dxhat *= rstd[start:stop]
+            return (xp.einsum("ri,ri->i", g_block, xhat_block) if need_w else None,
+                    g_block.sum(axis=0) if need_b else None)
+
+        parts = backend.map_row_blocks(gradient_rows, len(rows_g), g, row_size=n)
+        grad_w = sum((part[0] for part in parts[1:]), parts[0][0]) if need_w else None
+        grad_b = sum((part[1] for part in parts[1:]), parts[0][1]) if need_b else None
+        return (None if grad_x is None else grad_x.reshape(g.shape)), grad_w, grad_b, None
+
+    def forward_gpu(self, x, weight, bias, eps):
+        """kernels/layer_norm.cu keeps μ and r per row instead of x̂."""
+        self.x, self.weight = x, weight
+        y, self.mean, self.rstd = kernel_ops.layer_norm_forward(x, weight, bias, eps)
+        return y
+
+    def backward_gpu(self, g):
+        grad_x, grad_w, grad_b = kernel_ops.layer_norm_backward(
+            self.x, self.weight, g.astype(self.x.dtype, copy=False), self.mean, self.rstd,
+            need_input=self.needs_input_grad[0], need_params=any(self.needs_input_grad[1:3]))
+        return grad_x, grad_w, grad_b, None
+
+
+def _rescaled_rstd(xp, centered, var, eps):
+    """1/√(σ² + eps) for rows whose Σ (x − μ)² overflowed (float32 values beyond ~1e19).
+
+    With s = max |x − μ| per row, σ² = s² · mean(((x − μ)/s)²), so
+    1/√(σ² + eps) = 1 / (s · √(mean(((x − μ)/s)²) + eps/s²)): nothing is squared before
+    it is divided by s. Rows that did not overflow keep their value.
+    """
+    with numpy.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        scale = xp.abs(centered).max(axis=-1, keepdims=True)
+        safe = xp.where(scale > 0, scale, 1)
+        unit = centered / safe
+        mean_sq = (unit * unit).mean(axis=-1, keepdims=True)
+        rescaled = 1.0 / (safe * xp.sqrt(mean_sq + eps / (safe * safe)))
+        direct = 1.0 / xp.sqrt(var + eps)
+    return xp.where(xp.isfinite(var), direct, rescaled).astype(centered.dtype, copy=False)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """Layer normalisation over the last axis (Ba et al., 2016), eps inside the square root."""
+    if x.ndim == 0:
+        raise ValueError("layer_norm: x needs a feature axis, got a 0-d tensor")
+    return LayerNorm.apply(x, weight, bias, check_real("layer_norm: eps", eps, 0))
