@@ -78,3 +78,25 @@ def test_layer_norm_in_parallel_row_blocks_equals_one_block(monkeypatch, set_thr
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
     for one, many in zip(run(1), run(4)):
         np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("big", [1e20, 3e38, -3.4e38])
+def test_layer_norm_float32_rows_whose_sums_overflow_stay_exact(big):
+    """Rows near 1e20 overflow Σ (x − μ)², rows near the float32 maximum overflow the mean and x − μ
+    as well: their statistics come from x / max|x|, and match a float64 reference (not the bias)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    x[1] = np.float32(big) * np.array([1.0, -0.5, 0.25, 0.9, -1.0, 0.0], dtype=np.float32)
+    x[2] = np.float32(big) * np.array([1.0, 0.99, 0.98, 0.97, 0.96, 0.95], dtype=np.float32)
+    w = rng.standard_normal(6).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    leaf = tf.Tensor(x, requires_grad=True)
+    y = F.layer_norm(leaf, tf.Tensor(w), tf.Tensor(b))
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    y.backward(g)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(axis=-1, keepdims=True)
+    xhat = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y.data, xhat * w + b, rtol=1e-5, atol=1e-5)
+    assert np.all(np.isfinite(leaf.grad))
+    assert not np.allclose(y.data[1], b) and not np.allclose(y.data[2], b)

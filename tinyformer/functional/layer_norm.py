@@ -40,13 +40,14 @@ class LayerNorm(KernelFunction):
 
         def normalize(start, stop):  # rows [start, stop): x̂, r and y, in row blocks on several threads
             z, block = rows[start:stop], xhat[start:stop]
-            xp.subtract(z, z.mean(axis=-1, keepdims=True), out=block)
-            var = xp.einsum("ri,ri->r", block, block)[:, None] / n  # Σ (x − μ)², no temporary
-            r = 1.0 / xp.sqrt(var + eps)
-            if not bool(xp.isfinite(var).all()):
-                r = _rescaled_rstd(xp, block, var, eps)
-            rstd[start:stop] = r
-            block *= rstd[start:stop]
+            with numpy.errstate(over="ignore", invalid="ignore"):
+                xp.subtract(z, z.mean(axis=-1, keepdims=True), out=block)
+                var = xp.einsum("ri,ri->r", block, block)[:, None] / n  # Σ (x − μ)², no temporary
+                rstd[start:stop] = 1.0 / xp.sqrt(var + eps)
+                block *= rstd[start:stop]
+            overflowed = ~xp.isfinite(var[:, 0])
+            if bool(overflowed.any()):
+                block[overflowed], rstd[start:stop][overflowed] = _rescaled_rows(xp, z[overflowed], eps)
             xp.multiply(block, weight, out=y[start:stop])
             y[start:stop] += bias
 
@@ -91,21 +92,19 @@ class LayerNorm(KernelFunction):
         return grad_x, grad_w, grad_b, None
 
 
-def _rescaled_rstd(xp, centered, var, eps):
-    """1/√(σ² + eps) for rows whose Σ (x − μ)² overflowed (float32 values beyond ~1e19).
+def _rescaled_rows(xp, rows, eps):
+    """(x̂, r) of float32 rows whose mean or Σ (x − μ)² overflowed (values beyond ~1e19).
 
-    With s = max |x − μ| per row, σ² = s² · mean(((x − μ)/s)²), so
-    1/√(σ² + eps) = 1 / (s · √(mean(((x − μ)/s)²) + eps/s²)): nothing is squared before
-    it is divided by s. Rows that did not overflow keep their value.
+    With s = max |x| per row and u = x / s: x − μ = s · (u − mean(u)) and σ² = s² · mean((u − ū)²), so
+    x̂ = (u − ū) / √(mean((u − ū)²) + eps/s²) and r = 1/√(σ² + eps) = that denominator's inverse / s:
+    nothing is summed or squared before it is divided by s.
     """
     with numpy.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        scale = xp.abs(centered).max(axis=-1, keepdims=True)
-        safe = xp.where(scale > 0, scale, 1)
-        unit = centered / safe
-        mean_sq = (unit * unit).mean(axis=-1, keepdims=True)
-        rescaled = 1.0 / (safe * xp.sqrt(mean_sq + eps / (safe * safe)))
-        direct = 1.0 / xp.sqrt(var + eps)
-    return xp.where(xp.isfinite(var), direct, rescaled).astype(centered.dtype, copy=False)
+        scale = xp.abs(rows).max(axis=-1, keepdims=True)
+        unit = rows / scale
+        unit -= unit.mean(axis=-1, keepdims=True)
+        r_unit = 1.0 / xp.sqrt((unit * unit).mean(axis=-1, keepdims=True) + eps / (scale * scale))
+    return unit * r_unit, r_unit / scale
 
 
 def layer_norm(x, weight, bias, eps=1e-5):

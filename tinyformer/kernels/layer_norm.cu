@@ -4,7 +4,7 @@
 //   dw = Σ_rows dy ∘ x̂,  db = Σ_rows dy   (two stages: partial sums per row chunk, then over chunks)
 // float32 sums overflow for rows with |x| beyond ~1e19 (the squares) or ~1e38 (the values): such a
 // row's statistics are computed again on x / s, s = max |x|, as the NumPy reference does
-// (functional._rescaled_rstd): μ = s · mean(x/s), r = 1 / (s · √(mean((x/s − μ/s)²) + eps/s²)).
+// (functional/layer_norm.py, _rescaled_rows): μ = s · mean(x/s), r = 1 / (s · √(mean((x/s − μ/s)²) + eps/s²)).
 #include "common.cuh"
 
 namespace tf_layer_norm {
