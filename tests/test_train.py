@@ -27,7 +27,7 @@ def cached_load_corpus(config, split):
 
 @pytest.fixture(autouse=True)
 def cached_corpus(monkeypatch):
-    monkeypatch.setattr(train, "load_corpus", cached_load_corpus)
+    monkeypatch.setattr(train.builders, "load_corpus", cached_load_corpus)
 
 
 def small_config(save_dir, **overrides):
