@@ -6,7 +6,6 @@ Usage errors exit with status 2 and one line on stderr; failures at run time
 """
 
 import argparse
-import dataclasses
 import functools
 import os
 import re
@@ -141,14 +140,13 @@ def _saved_config(save_dir):
 def _add_train_options(parser):
     """One option per TrainConfig field that has a flag: its type, check and help (with the real
     default) come from the field's declaration."""
-    from .train.config import OPTIONS, TrainConfig, flag_of
+    from .train.config import DEFAULTS, OPTIONS, flag_of
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for name, option in OPTIONS.items():
         if flag_of(name):
             kind = str if option.kind is str else _checked(option.kind, option.check)
             parser.add_argument(flag_of(name), dest=name, type=kind, default=None,
-                                help=_option_help(option, defaults[name]).replace("%", "%%"))
+                                help=_option_help(option, DEFAULTS[name]).replace("%", "%%"))
 
 
 def _option_help(option, default):
@@ -332,6 +330,7 @@ def _eval(args):
 # ------------------------------------------------------------------ average
 def _average(args):
     from . import checkpoint
+    from .train.config import TRAINING_ONLY
 
     if args.checkpoints and args.dir:
         raise UsageError("give either checkpoint files or --dir, not both")
@@ -343,7 +342,7 @@ def _average(args):
         paths = args.checkpoints
     else:
         raise UsageError("give checkpoint files or --dir DIR")
-    out = checkpoint.average_checkpoints(paths, args.output)
+    out = checkpoint.average_checkpoints(paths, args.output, ignore=TRAINING_ONLY)
     print(f"averaged {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)}) into {out}")
     return 0
 

@@ -18,7 +18,7 @@ from ..nn import Transformer
 from ..nn.presets import PRESETS
 from ..validation import check_int, check_probability, check_real
 
-__all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "RESUMABLE", "TRAINING_ONLY", "DATASETS",
+__all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY", "DATASETS",
            "LANGUAGES", "flag_of", "default_save_dir", "check_languages", "check_model_overrides"]
 
 DATASETS = ("synthetic", "multi30k")
@@ -169,7 +169,7 @@ class TrainConfig:
         for name, opt in OPTIONS.items():
             value = getattr(self, name)
             if value is None:
-                value = opt.per_data[values["data"]] if opt.per_data else None
+                value = opt.per_data[values["data"]] if opt.per_data else DEFAULTS[name]
             values[name] = value if value is None or opt.check is None else _checked(name, opt, value)
         if values["save_dir"] is None:
             values["save_dir"] = default_save_dir(values["data"], values["preset"])
@@ -186,6 +186,7 @@ class TrainConfig:
 
 
 OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # per_data's where None
 RESUMABLE = frozenset(name for name, opt in OPTIONS.items() if opt.resumable)
 # Transformer arguments the run sets (from the field named, or from the tokenizer for None).
 RUN_SET = {argument: name for name, opt in OPTIONS.items() for argument in opt.model_argument} | {"pad_id": None}

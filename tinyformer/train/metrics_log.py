@@ -52,15 +52,16 @@ class MetricsLog:
 class TokenRate:
     """Tokens per second over the updates since the last reading (the ``tokens_per_s`` of a log line)."""
 
-    def __init__(self):
-        self.tokens, self.start = 0, time.perf_counter()
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.tokens, self.start = 0, clock()
 
     def add(self, tokens):
         self.tokens += tokens
 
     def take(self):
         """The rate since the last ``take`` (or creation); starts a new window."""
-        now = time.perf_counter()
+        now = self.clock()
         rate = self.tokens / max(now - self.start, 1e-9)
         self.tokens, self.start = 0, now
         return rate
