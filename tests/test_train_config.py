@@ -29,7 +29,7 @@ def test_the_command_line_has_one_option_per_field():
     assert set(options) - CLI_ONLY == fields - {"model_overrides"}  # a dict has no flag
     for name in fields - {"model_overrides"}:
         assert options[name].option_strings == [flag_of(name)]
-    assert (flag_of("src_lang"), flag_of("beam_size"), flag_of("max_grad_norm")) == ("--src", "--beam", "--max-grad-norm")
+    assert [flag_of(n) for n in ("src_lang", "beam_size", "max_grad_norm")] == ["--src", "--beam", "--max-grad-norm"]
 
 
 @pytest.mark.parametrize("data", DATASETS)

@@ -97,7 +97,8 @@ def _resumed_config(given):
     from .train.config import RESUMABLE, flag_of
 
     config = _saved_config(Path(given.get("save_dir") or _default_save_dir(given)))
-    changed = [flag_of(name) for name, value in given.items() if name not in RESUMABLE and value != getattr(config, name)]
+    changed = [flag_of(name) for name, value in given.items()
+               if name not in RESUMABLE and value != getattr(config, name)]
     if changed:
         raise UsageError(f"--resume continues the saved run: {', '.join(changed)} cannot change (only "
                          f"{', '.join(_resumable_flags())} can)")

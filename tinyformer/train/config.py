@@ -18,8 +18,8 @@ from ..nn import Transformer
 from ..nn.presets import PRESETS
 from ..validation import check_int, check_probability, check_real
 
-__all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY", "DATASETS",
-           "LANGUAGES", "flag_of", "default_save_dir", "check_languages", "check_model_overrides"]
+__all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
+           "DATASETS", "LANGUAGES", "flag_of", "default_save_dir", "check_languages", "check_model_overrides"]
 
 DATASETS = ("synthetic", "multi30k")
 LANGUAGES = {"synthetic": ("en", "de"), "multi30k": MULTI30K_LANGUAGES}
@@ -110,7 +110,7 @@ class TrainConfig:
     # The built-in task: `tiny` reaches >= 95% exact match in a few CPU minutes; Multi30k: `small`.
     preset: str = option(help="model size", per_data={"synthetic": "tiny", "multi30k": "small"},
                          choices=tuple(PRESETS), check=_check_preset)
-    # A joint BPE (§3.4: one shared vocabulary): 8k for Multi30k's 29k pairs.
+    # A joint BPE (§5.1: one source-target vocabulary, 37k for WMT): 8k for Multi30k's 29k pairs.
     vocab_size: int = option(help="joint BPE vocabulary size", per_data={"synthetic": 600, "multi30k": 8000},
                              kind=int, check=positive_int, model_argument=("src_vocab_size", "tgt_vocab_size"))
     # §5.1 batches 25k source + 25k target tokens; a CPU or one small GPU takes a few thousand.
@@ -121,8 +121,9 @@ class TrainConfig:
                             kind=int, check=positive_int, resumable=True)
     max_epochs: int = option(help="stop after this many epochs as well", unset="no limit", kind=int,
                              check=positive_int, resumable=True)
-    # §5.3 warms up for 4,000 of 100k steps; these runs are 30x shorter.
-    warmup_steps: int = option(help="warm-up steps of the Noam schedule, §5.3", per_data={"synthetic": 200, "multi30k": 800},
+    # §5.3 warms up over 4,000 of 100,000 steps; these short runs over their first 20-27 %.
+    warmup_steps: int = option(help="warm-up steps of the Noam schedule, §5.3",
+                               per_data={"synthetic": 200, "multi30k": 800},
                                kind=int, check=positive_int)
     lr_factor: float = option(1.0, help="Noam factor: lr = factor * d_model^-0.5 * min(...)", kind=float,
                               check=positive_real)

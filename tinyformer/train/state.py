@@ -76,7 +76,8 @@ def restore(path, model, adam, tokenizer):
             "run): resume with the run's own settings (tinyformer train --resume reads them from the checkpoint)")
     _load_state(model, state, f"{path}: its parameters do not fit its model_config")
     if adam_state is None:
-        raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): cannot resume from it")
+        raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): "
+                                         "cannot resume from it")
     schedule = adam.lr
     adam.load_state_dict(adam_state)
     adam.lr = schedule
