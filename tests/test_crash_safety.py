@@ -44,7 +44,7 @@ from tinyformer.optim import Adam
 
 point, kill_step, config, corpus, resume = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), *sys.argv[4:6]
 texts = json.loads(Path(corpus).read_text(encoding="utf-8"))
-train.load_corpus = lambda config, split: tuple(texts[split])
+train.builders.load_corpus = lambda config, split: tuple(texts[split])
 trainer = train.Trainer(train.TrainConfig(**config), resume=resume == "1", echo=lambda *a: None, progress=False)
 target = checkpoint.checkpoint_path(trainer.save_dir, kill_step).name
 
@@ -153,7 +153,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture
 def small_corpus(monkeypatch, corpus):
     texts = corpus[1]
-    monkeypatch.setattr(train, "load_corpus", lambda config, split: tuple(texts[split]))
+    monkeypatch.setattr(train.builders, "load_corpus", lambda config, split: tuple(texts[split]))
 
 
 def losses(save_dir):
@@ -166,12 +166,12 @@ def reference(corpus, tmp_path_factory):
     """The uninterrupted run: its losses, final parameters and tokenizer."""
     texts = corpus[1]
     save_dir = tmp_path_factory.mktemp("reference")
-    real = train.load_corpus
-    train.load_corpus = lambda config, split: tuple(texts[split])
+    real = train.builders.load_corpus
+    train.builders.load_corpus = lambda config, split: tuple(texts[split])
     try:
         Trainer(TrainConfig(**CONFIG, save_dir=str(save_dir)), **QUIET).run()
     finally:
-        train.load_corpus = real
+        train.builders.load_corpus = real
     state, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(save_dir, 6))
     return losses(save_dir), state, save_dir / train.TOKENIZER_FILE
 
@@ -315,7 +315,7 @@ def test_ctrl_c_on_the_command_saves_a_checkpoint_and_exits_130(tmp_path, monkey
     _, meta, _ = checkpoint.load_checkpoint(path)
     assert meta["step"] == step
 
-    monkeypatch.setattr(train, "load_corpus", cached_load_corpus)
+    monkeypatch.setattr(train.builders, "load_corpus", cached_load_corpus)
     capsys.readouterr()
     assert cli.main(["train", "--save-dir", str(run), "--resume", "--max-steps", str(step + 2),
                      "--no-progress", "--no-test"]) == 0

@@ -41,14 +41,14 @@ class Payload:
 def run(tmp_path_factory):
     """A real two-step `tiny` run (vocabulary 120) and a tokenizer of another vocabulary (100)."""
     save_dir = tmp_path_factory.mktemp("run")
-    real = train.load_corpus
-    train.load_corpus = cached_load_corpus
+    real = train.builders.load_corpus
+    train.builders.load_corpus = cached_load_corpus
     try:
         trainer = Trainer(small_config(save_dir, max_steps=2, save_every=2), **QUIET)
         trainer.run()
         english, german = cached_load_corpus(trainer.config, "train")
     finally:
-        train.load_corpus = real
+        train.builders.load_corpus = real
     other = tmp_path_factory.mktemp("other-vocabulary")
     Tokenizer.train(english[:3000] + german[:3000], other, vocab_size=100, name="spm")
     return checkpoint.checkpoint_path(save_dir, 2), other / train.TOKENIZER_FILE
@@ -176,7 +176,7 @@ def test_the_good_checkpoint_still_loads(run):
 def test_resuming_from_a_checkpoint_of_another_model_or_tokenizer_is_refused(change, phrase, run, tmp_path,
                                                                              monkeypatch):
     good, other_tokenizer = run
-    monkeypatch.setattr(train, "load_corpus", cached_load_corpus)
+    monkeypatch.setattr(train.builders, "load_corpus", cached_load_corpus)
     shutil.copy(good, tmp_path / good.name)
     overrides = {}
     if change == "architecture":

@@ -39,7 +39,7 @@ def tiny_corpus(config, split):
 
 @pytest.fixture
 def small_corpus(monkeypatch):
-    monkeypatch.setattr(tf_train, "load_corpus", tiny_corpus)
+    monkeypatch.setattr(tf_train.builders, "load_corpus", tiny_corpus)
     monkeypatch.setattr(table3, "load_corpus", tiny_corpus)
 
 

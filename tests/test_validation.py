@@ -40,8 +40,12 @@ def test_check_real_refuses_bools_and_non_finite_values(value):
 
 def test_check_real_bounds_open_and_closed():
     assert check_real("x", np.float32(0.0), 0) == 0.0
-    with pytest.raises(ValueError, match=r"a positive finite number, got 0"):
+    with pytest.raises(ValueError, match=r"^x must be a positive number, got 0$"):
         check_real("x", 0, 0, open_minimum=True)
+    with pytest.raises(ValueError, match=r"^x must be a number >= 0, got -0.5$"):
+        check_real("x", -0.5, 0)
+    with pytest.raises(ValueError, match=r"^x must be a finite number, got inf$"):  # finite first, then bounds
+        check_real("x", float("inf"), 0)
     with pytest.raises(ValueError, match=r"in \[0, 1\], got 1.5"):
         check_real("x", 1.5, 0, 1)
 

@@ -22,15 +22,11 @@ from pathlib import Path
 import numpy
 
 __all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "average_checkpoints",
-           "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "TRAINING_ONLY",
-           "CheckpointError"]
+           "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "CheckpointError"]
 
 _NAME = re.compile(r"checkpoint_(\d+)\.npz$")
 _PARTIAL = re.compile(r"^checkpoint_\d+\.npz\.[^.]+\.tmp$")  # a temporary of _atomic_write_npz
 _ZIP_MAGIC = b"PK\x03\x04"
-
-# Model settings that shape no parameter: models differing only in them share an architecture.
-TRAINING_ONLY = frozenset({"dropout", "attention_dropout", "activation_dropout", "label_smoothing", "seed"})
 
 
 class CheckpointError(ValueError):
@@ -162,8 +158,9 @@ def load_checkpoint(path):
     return model_state, metadata, adam_state
 
 
-def model_config_mismatch(saved, expected, ignore=TRAINING_ONLY):
-    """The architecture differences of two model configurations, as "key: saved vs expected" strings."""
+def model_config_mismatch(saved, expected, ignore=()):
+    """The differences of two model configurations but those in ``ignore`` (settings that shape no
+    parameter, such as ``tinyformer.train.config.TRAINING_ONLY``), as "key: saved vs expected" strings."""
     keys = sorted((set(saved) | set(expected)) - set(ignore))
     return [f"{k}: {saved.get(k, '(absent)')!r} vs {expected.get(k, '(absent)')!r}"
             for k in keys if saved.get(k) != expected.get(k)]
@@ -205,10 +202,11 @@ def prune_checkpoints(directory, keep_last):
     return doomed
 
 
-def average_checkpoints(paths, output):
+def average_checkpoints(paths, output, ignore=()):
     """Average the parameters of ``paths`` element-wise (§6.1) into ``output``.
 
-    All must have the same parameter names and shapes and the same tokenizer.
+    All must have the same parameter names and shapes, the same tokenizer and the same
+    ``model_config`` but for the settings in ``ignore`` (see ``model_config_mismatch``).
     The result carries the newest checkpoint's metadata (without optimiser state,
     which has no meaning for an average) and lists its sources.
     """
@@ -226,7 +224,8 @@ def average_checkpoints(paths, output):
             raise CheckpointError(f"average_checkpoints: {p} does not have the parameters of {paths[0]}")
         if meta.get("tokenizer_sha256") != metas[0].get("tokenizer_sha256"):
             raise CheckpointError(f"average_checkpoints: {p} was trained with a different tokenizer than {paths[0]}")
-        differences = model_config_mismatch(meta.get("model_config") or {}, metas[0].get("model_config") or {})
+        differences = model_config_mismatch(meta.get("model_config") or {}, metas[0].get("model_config") or {},
+                                            ignore)
         if differences:
             raise CheckpointError(f"average_checkpoints: {p} is another model than {paths[0]} "
                                   f"({'; '.join(differences)})")

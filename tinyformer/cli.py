@@ -6,7 +6,7 @@ Usage errors exit with status 2 and one line on stderr; failures at run time
 """
 
 import argparse
-import math
+import functools
 import os
 import re
 import sys
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy
 
 from . import __version__, backend
+from .validation import check_int, check_real
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,33 +32,27 @@ class UsageError(Exception):
 
 
 # ------------------------------------------------------------------ argument types (bad values: exit 2)
-def _number(kind, text):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
-
-
-def _ranged(kind, check, description):
+def _checked(kind, check):
+    """An argparse type: the text as ``kind``, then ``check(name, value)`` (tinyformer.validation's, or
+    a TrainConfig field's), whose "NAME must be ..., got VALUE" becomes "must be ..., got 'TEXT'":
+    argparse puts "argument --flag: " before it, so the message names the flag and shows the text."""
     def parse(text):
-        value = _number(kind, text)
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"must be {description}, got {text!r}")
-        return value
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        try:
+            return check("value", value)
+        except ValueError as error:
+            requirement = str(error).removeprefix("value ").rpartition(", got ")[0]
+            raise argparse.ArgumentTypeError(f"{requirement}, got {text!r}") from None
 
     parse.__name__ = kind.__name__  # argparse names the type in some messages
     return parse
 
 
-_positive_int = _ranged(int, lambda v: v >= 1, "a positive integer")
-_non_negative_int = _ranged(int, lambda v: v >= 0, "an integer >= 0")
-_positive_float = _ranged(float, lambda v: v > 0, "a positive number")
-_non_negative_float = _ranged(float, lambda v: v >= 0, "a number >= 0")
-_probability = _ranged(float, lambda v: 0 <= v < 1, "a probability in [0, 1)")
-_unit_interval = _ranged(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+_positive_int = _checked(int, functools.partial(check_int, minimum=1))
+_non_negative_float = _checked(float, functools.partial(check_real, minimum=0))
 
 
 # ------------------------------------------------------------------ info
@@ -73,76 +68,21 @@ def _info(args):
 
 
 # ------------------------------------------------------------------ train
-_TRAIN_OPTIONS = [
-    # (flag, config field, type, help)
-    ("--data", "data", str, "synthetic (built in, the default) or multi30k"),
-    ("--src", "src_lang", str, "source language (default en)"),
-    ("--tgt", "tgt_lang", str, "target language (default de)"),
-    ("--data-dir", "data_dir", str, "directory holding the Multi30k files (else $TINYFORMER_DATA, "
-                                    "the user cache, or a download)"),
-    ("--preset", "preset", str, "model size: tiny, small, base, big (default: tiny for synthetic, "
-                                "small for multi30k)"),
-    ("--vocab-size", "vocab_size", _positive_int, "joint BPE vocabulary size (default 600 synthetic, 8000 multi30k)"),
-    ("--max-tokens", "max_tokens", _positive_int, "padded tokens per batch (default 2048 synthetic, 4096 multi30k)"),
-    ("--accum", "accum", _positive_int, "batches per optimiser step (gradient accumulation; default 1)"),
-    ("--max-steps", "max_steps", _positive_int, "optimiser steps to train for (default 1000 synthetic, 3000 multi30k)"),
-    ("--max-epochs", "max_epochs", _positive_int, "stop after this many epochs as well"),
-    ("--warmup-steps", "warmup_steps", _positive_int, "Noam warm-up steps (default 200 synthetic, 800 multi30k)"),
-    ("--lr-factor", "lr_factor", _positive_float, "Noam factor: lr = factor * d_model^-0.5 * min(...) (default 1)"),
-    ("--label-smoothing", "label_smoothing", _unit_interval, "default: the preset's (0.1)"),
-    ("--dropout", "dropout", _probability, "default: the preset's"),
-    ("--max-len", "max_len", _positive_int, "drop training pairs longer than this many tokens (default 256)"),
-    ("--max-grad-norm", "max_grad_norm", _positive_float, "clip the global gradient norm (default: no clipping)"),
-    ("--seed", "seed", _non_negative_int, "seed for initialisation, data order and dropout (default 0)"),
-    ("--threads", "threads", _positive_int, "BLAS threads (default 1 for the synthetic task, else all)"),
-    ("--device", "device", str, "cpu (default) or cuda"),
-    ("--save-dir", "save_dir", str, "checkpoints, tokenizer and metrics.jsonl go here "
-                                    "(default runs/<data>-<preset>)"),
-    ("--save-every", "save_every", _positive_int, "checkpoint every N steps (and at the end)"),
-    ("--keep-last", "keep_last", _positive_int, "keep the newest K checkpoints (default 5)"),
-    ("--max-bad-steps", "max_bad_steps", _positive_int, "stop after this many updates in a row skipped for a "
-                                                         "non-finite loss or gradient (default 5)"),
-    ("--eval-every", "eval_every", _positive_int, "validate every N steps (loss, perplexity, greedy BLEU)"),
-    ("--log-every", "log_every", _positive_int, "append training metrics to metrics.jsonl every N steps (default 10)"),
-    ("--bleu-samples", "bleu_samples", _positive_int, "validation sentences translated for BLEU (default 500)"),
-    ("--beam", "beam_size", _positive_int, "beam size of the final test evaluation (default 4, §6.1)"),
-    ("--alpha", "alpha", _non_negative_float, "length penalty of the final test evaluation (default 0.6, §6.1)"),
-]
-
-_SYNTHETIC_LANGUAGES = ("en", "de")
-
-
 def _train(args):
-    from .train import TrainConfig, Trainer, evaluate
+    from .train import Trainer, evaluate, load_corpus
+    from .train.config import OPTIONS, ConfigError, TrainConfig
 
-    overrides = {field: getattr(args, field) for _, field, _, _ in _TRAIN_OPTIONS
-                 if getattr(args, field) is not None}
-    if args.resume:
-        save_dir = Path(overrides.get("save_dir") or _default_save_dir(overrides))
-        config = _saved_config(save_dir)
-        resumable = {"max_steps", "max_epochs", "save_every", "keep_last", "eval_every", "log_every",
-                     "bleu_samples", "beam_size", "alpha", "device", "data_dir", "threads", "max_bad_steps"}
-        fixed = sorted(set(overrides) - resumable - {"save_dir"})
-        if fixed:
-            raise UsageError(f"--resume continues the saved run: {', '.join(fixed)} cannot change "
-                             "(only steps, epochs, saving, evaluation, device and data location can)")
-        for key, value in overrides.items():
-            setattr(config, key, value)
-    else:
-        config = TrainConfig(**overrides)
-        if "save_dir" not in overrides:
-            config.save_dir = _default_save_dir(overrides)
+    given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
     try:
-        _check_languages(config.resolved())
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+        config = _resumed_config(given) if args.resume else TrainConfig(**given)
+        config.resolved()
+    except ConfigError as error:
+        raise UsageError(_flag_wording(error)) from None
     trainer = Trainer(config, resume=args.resume, progress=not args.no_progress)
     trainer.run()
     print(f"checkpoints, tokenizer and metrics.jsonl are in {trainer.save_dir}")
     if args.no_test:
         return 0
-    from .train import load_corpus
-
     sources, references = load_corpus(trainer.config, "test")
     result = evaluate(trainer.model, trainer.tokenizer, sources, references,
                       trainer.config.beam_size, trainer.config.alpha)
@@ -151,22 +91,40 @@ def _train(args):
     return 0
 
 
-def _check_languages(config):
-    """--src/--tgt must name languages the chosen data has (before a tokenizer is trained)."""
-    from .data.multi30k import LANGUAGES
+def _resumed_config(given):
+    """The config saved in the run's newest checkpoint, with the given options that --resume may
+    change applied; the others may only repeat the saved values."""
+    from .train.config import RESUMABLE, flag_of
 
-    known = _SYNTHETIC_LANGUAGES if config.data == "synthetic" else LANGUAGES
-    for flag, lang in (("--src", config.src_lang), ("--tgt", config.tgt_lang)):
-        if lang not in known:
-            raise ValueError(f"{flag} {lang!r}: the {config.data} data has the languages {', '.join(known)}")
+    config = _saved_config(Path(given.get("save_dir") or _default_save_dir(given)))
+    changed = [flag_of(name) for name, value in given.items()
+               if name not in RESUMABLE and value != getattr(config, name)]
+    if changed:
+        raise UsageError(f"--resume continues the saved run: {', '.join(changed)} cannot change (only "
+                         f"{', '.join(_resumable_flags())} can)")
+    for name, value in given.items():
+        setattr(config, name, value)
+    return config
 
 
-def _default_save_dir(overrides):
-    from .train import TrainConfig
+def _resumable_flags():
+    from .train.config import RESUMABLE, flag_of
 
-    data = overrides.get("data", "synthetic")
-    preset = overrides.get("preset") or TrainConfig.DEFAULTS.get(data, {}).get("preset", "model")
-    return str(Path("runs") / f"{data}-{preset}")
+    return sorted(flag_of(name) for name in RESUMABLE)
+
+
+def _flag_wording(error):
+    """A TrainConfig's ConfigError in the command line's words: the flag where it names the field."""
+    from .train.config import flag_of
+
+    message, flag = str(error), flag_of(error.field)
+    return flag + message[len(error.field):] if flag and message.startswith(error.field) else message
+
+
+def _default_save_dir(given):
+    from .train.config import default_save_dir
+
+    return default_save_dir(given.get("data", "synthetic"), given.get("preset"))
 
 
 def _saved_config(save_dir):
@@ -178,6 +136,36 @@ def _saved_config(save_dir):
         raise FileNotFoundError(f"--resume: no checkpoint_*.npz in {save_dir}")
     _, meta, _ = checkpoint.load_checkpoint(paths[-1])
     return TrainConfig.from_dict(meta["config"])
+
+
+def _add_train_options(parser):
+    """One option per TrainConfig field that has a flag: its type, check and help (with the real
+    default) come from the field's declaration."""
+    from .train.config import DEFAULTS, OPTIONS, flag_of
+
+    for name, option in OPTIONS.items():
+        if flag_of(name):
+            kind = str if option.kind is str else _checked(option.kind, option.check)
+            parser.add_argument(flag_of(name), dest=name, type=kind, default=None,
+                                help=_option_help(option, DEFAULTS[name]).replace("%", "%%"))
+
+
+def _option_help(option, default):
+    """The field's help text with the values it takes and its default: "... (default 1)",
+    "... (default 600 for synthetic, 8000 for multi30k)", "... (default: no clipping)"."""
+    def shown(value):
+        return option.unset if value is None else str(value)
+
+    notes = []
+    if isinstance(option.choices, dict):
+        notes.append("; ".join(f"{', '.join(values)} for {data}" for data, values in option.choices.items()))
+    elif option.choices:
+        notes.append(", ".join(option.choices))
+    if option.per_data:
+        notes.append("default " + ", ".join(f"{shown(v)} for {data}" for data, v in option.per_data.items()))
+    else:
+        notes.append(f"default: {option.unset}" if default is None else f"default {default}")
+    return f"{option.help} ({'; '.join(notes)})"
 
 
 def _print_evaluation(result, sources, references, split, samples=3):
@@ -343,6 +331,7 @@ def _eval(args):
 # ------------------------------------------------------------------ average
 def _average(args):
     from . import checkpoint
+    from .train.config import TRAINING_ONLY
 
     if args.checkpoints and args.dir:
         raise UsageError("give either checkpoint files or --dir, not both")
@@ -354,7 +343,7 @@ def _average(args):
         paths = args.checkpoints
     else:
         raise UsageError("give checkpoint files or --dir DIR")
-    out = checkpoint.average_checkpoints(paths, args.output)
+    out = checkpoint.average_checkpoints(paths, args.output, ignore=TRAINING_ONLY)
     print(f"averaged {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)}) into {out}")
     return 0
 
@@ -425,10 +414,10 @@ def build_parser():
         "train", help="train a translation model (default: `tiny` on the built-in task, on the CPU)",
         description="Train a Transformer with the paper's recipe; with no options, `tiny` on the "
                     "built-in synthetic English-German task, then evaluate it on its test split.")
-    for flag, field, kind, text in _TRAIN_OPTIONS:
-        train.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    _add_train_options(train)
     train.add_argument("--resume", action="store_true",
-                       help="continue the run in --save-dir from its newest checkpoint, exactly")
+                       help="continue the run in --save-dir from its newest checkpoint, exactly; only "
+                            f"{', '.join(_resumable_flags())} may change")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--no-test", action="store_true", help="skip the final test-set evaluation")
     train.set_defaults(run=_train)

@@ -47,18 +47,21 @@ def check_int(name, value, minimum=None, maximum=None):
 
 
 def check_real(name, value, minimum=None, maximum=None, *, open_minimum=False, open_maximum=False):
-    """``value`` as a finite float within the given bounds (open ones exclude the bound itself)."""
-    ok = is_real(value) and math.isfinite(value)
-    if ok and minimum is not None:
-        ok = value > minimum if open_minimum else value >= minimum
+    """``value`` as a finite float within the given bounds (open ones exclude the bound itself).
+
+    A value that is no finite number is told so ("must be a finite number"); a finite one out of
+    bounds is told the bounds ("must be a positive number", "must be a number in [0, 1]").
+    """
+    if not (is_real(value) and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    ok = minimum is None or (value > minimum if open_minimum else value >= minimum)
     if ok and maximum is not None:
         ok = value < maximum if open_maximum else value <= maximum
     if not ok:
         if minimum == 0 and open_minimum and maximum is None:
-            wanted = "a positive finite number"
+            wanted = "a positive number"
         else:
-            wanted = " ".join(filter(None, ["a finite number",
-                                            _range_text(minimum, maximum, open_minimum, open_maximum)]))
+            wanted = f"a number {_range_text(minimum, maximum, open_minimum, open_maximum)}"
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
     return float(value)
 

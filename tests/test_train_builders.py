@@ -1,0 +1,53 @@
+"""The builders: a run's parts made from its config, handed to the Trainer finished."""
+
+import json
+
+import pytest
+from test_train import cached_load_corpus, losses, small_config
+
+from tinyformer.train import Trainer, TrainConfig, build_parts, builders, load_corpus
+from tinyformer.train.config import ConfigError
+
+QUIET = dict(echo=lambda *a: None, progress=False)
+
+
+@pytest.fixture(autouse=True)
+def cached_corpus(monkeypatch):
+    monkeypatch.setattr(builders, "load_corpus", cached_load_corpus)
+
+
+def test_a_trainer_handed_finished_parts_runs_them_as_the_one_call_entry_does(tmp_path):
+    Trainer(small_config(tmp_path / "one-call", max_steps=3), **QUIET).run()
+    config = small_config(tmp_path / "parts", max_steps=3).resolved()
+    parts = build_parts(config, echo=lambda *a: None)
+    assert parts.position.step == 0 and len(parts.val_text[0]) == len(parts.val_data) > 0
+    trainer = Trainer(config, parts=parts, **QUIET)
+    trainer.run()
+    assert trainer.model is parts.model and trainer.adam is parts.adam and trainer.step == 3
+    assert losses(tmp_path / "parts") == losses(tmp_path / "one-call")
+
+
+def test_label_smoothing_is_a_setting_of_the_loss_not_of_the_model(tmp_path):
+    trainer = Trainer(small_config(tmp_path, max_steps=2, label_smoothing=0.0), **QUIET)
+    trainer.run()
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    training = [r for r in records if "split" not in r]
+    assert len(training) == 2 and all(r["loss"] == r["nll"] for r in training)  # ε = 0: the loss is the NLL
+    validation = [r for r in records if r.get("split") == "val"]
+    assert validation and all(r["loss"] == r["nll"] for r in validation)
+    assert trainer.model.config.get("label_smoothing") != 0.0  # the Transformer is not told
+
+
+def test_resumed_parts_stand_where_the_checkpoint_stood(tmp_path):
+    Trainer(small_config(tmp_path, max_steps=3), **QUIET).run()
+    lines = []
+    parts = build_parts(small_config(tmp_path).resolved(), resume=True, echo=lines.append)
+    assert (parts.position.step, parts.adam.step_count) == (3, 3)
+    assert parts.position.batch_in_epoch == 3 and parts.position.tokens_seen > 0
+    assert "resumed from checkpoint_0000003.npz at step 3 (epoch 1, batch 3)" in lines
+
+
+def test_the_corpus_refuses_a_language_the_data_lacks():
+    with pytest.raises(ConfigError, match="src_lang 'fr': the synthetic data has the languages en, de"):
+        load_corpus(TrainConfig(src_lang="fr"), "train")  # an unresolved config, too

@@ -1,0 +1,127 @@
+"""The parts of a training run, built from a resolved TrainConfig (as Joey NMT's builders do): the
+run directory, the corpus, the tokenizer, the batched data, the model, Adam on the Noam schedule
+and, on resume, all of them as the newest checkpoint left them. ``Trainer`` runs what
+``build_parts`` returns; it assembles nothing itself."""
+
+import dataclasses
+from pathlib import Path
+
+from .. import checkpoint
+from .. import random as tf_random
+from ..data import PAD_ID
+from ..data.batching import ParallelData
+from ..nn import Transformer
+from ..optim import Adam, NoamSchedule
+from .config import check_languages
+from .metrics_log import LOG_FILE, MetricsLog
+from .state import TOKENIZER_FILE, Position, restore
+
+__all__ = ["Parts", "build_parts", "prepare_save_dir", "load_corpus", "build_tokenizer", "build_data",
+           "build_model", "build_optimizer"]
+
+
+@dataclasses.dataclass
+class Parts:
+    """Everything a Trainer runs."""
+
+    tokenizer: object          # the run's joint BPE (data.Tokenizer)
+    train_data: ParallelData
+    val_data: ParallelData
+    val_text: tuple            # (sources, references) of the validation split, for greedy BLEU
+    model: Transformer
+    adam: Adam                 # with the NoamSchedule as its lr
+    position: Position         # step 0, or where the resumed checkpoint stood
+
+
+def build_parts(config, resume=False, echo=print):
+    """The parts of the run ``config`` (resolved) describes; with ``resume``, restored from the
+    newest checkpoint in its save_dir, and its metrics log cut back to that step."""
+    save_dir = Path(config.save_dir)
+    newest = prepare_save_dir(save_dir, resume, echo)
+    train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
+    tokenizer = build_tokenizer(config, train_text, echo)
+    train_data, val_data = build_data(config, tokenizer, train_text), build_data(config, tokenizer, val_text)
+    if train_data.num_dropped:
+        echo(f"dropped {train_data.num_dropped} training pairs longer than {config.max_len} tokens")
+    model = build_model(config, tokenizer)
+    adam = build_optimizer(config, model)
+    position = Position()
+    if resume:
+        position = restore(newest, model, adam, tokenizer)
+        dropped = MetricsLog(save_dir / LOG_FILE).truncate_after(position.step)
+        if dropped:
+            echo(f"{LOG_FILE}: dropped {dropped} record(s) logged after step {position.step} by the interrupted run")
+        echo(f"resumed from {newest.name} at step {position.step} (epoch {position.epoch + 1}, "
+             f"batch {position.batch_in_epoch})")
+    echo(f"model: {config.preset} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
+         f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch")
+    return Parts(tokenizer, train_data, val_data, val_text, model, adam, position)
+
+
+def prepare_save_dir(save_dir, resume, echo=print):
+    """Create the run directory; returns its newest checkpoint (None for a new run).
+
+    A new run refuses a directory holding checkpoints (FileExistsError); a resumed one needs one
+    (FileNotFoundError) and removes the temporaries of a save that was killed before its rename.
+    """
+    existing = checkpoint.list_checkpoints(save_dir)
+    if existing and not resume:
+        raise FileExistsError(f"{save_dir} already holds checkpoints (newest {existing[-1].name}): pass --resume "
+                              "to continue that run, or choose another --save-dir")
+    if resume and not existing:
+        raise FileNotFoundError(f"--resume: no checkpoint_*.npz in {save_dir}")
+    if resume:
+        partial = checkpoint.remove_partial_files(save_dir)
+        if partial:
+            echo(f"removed {len(partial)} partial checkpoint file(s) left by an interrupted save")
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    return existing[-1] if existing else None
+
+
+def load_corpus(config, split):
+    """(source lines, target lines) of ``split`` ("train", "val" or "test") for the configured data."""
+    check_languages(config.data, config.src_lang, config.tgt_lang)
+    if config.data == "synthetic":
+        from ..data.synthetic import synthetic_pairs
+
+        english, german = synthetic_pairs(split, seed=0)
+        return (english, german) if config.src_lang == "en" else (german, english)
+    from ..data.multi30k import load_multi30k
+
+    name = {"train": "train", "val": "val", "test": "test_2016_flickr"}[split]
+    return load_multi30k(name, config.src_lang, config.tgt_lang, data_dir=config.data_dir)
+
+
+def build_tokenizer(config, train_text, echo=print):
+    """The run's joint BPE: the ``spm.model`` in save_dir if there is one (a resumed run, or one handed
+    a tokenizer), else one trained on both sides of ``train_text`` and saved there."""
+    from ..data.tokenizer import Tokenizer
+
+    path = Path(config.save_dir) / TOKENIZER_FILE
+    if path.exists():
+        return Tokenizer.load(path)
+    echo(f"training a joint BPE tokenizer ({config.vocab_size} pieces) on {len(train_text[0]):,} sentence pairs")
+    return Tokenizer.train(train_text[0] + train_text[1], path.parent, vocab_size=config.vocab_size, name=path.stem)
+
+
+def build_data(config, tokenizer, text):
+    """``text`` (sources, targets) encoded, pairs longer than ``max_len`` tokens dropped."""
+    src, tgt = text
+    return ParallelData(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt), max_len=config.max_len)
+
+
+def build_model(config, tokenizer):
+    """The preset's Transformer over the tokenizer's vocabulary with the run's dropout and
+    model_overrides, initialised from the run's seed (which also restarts the dropout generator),
+    on the run's device."""
+    overrides = {} if config.dropout is None else {"dropout": config.dropout}
+    overrides.update(config.model_overrides or {})
+    tf_random.manual_seed(config.seed)
+    return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=PAD_ID,
+                                   max_len=max(config.max_len, 1024), seed=config.seed, **overrides).to(config.device)
+
+
+def build_optimizer(config, model):
+    """Adam (β₁ 0.9, β₂ 0.98, ε 1e-9, §5.3) on the Noam schedule for ``model``'s d_model."""
+    schedule = NoamSchedule(model.d_model, config.warmup_steps, config.lr_factor)
+    return Adam(model.parameters(), lr=schedule, max_grad_norm=config.max_grad_norm)

@@ -1,0 +1,66 @@
+"""Ctrl-C while training, without losing or tearing anything.
+
+Inside ``guard.cut_short_allowed()`` sections (a forward and backward pass, a validation, the
+setup: nothing a checkpoint holds changes there) Ctrl-C stops at once. Elsewhere it is noted and
+acted on at the next ``guard.stop_if_asked()``, so that an update with its counters, a log line and
+a checkpoint write are never cut in two. A second Ctrl-C while one waits stops at once, and
+``forced`` says so: then nothing more is saved.
+"""
+
+import contextlib
+import signal
+import threading
+
+__all__ = ["InterruptGuard"]
+
+
+class InterruptGuard:
+    """The SIGINT handler of one training run, and the state it keeps."""
+
+    def __init__(self):
+        self.pending = False  # a Ctrl-C waits for the next safe point
+        self.forced = False   # a second one came meanwhile: stop at once, save nothing
+        self._cut_short = 0   # > 0 inside sections that Ctrl-C may cut short
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Handle SIGINT as above inside this block. Off the main thread, or where SIGINT is not
+        Python's default handler (ignored under nohup, or someone else's), nothing is installed."""
+        if threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield self
+            return
+        signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _on_sigint(self, signum, frame):
+        if self._cut_short:
+            raise KeyboardInterrupt
+        if self.pending:
+            self.forced = True
+            raise KeyboardInterrupt
+        self.pending = True
+
+    @contextlib.contextmanager
+    def cut_short_allowed(self):
+        """A section that Ctrl-C may stop at once: it changes nothing a checkpoint holds."""
+        self.stop_if_asked()
+        self._cut_short += 1
+        try:
+            yield
+        finally:
+            self._cut_short -= 1
+
+    def stop_if_asked(self):
+        """A safe point: raise KeyboardInterrupt if a Ctrl-C is waiting."""
+        if self.pending:
+            raise KeyboardInterrupt
+
+    def stopping(self):
+        """Stopping after a KeyboardInterrupt: from now on any Ctrl-C stops at once (saving
+        nothing more). Returns ``forced``: whether a second Ctrl-C came before this point."""
+        self._cut_short, self.pending = 0, True
+        return self.forced

@@ -1,0 +1,254 @@
+"""The Trainer: the loop over finished parts (built by ``builders.build_parts`` unless handed
+over), with validation, checkpoints, skipped updates and Ctrl-C.
+
+Failures lose nothing: an update whose loss or gradient is not finite is skipped
+(``max_bad_steps`` in a row stop the run); Ctrl-C stops at once in a forward or backward pass or
+a validation, but lets an update, its log record and a checkpoint write finish, then saves the
+last completed step and raises ``TrainingInterrupted``.
+"""
+
+import contextlib
+import math
+from pathlib import Path
+
+from .. import backend, checkpoint
+from .. import random as tf_random
+from .builders import build_parts
+from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
+from .interrupts import InterruptGuard
+from .metrics_log import LOG_FILE, MetricsLog, TokenRate
+from .progress import ProgressBar
+from .state import Position, run_metadata
+
+__all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "blas_threads"]
+
+
+class TrainingDiverged(FloatingPointError):
+    """``max_bad_steps`` updates in a row had a non-finite loss or gradient; nothing bad was saved."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training; ``checkpoint`` is the checkpoint of the last completed step (or None)."""
+
+    def __init__(self, message, checkpoint=None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+@contextlib.contextmanager
+def blas_threads(count):
+    """A context that limits the BLAS (matrix product) threads, and tinyformer's own threads for
+    large row-wise work (``backend.set_num_threads``), to ``count``; None leaves them alone."""
+    if count is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    old = backend.set_num_threads(count)
+    try:
+        with threadpool_limits(limits=count, user_api="blas"):
+            yield
+    finally:
+        backend.set_num_threads(old)
+
+
+def _position_counter(name):
+    return property(lambda self: getattr(self.position, name), doc=f"``position.{name}``")
+
+
+class Trainer:
+    """Runs one training job: ``Trainer(config).run()`` builds the parts (``setup``), trains,
+    validates and checkpoints; ``Trainer(config, parts=build_parts(config))`` runs given parts."""
+
+    step = _position_counter("step")
+    epoch = _position_counter("epoch")
+    batch_in_epoch = _position_counter("batch_in_epoch")
+    tokens_seen = _position_counter("tokens_seen")
+    skipped_updates = _position_counter("skipped_updates")
+
+    def __init__(self, config, resume=False, echo=print, progress=True, parts=None):
+        self.config = config.resolved()
+        self.resume, self.echo, self.progress = resume, echo, progress
+        self.save_dir = Path(self.config.save_dir)
+        self.metrics = MetricsLog(self.save_dir / LOG_FILE)
+        self.model = None
+        self.position = Position()
+        self.bad_in_a_row = 0         # skipped updates since the last applied one
+        self.interrupts = InterruptGuard()
+        self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
+        if parts is not None:
+            self._take(parts)
+
+    def setup(self):
+        """Build the parts from the config (restored from the newest checkpoint on resume), unless
+        they were handed over."""
+        if self.model is None:
+            self._take(build_parts(self.config, self.resume, self.echo))
+
+    def _take(self, parts):
+        self.tokenizer, self.model, self.adam = parts.tokenizer, parts.model, parts.adam
+        self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
+        self.position = parts.position
+
+    # ------------------------------------------------------------------ the loop
+    def run(self):
+        """Train until ``max_steps`` (or ``max_epochs``), then save; returns the last validation record.
+
+        Raises TrainingDiverged after ``max_bad_steps`` skipped updates in a row (no checkpoint
+        written), TrainingInterrupted on Ctrl-C (after checkpointing the last completed step).
+        """
+        self.interrupts = InterruptGuard()
+        with blas_threads(self.config.threads), self.interrupts.installed():
+            with self.interrupts.cut_short_allowed():
+                self.setup()
+            bar = ProgressBar(self.progress, self.config.max_steps, self.step, self.echo)
+            try:
+                last_val = self._loop(bar)
+                if self._newest_checkpoint() != checkpoint.checkpoint_path(self.save_dir, self.step):
+                    self.save()  # a run that max_epochs ended between two saves
+                self.interrupts.stop_if_asked()
+            except KeyboardInterrupt:
+                bar.close()
+                raise self._save_on_interrupt() from None
+            finally:
+                bar.close()
+        return last_val
+
+    def _loop(self, bar):
+        c, at, last_val, rate = self.config, self.position, None, TokenRate()
+        self.model.train()
+        while at.step < c.max_steps and (c.max_epochs is None or at.epoch < c.max_epochs):
+            batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=at.epoch)
+            while at.batch_in_epoch < len(batches) and at.step < c.max_steps:
+                self.interrupts.stop_if_asked()
+                step_before = at.step
+                loss, nll, tokens, grad_norm = self.train_step(batches[at.batch_in_epoch:][:c.accum])
+                if at.step == step_before:
+                    self._skipped(loss, grad_norm, bar)
+                    continue
+                self.bad_in_a_row = 0
+                rate.add(tokens)
+                if at.step % c.log_every == 0 or at.step == 1:
+                    self._log_training(loss, nll, grad_norm, rate.take(), bar)
+                bar.advance()
+                if at.step % c.eval_every == 0 or at.step == c.max_steps:
+                    last_val = self._validate_now()
+                if at.step % c.save_every == 0 or at.step == c.max_steps:
+                    self.save()
+            at.end_epoch_if_done(len(batches))
+        return last_val
+
+    def train_step(self, batches):
+        """One optimiser step over ``batches`` (gradient accumulation); returns (loss, nll, tokens, grad_norm).
+
+        The position in the data moves past ``batches`` in any case. The update is skipped
+        (parameters, Adam's moments and the step count unchanged) when the loss is not finite
+        (``grad_norm`` is then None) or the gradient norm is not finite.
+        """
+        tokens = sum(b.num_tokens for b in batches)
+        total_loss = total_nll = 0.0
+        self._boundary_rng = tf_random.get_rng_state()
+        with self.interrupts.cut_short_allowed():  # nothing of the run's state changes until the update below
+            self.adam.zero_grad()
+            for batch in batches:
+                loss, nll = batch_loss(self.model, batch, self.config.label_smoothing)
+                (loss * (1.0 / tokens)).backward()
+                total_loss += loss.item()
+                total_nll += nll.item()
+        self._boundary_rng = None
+        loss, nll = total_loss / tokens, total_nll / tokens
+        grad_norm = self.adam.step(skip_nonfinite=True) if math.isfinite(loss) else None
+        self.position.advance(len(batches), tokens, applied=grad_norm is not None and math.isfinite(grad_norm))
+        return loss, nll, tokens, grad_norm
+
+    def log(self, record):
+        self.metrics.append(record)
+
+    def _log_training(self, loss, nll, grad_norm, tokens_per_s, bar):
+        record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(loss, 5), "nll": round(nll, 5),
+                  "ppl": round(perplexity(nll), 4), "lr": self.adam.current_lr(self.step),
+                  "grad_norm": round(grad_norm, 5), "tokens_per_s": round(tokens_per_s, 1),
+                  "skipped_updates": self.skipped_updates}
+        self.log(record)
+        bar.show(self.skipped_updates, loss=f"{loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}")
+
+    def _skipped(self, loss, grad_norm, bar):
+        """Count an update skipped for a non-finite loss or gradient; stop after ``max_bad_steps`` in a row."""
+        self.position.skipped_updates += 1
+        self.bad_in_a_row += 1
+        reason = (f"non-finite loss ({loss})" if grad_norm is None
+                  else f"non-finite gradient norm ({grad_norm}) at loss {loss:.4g}")
+        self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": reason,
+                  "skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row})
+        bar.show(self.skipped_updates, last=reason.split(" (")[0])
+        bar.note(f"step {self.step + 1}: update skipped, {reason} ({self.bad_in_a_row} in a row, "
+                 f"{self.skipped_updates} in all)")
+        if self.bad_in_a_row >= self.config.max_bad_steps:
+            raise TrainingDiverged(
+                f"training stopped: {self.bad_in_a_row} updates in a row were skipped for a non-finite loss "
+                f"or gradient (max_bad_steps={self.config.max_bad_steps}; the last: {reason} at step "
+                f"{self.step + 1}); none was applied or saved and {_kept_note(self._newest_checkpoint())}; "
+                "try a lower --lr-factor or a --max-grad-norm in a new run"
+            )
+
+    # ------------------------------------------------------------------ validation
+    def _validate_now(self):
+        self.interrupts.stop_if_asked()
+        with self.interrupts.cut_short_allowed():
+            record = self.validate()
+        self.model.train()
+        return record
+
+    def validate(self):
+        """Validation loss, perplexity, greedy BLEU and exact match (of ``bleu_samples`` sentences), logged."""
+        loss, nll = validation_loss(self.model, self.val_data, self.config.max_tokens, self.config.label_smoothing)
+        sources, references = (side[:self.config.bleu_samples] for side in self.val_text)
+        _, bleu, exact = translation_scores(self.model, self.tokenizer, sources, references, beam_size=1)
+        record = {"step": self.step, "split": "val", "loss": round(loss, 5), "nll": round(nll, 5),
+                  "ppl": round(perplexity(nll), 4), "bleu_greedy": round(bleu.score, 2),
+                  "exact_match_greedy": round(exact, 4), "bleu_sentences": len(references)}
+        self.log(record)
+        self.echo(f"step {self.step}: val loss {loss:.3f}, ppl {record['ppl']:.2f}, "
+                  f"BLEU {bleu.score:.2f} (greedy, {len(references)} sentences), exact match {exact:.1%}")
+        return record
+
+    # ------------------------------------------------------------------ checkpoints
+    def metadata(self):
+        return run_metadata(self.config, self.model, self.tokenizer, self.position)
+
+    def save(self):
+        """Checkpoint the current step (a Ctrl-C waits until it and the pruning are done)."""
+        path = checkpoint.checkpoint_path(self.save_dir, self.step)
+        checkpoint.save_checkpoint(path, self.model.state_dict(), self.metadata(), self.adam.state_dict())
+        checkpoint.prune_checkpoints(self.save_dir, self.config.keep_last)
+        return path
+
+    def _newest_checkpoint(self):
+        newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
+        return newest[0] if newest else None
+
+    def _save_on_interrupt(self):
+        """A TrainingInterrupted naming the checkpoint of the last completed step, saved if need be."""
+        forced = self.interrupts.stopping()  # a further Ctrl-C stops at once, saving nothing
+        newest = self._newest_checkpoint()
+        if forced:
+            return self._interrupted(f"interrupted at step {self.step} before a checkpoint could be saved; "
+                                     f"{_kept_note(newest)}", newest)
+        if self._boundary_rng is not None:  # undo the dropout draws of a step cut short
+            tf_random.set_rng_state(self._boundary_rng)
+        path = checkpoint.checkpoint_path(self.save_dir, self.step)
+        if newest != path:
+            try:
+                self.save()
+            except (OSError, checkpoint.CheckpointError) as error:
+                return self._interrupted(f"interrupted at step {self.step}; saving it failed ({error})", newest)
+        return self._interrupted(f"interrupted at step {self.step}, which is saved in {path}; continue with --resume",
+                                 path)
+
+    def _interrupted(self, message, path):
+        self.echo(message)
+        return TrainingInterrupted(message, path)
+
+
+def _kept_note(newest):
+    return f"the last checkpoint, {newest}, is intact" if newest else "no checkpoint was written"
