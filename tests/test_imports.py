@@ -205,6 +205,24 @@ def test_no_import_cycle_counting_imports_inside_functions():
     check_acyclic(import_edges(PACKAGE_DIR), "tinyformer's imports, those inside functions included")
 
 
+
+def _part(module):
+    """The top-level part of the package a module belongs to: ``tinyformer.nn.layers`` → ``nn``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_the_parts_of_the_package_import_one_way():
+    """The README's arrow: the parts (nn/, functional/, kernels/, backend.py, ...) form no circle,
+    not even through modules that themselves form none (kernels/ asks nothing of functional/)."""
+    edges = [(_part(a), _part(b), line, late) for a, b, line, late in import_edges(PACKAGE_DIR)
+             if _part(a) and _part(b) and _part(a) != _part(b)]
+    check_acyclic([(f"tinyformer.{a}", f"tinyformer.{b}", line, late) for a, b, line, late in edges],
+                  "the parts of tinyformer")
+    parts = {(a, b) for a, b, _, _ in edges}
+    assert ("functional", "kernels") in parts and ("kernels", "backend") in parts
+    assert not {("kernels", "functional"), ("kernels", "optim"), ("backend", "kernels")} & parts
+
 # ---------------------------------------------------------------------------- the walk itself
 def write_package(root, files):
     for name, text in files.items():

@@ -1,5 +1,5 @@
 """The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
-the NumPy references in functional/optim (the cases of tinyformer/kernels/cases.py). These
+the NumPy references in functional/optim (the cases of tinyformer/kernel_cases.py). These
 run in CI, where there is no GPU.
 
 The emulation runs every CUDA thread as an OS thread, so shapes are small. The whole file
@@ -16,8 +16,9 @@ import pytest
 
 import tinyformer
 from tinyformer import Tensor, functional as F, kernels
-from tinyformer.kernels import cases, launch, ops, registry
-from tinyformer.kernels.cases import Device, rand
+from tinyformer import kernel_cases as cases
+from tinyformer.kernel_cases import Device, rand
+from tinyformer.kernels import launch, ops, registry
 from tinyformer.kernels.philox import philox4x32_10, philox_uniform
 from tinyformer.optim import Adam
 

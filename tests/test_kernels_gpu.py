@@ -1,6 +1,6 @@
 """The CUDA kernels on a GPU against their NumPy references (skipped without a usable GPU).
 
-The same cases (tinyformer/kernels/cases.py) run on the CPU through the emulation in
+The same cases (tinyformer/kernel_cases.py) run on the CPU through the emulation in
 test_kernels_emulation.py; here they run on the real device, in float32, float16 and bfloat16
 (tolerances in cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
 """
@@ -10,8 +10,9 @@ import pytest
 
 import tinyformer
 from tinyformer import Tensor, backend, functional as F
-from tinyformer.kernels import cases, ops, registry
-from tinyformer.kernels.cases import Device, rand
+from tinyformer import kernel_cases as cases
+from tinyformer.kernel_cases import Device, rand
+from tinyformer.kernels import ops, registry
 from tinyformer.kernels.philox import philox_uniform
 from tinyformer.optim import Adam
 

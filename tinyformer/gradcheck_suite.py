@@ -12,7 +12,7 @@ biases 0) are moved off it first: with a gain of exactly 1 a backward that forge
 the gain would pass.
 
 The ``kernel_*`` cases (``KERNEL_CASES``) run cases of the kernel harness,
-``tinyformer.kernels.cases``, in float32: a CUDA kernel of ``tinyformer.kernels.ops``
+``tinyformer.kernel_cases``, in float32: a CUDA kernel of ``tinyformer.kernels.ops``
 against the NumPy reference of ``functional`` (or ``optim.Adam``) in float64 on the
 same values, outputs and gradients for a random upstream gradient. On "cuda" the
 compiled kernel runs; on "cpu" its very source runs through the C++ emulation
@@ -27,7 +27,7 @@ import numpy
 
 from . import backend, functional as F, nn
 from .gradcheck import gradcheck
-from .kernels import cases as kernel_cases
+from . import kernel_cases
 from .random import make_generator
 from .tensor import Tensor
 
@@ -42,7 +42,7 @@ TOLERANCE_NOTE = (f"float64 inputs, random upstream gradients, eps={TOLERANCES['
 
 class Case(NamedTuple):
     """A named check: ``build(mode, device)`` gives ``(fn, inputs)``; a kernel case's ``build(device)``
-    gives a ``kernels.cases.KernelRun``."""
+    gives a ``kernel_cases.KernelRun``."""
 
     name: str
     about: str
@@ -289,7 +289,7 @@ def format_table(rows):
 def _kernel_tolerance_note():
     rtol, atol = kernel_cases.TOLERANCE["float32"]
     return (f"kernel_* rows: the float32 kernel against the float64 NumPy reference on the same values "
-            f"(kernels/cases.py), pass when |kernel - reference| <= atol + rtol * |reference|: outputs rtol {rtol:g}, "
+            f"(kernel_cases.py), pass when |kernel - reference| <= atol + rtol * |reference|: outputs rtol {rtol:g}, "
             f"atol {atol:g}, gradients both x{kernel_cases.GRAD_FACTOR['float32']:g}; some comparisons have their own "
             f"(a failure names it)")
 

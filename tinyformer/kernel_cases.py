@@ -16,8 +16,8 @@ A comparison passes when |kernel − reference| <= atol + rtol·|reference| ever
 A comparison may raise its atol floor for a cancellation it names (a half type's floor still
 applies when larger); some compare at fixed tolerances, dropout's keep mask exactly.
 
-This module of ``kernels/`` imports the references (functional, optim) it checks against;
-nothing below them imports it.
+It sits above both ``kernels/`` and the references it checks (functional, optim), so that
+``kernels/`` imports nothing of the ops that call it.
 """
 
 import math
@@ -25,11 +25,11 @@ from typing import NamedTuple
 
 import numpy
 
-from .. import backend, functional as F
-from ..optim import Adam
-from ..tensor import Tensor, grad
-from . import ops
-from .philox import philox_uniform
+from . import backend, functional as F
+from .kernels import ops
+from .kernels.philox import philox_uniform
+from .optim import Adam
+from .tensor import Tensor, grad
 
 TOLERANCE = {"float32": (1e-5, 2e-6), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
 GRAD_FACTOR = {"float32": 10.0, "float16": 2.0, "bfloat16": 2.0}
