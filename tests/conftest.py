@@ -1,9 +1,9 @@
 """Hypothesis profiles, the process state every test starts from, and shared fixtures.
 
 Profiles: random examples on a developer's machine (``dev``), a fixed set in CI (``ci``), and
-``thorough`` (``python -m pytest -m hypothesis --hypothesis-profile=thorough``, or
-``benchmarks/fuzz_thorough.sh``), which runs every property and fuzz test with ten times its
-usual number of examples and no deadline.
+``thorough`` (``python benchmarks/fuzz_thorough.py``, which runs ``python -m pytest -m hypothesis
+--hypothesis-profile=thorough`` and counts the examples), which runs every property and fuzz test
+with ten times its usual number of examples and no deadline.
 """
 
 import os
