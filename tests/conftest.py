@@ -1,15 +1,76 @@
-"""Hypothesis profiles (random examples on a developer's machine, a fixed set in CI) and shared fixtures."""
+"""Hypothesis profiles, the process state every test starts from, and shared fixtures.
+
+Profiles: random examples on a developer's machine (``dev``), a fixed set in CI (``ci``), and
+``thorough`` (``python benchmarks/fuzz_thorough.py``, which runs ``python -m pytest -m hypothesis
+--hypothesis-profile=thorough`` and counts the examples), which runs every property and fuzz test
+with ten times its usual number of examples and no deadline.
+"""
 
 import os
+import signal
+import threading
 
 import pytest
-from hypothesis import settings
+from hypothesis import is_hypothesis_test, settings
 
 from tinyformer import backend
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+THOROUGH_FACTOR = 10
+settings.register_profile("thorough", max_examples=THOROUGH_FACTOR * settings.default.max_examples, deadline=None,
+                          print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")  # --hypothesis-profile=NAME overrides this
+
+# Settings of the test run itself that a test may read; all other TINYFORMER_* variables
+# (TINYFORMER_KERNELS, TINYFORMER_DEBUG, ...) are removed for each test, which sets what it needs.
+KEPT_SETTINGS = ("TINYFORMER_DATA", "TINYFORMER_EMULATION_SANITIZE")
+THREAD_LIMITS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@pytest.fixture(autouse=True)
+def known_process_state(monkeypatch):
+    """Each test starts from the same state whatever the test run inherited: no TINYFORMER_*
+    variable but KEPT_SETTINGS, no thread limits in the environment (BLAS, already loaded, keeps
+    its pool), umask 022, and Python's own SIGINT handler (KeyboardInterrupt), even when the run
+    was started with SIGINT ignored (nohup, a background job); all are restored afterwards.
+    Children are started through tests/children.py, which sets their state explicitly."""
+    for name in list(os.environ):
+        if (name.startswith("TINYFORMER_") and name not in KEPT_SETTINGS) or name in THREAD_LIMITS:
+            monkeypatch.delenv(name)
+    umask = os.umask(0o022)
+    sigint = None
+    if threading.current_thread() is threading.main_thread():
+        sigint = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        os.umask(umask)
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def pytest_collection_modifyitems(items):
+    """Under the thorough profile, a hypothesis test whose ``@settings`` names its own number of
+    examples runs THOROUGH_FACTOR times that many (the others already get the profile's count)."""
+    if settings.get_current_profile_name() != "thorough":
+        return
+    scaled = set()
+    for item in items:
+        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if not is_hypothesis_test(test) or id(test) in scaled:
+            continue
+        scaled.add(id(test))
+        # Hypothesis keeps a test's settings in this attribute (set by @settings and @given); a
+        # profile cannot raise an explicit max_examples, so a scaled copy replaces them here.
+        own = getattr(test, "_hypothesis_internal_use_settings", None)
+        if not isinstance(own, settings):
+            raise pytest.UsageError(f"thorough profile: no hypothesis settings found on {item.nodeid}; "
+                                    "has hypothesis changed where it keeps them?")
+        if own.max_examples != settings.default.max_examples:
+            test._hypothesis_internal_use_settings = settings(own, max_examples=own.max_examples * THOROUGH_FACTOR,
+                                                              deadline=None)
 
 
 @pytest.fixture

@@ -1,11 +1,10 @@
 """The CPU benchmarks' arithmetic: model FLOPs and the MFU column of bench_step.py."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 
+import children
 from scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,9 +23,10 @@ def test_model_flops_is_six_n_t_plus_attention():
 
 
 def test_step_benchmark_reports_model_flop_utilisation():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_step.py"), "--preset", "tiny",
-                          "--tokens", "64", "--repeats", "1", "--warmup", "0", "--markdown"],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    result = children.run([children.PYTHON, os.path.join(ROOT, "benchmarks", "bench_step.py"), "--preset", "tiny",
+                           "--tokens", "64", "--repeats", "1", "--warmup", "0", "--markdown"])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
     assert "sgemm peak" in out and "GFLOP/s" in out
     header, row = ([c.strip() for c in line.strip("|").split("|")]
                    for line in [line for line in out.splitlines() if line.startswith("| ")][:2])

@@ -1,14 +1,12 @@
 """The GPU benchmark scripts, checked on the CPU: they skip cleanly, parse, and count right."""
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy
 import pytest
 
+import children
 from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,10 +19,8 @@ bench = load_script("benchmarks/bench_attention.py")
 
 def test_bench_attention_without_gpu_prints_one_skip_line_and_exits_0():
     # CUDA_VISIBLE_DEVICES="" hides any GPU, so this takes the no-GPU path on every machine.
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, str(BENCH_ATTENTION), "--quick"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = children.run([children.PYTHON, str(BENCH_ATTENTION), "--quick"], env={"CUDA_VISIBLE_DEVICES": ""},
+                          timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and "status: skipped" in lines[0], result.stdout
@@ -32,7 +28,7 @@ def test_bench_attention_without_gpu_prints_one_skip_line_and_exits_0():
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_gpu_check_script_parses():
-    result = subprocess.run(["bash", "-n", str(GPU_CHECK)], capture_output=True, text=True, timeout=30, check=False)
+    result = children.run(["bash", "-n", str(GPU_CHECK)], timeout=30)
     assert result.returncode == 0, result.stderr
 
 

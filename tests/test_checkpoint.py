@@ -1,18 +1,13 @@
 """Checkpoints: round trip, atomic writes, pruning, averaging, refusing bad files."""
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
+import children
 import numpy as np
 import pytest
 
 from tinyformer import checkpoint
 from tinyformer.checkpoint import CheckpointError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _state(seed):
@@ -73,8 +68,7 @@ def test_process_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
         np.savez = savez_then_die
         checkpoint.save_checkpoint({str(path)!r}, {{"bias": np.zeros(1_000_000, np.float32)}}, {{"step": 2}})
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    result = children.run([children.PYTHON, "-c", script], timeout=120)
     assert result.returncode == -9, result.stderr
     _, meta, _ = checkpoint.load_checkpoint(path)
     assert meta["step"] == 1

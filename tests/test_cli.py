@@ -1,16 +1,13 @@
 """The command line and the runnable scripts: they must keep working, not just import."""
 
-import os
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
+import children
 import pytest
 
 from tinyformer import backend, cli, functional as F, gradcheck_suite
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_info_prints_versions_and_gpu_availability(capsys):
@@ -31,9 +28,7 @@ def test_unknown_command_is_a_usage_error():
 
 
 def run_script(*args):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
+    result = children.run([children.PYTHON, *args], timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -12,10 +12,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import children
 import numpy as np
 import pytest
 from test_train import cached_load_corpus
@@ -25,11 +25,8 @@ from tinyformer import functional as F
 from tinyformer.optim import Adam
 from tinyformer.train import TrainConfig, Trainer, TrainingInterrupted
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = dict(data="synthetic", preset="tiny", vocab_size=120, max_tokens=256, max_steps=6, warmup_steps=4,
               save_every=2, keep_last=1, eval_every=100, log_every=1, bleu_samples=4, dropout=0.1, threads=1)
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-       "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 QUIET = dict(echo=lambda *a: None, progress=False)
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGKILL and SIGINT to a process are POSIX")
 
@@ -178,8 +175,7 @@ def reference(corpus, tmp_path_factory):
 
 def run_child(point, step, resume, save_dir, corpus_path):
     config = json.dumps(dict(CONFIG, save_dir=str(save_dir)))
-    return subprocess.run([sys.executable, "-c", CHILD, point, str(step), config, str(corpus_path), str(resume)],
-                          env=ENV, capture_output=True, text=True, timeout=300)
+    return children.run([children.PYTHON, "-c", CHILD, point, str(step), config, str(corpus_path), str(resume)])
 
 
 def assert_resumes_like_the_uninterrupted_run(save_dir, reference):
@@ -242,8 +238,7 @@ def test_sigint_inside_an_update_or_a_save_lets_it_finish(where, tmp_path, refer
     """A real SIGINT in the middle of Adam's update (step 3) or of the checkpoint write (step 2) is
     acted on once that is complete: the checkpoint holds the whole update, and is not written twice.
     A second SIGINT before then stops at once and saves nothing (the step-2 checkpoint stays)."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT has a handler other than Python's default here")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # conftest's known_process_state
     sent = []
 
     def interrupt():
@@ -282,29 +277,42 @@ def test_sigint_inside_an_update_or_a_save_lets_it_finish(where, tmp_path, refer
     assert_resumes_like_the_uninterrupted_run(tmp_path, reference)
 
 
+TRAIN_ARGS = ["--max-tokens", "256", "--vocab-size", "120", "--warmup-steps", "4", "--dropout", "0.1",
+              "--eval-every", "100000", "--save-every", "100000", "--log-every", "1", "--bleu-samples", "4",
+              "--threads", "1", "--no-progress", "--no-test"]
+
+
+def log_lines(run):
+    log = run / train.LOG_FILE
+    return len(log.read_text(encoding="utf-8").splitlines()) if log.exists() else 0
+
+
+def wait_for_log_lines(child, run, count, timeout=240):
+    """Wait until ``run``'s log holds ``count`` lines; fail if ``child`` ends or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while log_lines(run) < count:
+        assert child.poll() is None, f"the run ended with status {child.returncode}: {child.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"fewer than {count} log lines after {timeout} s"
+        time.sleep(0.05)
+
+
+def start_training(run, sigint):
+    return children.start(children.tinyformer("train", "--save-dir", str(run), "--max-steps", "100000", *TRAIN_ARGS),
+                          sigint=sigint, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def test_ctrl_c_on_the_command_saves_a_checkpoint_and_exits_130(tmp_path, monkeypatch, capsys):
-    """SIGINT to a running `tinyformer train`: exit status 130, a checkpoint of the last completed
-    step named on the way out, and `--resume` finishes with the uninterrupted run's losses."""
+    """SIGINT to a running `tinyformer train` (started with SIGINT at its default, whatever this
+    test run's is): exit status 130, a checkpoint of the last completed step named on the way out,
+    and `--resume` finishes with the uninterrupted run's losses."""
     run = tmp_path / "run"
-    args = ["--max-tokens", "256", "--vocab-size", "120", "--warmup-steps", "4", "--dropout", "0.1",
-            "--eval-every", "100000", "--save-every", "100000", "--log-every", "1", "--bleu-samples", "4",
-            "--threads", "1", "--no-progress", "--no-test"]
-    child = subprocess.Popen([sys.executable, "-m", "tinyformer.cli", "train", "--save-dir", str(run),
-                              "--max-steps", "100000", *args],
-                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = start_training(run, sigint="default")
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and child.poll() is None:
-            log = run / train.LOG_FILE
-            if log.exists() and len(log.read_text(encoding="utf-8").splitlines()) >= 2:
-                break
-            time.sleep(0.05)
+        wait_for_log_lines(child, run, 2)
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=120)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        children.stop(child)
     assert child.returncode == 130, err
     match = re.search(r"interrupted at step (\d+), which is saved in (\S+); continue with --resume", out + err)
     assert match, (out, err)
@@ -320,5 +328,48 @@ def test_ctrl_c_on_the_command_saves_a_checkpoint_and_exits_130(tmp_path, monkey
     assert cli.main(["train", "--save-dir", str(run), "--resume", "--max-steps", str(step + 2),
                      "--no-progress", "--no-test"]) == 0
     straight = tmp_path / "straight"
-    assert cli.main(["train", "--save-dir", str(straight), "--max-steps", str(step + 2), *args]) == 0
+    assert cli.main(["train", "--save-dir", str(straight), "--max-steps", str(step + 2), *TRAIN_ARGS]) == 0
     assert losses(run) == losses(straight) and len(losses(run)) == step + 2
+
+
+def test_a_command_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
+    """nohup semantics: `tinyformer train` started with SIGINT ignored installs no handler, so a
+    SIGINT changes nothing: the run goes on logging steps, writes no "interrupted" line and no
+    checkpoint, and ends only when it is terminated."""
+    run = tmp_path / "run"
+    child = start_training(run, sigint="ignore")
+    try:
+        wait_for_log_lines(child, run, 2)
+        for _ in range(3):
+            child.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        signalled_at = log_lines(run)
+        wait_for_log_lines(child, run, signalled_at + 3)  # three more steps after the last SIGINT
+        child.terminate()
+        out, err = child.communicate(timeout=120)
+    finally:
+        children.stop(child)
+    assert child.returncode == -signal.SIGTERM, (child.returncode, err)
+    assert "interrupted" not in out + err, (out, err)
+    assert checkpoint.list_checkpoints(run) == []
+
+
+def test_the_trainer_leaves_an_ignored_sigint_ignored(tmp_path, small_corpus, monkeypatch):
+    """In process: with SIGINT ignored the trainer installs no handler, a SIGINT in the middle of
+    an update is lost, the run completes, and SIGINT is still ignored afterwards."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # conftest's known_process_state restores it
+    real_step, sent = Adam.step, []
+
+    def step(self, *args, **kwargs):
+        if self.step_count == 2 and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Adam, "step", step)
+    trainer = Trainer(TrainConfig(**CONFIG, save_dir=str(tmp_path)), **QUIET)
+    trainer.run()
+    assert sent and trainer.step == CONFIG["max_steps"]
+    assert checkpoint.list_checkpoints(tmp_path) == [checkpoint.checkpoint_path(tmp_path, CONFIG["max_steps"])]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

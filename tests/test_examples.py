@@ -8,12 +8,11 @@ nothing behind.
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import children
 from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,10 +22,8 @@ EXAMPLES = ROOT / "examples"
 def run_example(name, *args, tmp_path, env=None):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    env = {**os.environ, **(env or {}), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
+    env = {**(env or {}), "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    result = children.run([children.PYTHON, str(EXAMPLES / name), *args], cwd=tmp_path, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert list(scratch.iterdir()) == [], "the example left temporary files behind"
     return result.stdout

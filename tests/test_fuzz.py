@@ -2,8 +2,8 @@
 bytes through ``tinyformer translate``, and the fused ops at extreme values against float64
 references written here, independently of the library.
 
-Example counts are kept moderate (the file runs in seconds); CI runs them derandomized
-(tests/conftest.py).
+Example counts are kept moderate (the file runs in seconds); CI runs them derandomized, and the
+thorough profile (``python benchmarks/fuzz_thorough.py``) ten times as many (tests/conftest.py).
 """
 
 import io

@@ -8,9 +8,8 @@ runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
 
 import os
 import shutil
-import subprocess
-import sys
 
+import children
 import numpy as np
 import pytest
 
@@ -275,7 +274,7 @@ def test_training_step_with_kernels_equals_the_reference_step(emulated_kernels, 
 # ------------------------------------------------------------------------ the same under AddressSanitizer
 def _libasan():
     cxx = os.environ.get("CXX") or shutil.which("g++")
-    out = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    out = children.run([cxx, "-print-file-name=libasan.so"], timeout=60).stdout.strip()
     return out if os.path.isabs(out) and os.path.exists(out) else None
 
 
@@ -284,11 +283,10 @@ def test_emulation_under_address_sanitizer():
     libasan = _libasan()
     if libasan is None:
         pytest.skip("the C++ compiler has no AddressSanitizer runtime")
-    env = dict(os.environ, TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan,
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
+    env = dict(TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
     selection = ("attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or "
                  "dropout_kernel or registry_geometry or training_step")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
-                            env=env, capture_output=True, text=True, timeout=1200)
+    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
+                          env=env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout

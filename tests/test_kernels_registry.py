@@ -4,10 +4,10 @@ size, and the sources get the registry's values at compile time."""
 import os
 import re
 import shutil
-import subprocess
 
 import pytest
 
+import children
 from tinyformer.kernels import emulation, registry
 
 KERNEL_SOURCES = sorted(p for p in registry.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh"))
@@ -112,6 +112,5 @@ def test_a_source_compiled_without_the_registry_geometry_stops_with_an_error(tmp
     unit = tmp_path / "unit.cpp"
     unit.write_text('#include "cpu_emulation.h"\n#include "softmax.cu"\n')
     cxx = os.environ.get("CXX", "g++")
-    result = subprocess.run([cxx, "-std=c++20", "-fsyntax-only", f"-I{registry.KERNEL_DIR}", str(unit)],
-                            capture_output=True, text=True)
+    result = children.run([cxx, "-std=c++20", "-fsyntax-only", f"-I{registry.KERNEL_DIR}", str(unit)], timeout=120)
     assert result.returncode != 0 and "registry.compile_options()" in result.stderr

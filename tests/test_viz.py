@@ -3,10 +3,10 @@
 import json
 import re
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
+import children
 import numpy as np
 import pytest
 
@@ -14,8 +14,6 @@ import tinyformer as tf
 from tinyformer import decode, functional as F, nn, viz
 
 pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is part of the test extra")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def png_size(path):
@@ -204,8 +202,8 @@ def test_plots_never_touch_pyplot_or_a_display(tmp_path):
     code = ("import sys; from tinyformer import viz; "
             f"viz.plot_schedule({str(tmp_path / 's.png')!r}, steps=100, warmup_steps=10); "
             "assert 'matplotlib.pyplot' not in sys.modules; import matplotlib; print(matplotlib.get_backend())")
-    env = {"PATH": "", "PYTHONPATH": str(ROOT), "MPLBACKEND": "", "DISPLAY": ""}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = {"PATH": "", "MPLBACKEND": "", "DISPLAY": ""}
+    result = children.run([children.PYTHON, "-c", code], env=env, inherit=False, timeout=120)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "s.png").stat().st_size > 0
 
