@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import backend, decode, functional as F, nn
-from tinyformer.data.batching import ParallelData
+from tinyformer import backend, decode, functional as F, nn, optim
+from tinyformer.data.batching import ParallelData, batch_indices
 from tinyformer.data.synthetic import number_to_german
-from tinyformer.validation import as_array, check_int, check_probability, check_real, is_integer, is_real
+from tinyformer.validation import rectangular_array, check_int, check_probability, check_real, is_integer, is_real
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])
@@ -59,9 +59,9 @@ def test_check_probability_half_open_unless_told():
 
 
 def test_as_array_names_a_ragged_argument():
-    assert as_array([[1, 2], [3, 4]], "ids").shape == (2, 2)
+    assert rectangular_array([[1, 2], [3, 4]], "ids").shape == (2, 2)
     with pytest.raises(ValueError, match=r"^ids must be a rectangular array, got a ragged list"):
-        as_array([[1, 2], [3]], "ids")
+        rectangular_array([[1, 2], [3]], "ids")
 
 
 # The same behaviour where the library checks its arguments.
@@ -77,6 +77,10 @@ SITES = {
     "number_to_german": number_to_german,
     "ParallelData.max_len": lambda n: ParallelData([[5]], [[6]], max_len=n),
     "reshape": lambda n: tf.Tensor(np.zeros(2)).reshape(n),
+    "NoamSchedule.d_model": lambda n: optim.NoamSchedule(n, 4),
+    "NoamSchedule.warmup_steps": lambda n: optim.NoamSchedule(8, n),
+    "batch_indices.max_tokens": lambda n: batch_indices([1, 1], [1, 1], max_tokens=n),
+    "sum.axis": lambda n: tf.Tensor(np.zeros((2, 3, 4))).sum(axis=n),
 }
 
 

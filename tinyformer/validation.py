@@ -11,7 +11,7 @@ import numbers
 
 import numpy
 
-__all__ = ["is_integer", "is_real", "check_int", "check_real", "check_probability", "as_array"]
+__all__ = ["is_integer", "is_real", "check_int", "check_real", "check_probability", "rectangular_array"]
 
 
 def is_integer(value):
@@ -73,7 +73,7 @@ def check_probability(name, value, *, allow_one=False):
     return float(value)
 
 
-def as_array(value, name):
+def rectangular_array(value, name):
     """A nested list as a NumPy array; a ragged one is a one-line error naming ``name``, not NumPy's."""
     try:
         return numpy.asarray(value)

@@ -87,8 +87,7 @@ def batch_indices(src_lengths, tgt_lengths, max_tokens, seed=0, epoch=0, shuffle
     if src_lengths.shape != tgt_lengths.shape or src_lengths.ndim != 1:
         raise ValueError(f"batch_indices: src_lengths {src_lengths.shape} and tgt_lengths "
                          f"{tgt_lengths.shape} must be 1-D and equally long")
-    if not isinstance(max_tokens, (int, numpy.integer)) or max_tokens < 1:
-        raise ValueError(f"batch_indices: max_tokens must be a positive integer, got {max_tokens!r}")
+    check_int("batch_indices: max_tokens", max_tokens, 1)
     rng = numpy.random.default_rng([seed, epoch])
     longest = numpy.maximum(src_lengths, tgt_lengths)
     tie_break = rng.permutation(len(longest))

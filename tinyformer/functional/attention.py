@@ -9,7 +9,7 @@ from ..kernels import ops as kernel_ops
 from ..kernels.registry import HEAD_DIMS
 from ..ops._helpers import sum_to_shape
 from ..tensor import Tensor
-from ..validation import as_array, check_probability
+from ..validation import rectangular_array, check_probability
 from ._dispatch import KernelFunction
 from .dropout import _check_generator, _dropped, _keep_mask_on_cpu, _kernel_seed
 from .masks import causal_mask
@@ -236,7 +236,7 @@ def _checked_mask(mask, q, k):
     scores_shape = numpy.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
     mask = mask.data if isinstance(mask, Tensor) else mask
     if not hasattr(mask, "dtype"):
-        mask = as_array(mask, "attention mask")
+        mask = rectangular_array(mask, "attention mask")
     if mask.dtype != bool:
         raise TypeError(
             f"attention mask must be boolean (True = attend), got dtype {mask.dtype}"

@@ -5,7 +5,7 @@ import numpy
 from .. import backend, kernels
 from ..kernels import ops as kernel_ops
 from ..tensor import Tensor
-from ..validation import as_array, check_real
+from ..validation import rectangular_array, check_real
 from ._dispatch import KernelFunction
 
 _xp = backend.get_array_module
@@ -134,7 +134,7 @@ class CrossEntropy(KernelFunction):
 def _check_target(logits, target, ignore_index):
     target = target.data if isinstance(target, Tensor) else target
     if not hasattr(target, "dtype"):
-        target = as_array(target, "cross_entropy: target")
+        target = rectangular_array(target, "cross_entropy: target")
     if tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
             f"cross_entropy: target shape {tuple(target.shape)} must equal the logits' shape "

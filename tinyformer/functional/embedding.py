@@ -2,7 +2,7 @@
 
 from .. import backend
 from ..tensor import Function, Tensor
-from ..validation import as_array
+from ..validation import rectangular_array
 
 _xp = backend.get_array_module
 
@@ -24,7 +24,7 @@ def _check_ids(ids, low, high, name):
     """``ids`` must be integers in [low, high); raise naming ``name`` otherwise."""
     ids = ids.data if isinstance(ids, Tensor) else ids
     if not hasattr(ids, "dtype"):
-        ids = as_array(ids, name)
+        ids = rectangular_array(ids, name)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {ids.dtype}")
     if ids.size and (int(ids.min()) < low or int(ids.max()) >= high):

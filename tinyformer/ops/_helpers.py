@@ -5,6 +5,7 @@ import math
 import numpy
 
 from ..tensor import Tensor
+from ..validation import is_integer
 
 PYTHON_SCALARS = (int, float, bool)
 _PASS_THROUGH = (Tensor,) + PYTHON_SCALARS
@@ -46,10 +47,15 @@ def normalize_axes(axis, ndim):
     """``axis`` (None, int or tuple of ints) as a sorted tuple of non-negative axes."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, numpy.integer)) else tuple(axis)
+    if is_integer(axis):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:
+        raise ValueError(f"axis must be None, an integer or a tuple of integers, got {axis!r}")
     result = []
     for a in axes:
-        if not isinstance(a, (int, numpy.integer)) or not -ndim <= a < ndim:
+        if not is_integer(a) or not -ndim <= a < ndim:
             raise ValueError(f"axis {a!r} is out of range for a tensor with {ndim} dimensions")
         result.append(int(a) % ndim)
     if len(set(result)) != len(result):

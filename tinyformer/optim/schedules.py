@@ -1,5 +1,7 @@
 """The learning-rate schedule of §5.3: linear warm-up, then decay with 1/√step."""
 
+from ..validation import check_int, check_real
+
 __all__ = ["NoamSchedule"]
 
 
@@ -11,13 +13,9 @@ class NoamSchedule:
     """
 
     def __init__(self, d_model, warmup_steps=4000, factor=1.0):
-        if not isinstance(d_model, int) or d_model <= 0:
-            raise ValueError(f"NoamSchedule: d_model must be a positive integer, got {d_model!r}")
-        if not isinstance(warmup_steps, int) or warmup_steps <= 0:
-            raise ValueError(f"NoamSchedule: warmup_steps must be a positive integer, got {warmup_steps!r}")
-        if not factor > 0:
-            raise ValueError(f"NoamSchedule: factor must be positive, got {factor!r}")
-        self.d_model, self.warmup_steps, self.factor = d_model, warmup_steps, factor
+        self.d_model = check_int("NoamSchedule: d_model", d_model, 1)
+        self.warmup_steps = check_int("NoamSchedule: warmup_steps", warmup_steps, 1)
+        self.factor = check_real("NoamSchedule: factor", factor, 0, open_minimum=True)
 
     def __call__(self, step):
         if step < 1:
