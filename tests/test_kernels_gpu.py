@@ -2,7 +2,7 @@
 
 The same cases (tinyformer/kernel_cases.py) run on the CPU through the emulation in
 test_kernels_emulation.py; here they run on the real device, in float32, float16 and bfloat16
-(tolerances in cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
+(tolerances in tinyformer/kernel_cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
 """
 
 import numpy as np

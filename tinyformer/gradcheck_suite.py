@@ -104,7 +104,7 @@ def _prepare(module, device, seed):
     return module
 
 
-# ------------------------------------------------------------------ fused ops (functional.py)
+# ------------------------------------------------------------------ fused ops (functional/)
 @_register(CASES, "softmax", "F.softmax over the last axis")
 def _softmax(mode, device):
     return (lambda x: F.softmax(x, axis=-1)), [_leaf(device, (2, 3, 5), 1, scale=2.0)]

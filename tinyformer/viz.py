@@ -276,7 +276,7 @@ _PANELS = [
 
 
 def plot_curves(log_path, path="curves.png"):
-    """Training and validation curves of a ``metrics.jsonl`` (written by ``train.py``); returns the path.
+    """Training and validation curves of a ``metrics.jsonl`` (written by ``tinyformer train``); returns the path.
 
     Training records are those without "split"; validation records have
     ``"split": "val"`` (loss, ppl, bleu_greedy); a final ``"split": "test"`` record

@@ -4,7 +4,7 @@ Sources: ``attention.cu`` (fused attention forward and backward), ``softmax.cu``
 ``layer_norm.cu``, ``cross_entropy.cu``, ``dropout.cu``, ``adam.cu``, with ``common.cuh`` and
 ``philox.cuh``.
 Each kernel is specified by the NumPy reference in ``functional``/``optim`` and tested
-against it by the cases of ``cases.py``: on a GPU directly, and in CI through
+against it by the cases of ``tinyformer.kernel_cases``: on a GPU directly, and in CI through
 ``cpu_emulation.h`` (the fp32 kernels built as C++ and run on the CPU). Block sizes live in
 ``registry.py`` and reach the sources at compile time. ``python -m
 tinyformer.kernels.compile_check`` compiles all of them with NVRTC, no GPU needed.
