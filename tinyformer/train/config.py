@@ -122,7 +122,9 @@ class TrainConfig:
                                kind=int, check=positive_int)
     lr_factor: float = option(1.0, help="Noam factor: lr = factor * d_model^-0.5 * min(...)", kind=float,
                               check=positive_real)
-    # §5.4: label smoothing of 0.1 hurts perplexity but improves accuracy and BLEU.
+    # §5.4: label smoothing of 0.1 hurts perplexity but improves accuracy and BLEU. A property of the
+    # loss; named as a model argument because older checkpoints' model_config held it (so it is
+    # ignored when architectures are compared) and model_overrides should point here.
     label_smoothing: float = option(0.1, help="label smoothing ε of the loss, §5.4", kind=float,
                                     check=unit_interval, model_argument=("label_smoothing",), training_only=True)
     dropout: float = option(help="residual and embedding dropout, §5.4", unset="the preset's", kind=float,
