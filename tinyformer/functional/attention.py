@@ -9,7 +9,7 @@ from ..kernels import ops as kernel_ops
 from ..kernels.registry import HEAD_DIMS
 from ..ops._helpers import sum_to_shape
 from ..tensor import Tensor
-from ..validation import rectangular_array, check_probability
+from ..validation import check_probability, rectangular_array
 from ._dispatch import KernelFunction
 from .dropout import _check_generator, _dropped, _keep_mask_on_cpu, _kernel_seed
 from .masks import causal_mask

@@ -5,7 +5,7 @@ import numpy
 from .. import backend, kernels
 from ..kernels import ops as kernel_ops
 from ..tensor import Tensor
-from ..validation import rectangular_array, check_real
+from ..validation import check_real, rectangular_array
 from ._dispatch import KernelFunction
 
 _xp = backend.get_array_module

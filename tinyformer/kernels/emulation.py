@@ -128,6 +128,12 @@ class EmulatedFunction:
 
 
 def function(expression):
-    """The emulated ``expression``, from the library built for the sources and the registry's
-    geometry as they are now (``build`` finds an existing one by its hash)."""
-    return EmulatedFunction(expression, build())
+    """The emulated ``expression``, from the library built for the registry's geometry as it is now."""
+    return EmulatedFunction(expression, _built(registry.geometry(), sanitize_requested()))
+
+
+@functools.lru_cache(maxsize=None)
+def _built(geometry, sanitize):
+    """``build``'s library, once per process and geometry (as ``launch._module`` compiles for the
+    GPU), so that a launch does not hash every source file again."""
+    return build(sanitize)
