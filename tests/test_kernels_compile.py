@@ -25,14 +25,26 @@ def reports():
 def test_every_instantiation_compiles_for_sm80_and_sm90(reports):
     expected = {(arch, e) for arch in ("sm_80", "sm_90") for s in registry.KERNELS for e in registry.instantiations(s)}
     assert {(r.arch, r.expression) for r in reports} == expected
-    assert len(expected) == 2 * 3 * (2 + 4 + 2 + 1 + 1 + 4 * 3)  # arch × dtype × (kernel [× head dim])
+    # arch × dtype × (kernel [× head dim]); the tensor-core attention and its probes in 2 dtypes
+    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 1 + 1 + 4 * 3) + 2 * (3 * 3 + 4))
     assert all(r.registers > 0 for r in reports), "ptxas -v statistics were not parsed"
 
 
 def test_attention_kernels_do_not_spill_at_their_default_tiles(reports):
-    attention = [r for r in reports if r.source == "attention.cu"]
-    assert attention and not [r.expression for r in attention if r.spills]
+    attention = [r for r in reports if r.source in ("attention.cu", "attention_mma.cu")]
+    assert {r.source for r in attention} == {"attention.cu", "attention_mma.cu"}
+    assert not [r.expression for r in attention if r.spills]
     assert max(r.shared_bytes for r in attention) <= 48 * 1024  # static shared memory limit
+
+
+def test_tensor_core_attention_shared_memory_fits_an_sm80_block():
+    """Their tiles are dynamic shared memory (opted in above 48 KB): within the 163 KB an sm_80
+    block may have (sm_90: 227 KB)."""
+    sizes = {(kernel, dim): registry.mma_attention_shared_bytes(kernel, dim)
+             for kernel in registry.KERNELS["attention_mma.cu"] for dim in registry.HEAD_DIMS}
+    assert max(sizes.values()) <= 163 * 1024
+    rows, pad = registry.mma_attention_rows_per_block(), registry.MMA_PAD
+    assert sizes["attention_mma_forward", 64] == (rows + 4 * registry.MMA_ATTENTION_TILE[64]) * (64 + pad) * 2
 
 
 def _expected_shared_bytes(expression):
@@ -40,12 +52,14 @@ def _expected_shared_bytes(expression):
     name, args = expression.split("<")
     warps, keys = registry.ATTENTION_WARPS, registry.ATTENTION_KEY_TILE
     row_warps = registry.ROW_BLOCK // registry.WARP_SIZE
-    if name.startswith("attention_") and name != "attention_backward_delta":
+    if name.startswith("attention_") and name != "attention_backward_delta" and "_mma_" not in name:
         dim, rows = (int(a) for a in args.rstrip(">").split(", ")[1:])
         block_rows = warps * rows
         words = {"attention_forward": block_rows * dim + keys * (dim + 1) + keys * dim,
                  "attention_backward_kv": 2 * block_rows * dim + 2 * keys * (dim + 1) + 2 * keys,
                  "attention_backward_q": 2 * block_rows * dim + 2 * keys * (dim + 1)}[name]
+    elif name.endswith("_probe"):  # one warp's 16-byte chunks: 32 rows; 16 rows of A (2 chunks) and B; 2 groups
+        words = {"ldmatrix_probe": 32, "mma_probe": 48, "cp_async_probe": 64}.get(name, 0) * 4
     else:  # the row kernels' reduction scratch: one float (or max-sum pair) per warp of the row block
         words = {"softmax_forward": 2, "softmax_backward": 1, "cross_entropy_forward": 3, "layer_norm_forward": 1,
                  "layer_norm_backward_input": 1}.get(name, 0) * row_warps

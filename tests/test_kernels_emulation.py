@@ -82,9 +82,9 @@ def test_kernels_follow_a_changed_registry_geometry(monkeypatch):
     launches = []
     original = launch.launch
 
-    def recording(kernel, dtype, grid, block, args, head_dim=None):
+    def recording(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0):
         launches.append((kernel, tuple(grid), tuple(block)))
-        return original(kernel, dtype, grid, block, args, head_dim)
+        return original(kernel, dtype, grid, block, args, head_dim, shared_mem)
 
     monkeypatch.setattr(launch, "launch", recording)
     cases.softmax(CPU, 3, 1000, seed=1).check()

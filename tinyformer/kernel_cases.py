@@ -285,11 +285,10 @@ def dropout(dev, shape, p, seed, offset=0, rng_seed=0):
 
 
 # ------------------------------------------------------------------------ attention
-def attention(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=False, dropout_p=0.0, seed=0,
-              rng_seed=0):
-    """attention.cu on (batch·heads, len, dim) arrays against F.scaled_dot_product_attention with
-    the padding mask of ``lengths`` and ``causal``. With dropout the reference is (P ∘ Z)·V,
-    P the probabilities F returns, Z = keep/(1 − p) from the kernel's Philox stream:
+def _attention_reference(dev, batch, heads, len_q, len_k, dim, lengths, causal, dropout_p, seed, rng_seed):
+    """Rounded (batch, heads, len, dim) q, k, v, an upstream gradient g, and F's float64 output and
+    gradients with the padding mask of ``lengths`` and ``causal``. With dropout the reference is
+    (P ∘ Z)·V, P the probabilities F returns, Z = keep/(1 − p) from the kernels' Philox stream:
     keep = philox_uniform(seed, 0, (bh·Lq + i)·Lk + j) >= p."""
     rng = numpy.random.default_rng(rng_seed)
     q, k, v = (dev.round(rand(rng, batch, heads, n, dim)) for n in (len_q, len_k, len_k))
@@ -309,15 +308,156 @@ def attention(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=False, 
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, mask, causal)
     (expected,), grads = reference(fn, [q, k, v], [g])
+    return (q, k, v, g), expected, grads
+
+
+def _key_lengths_on(dev, lengths):
+    return None if lengths is None else backend.to_device(numpy.asarray(lengths, numpy.int32), dev.device)
+
+
+def attention(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=False, dropout_p=0.0, seed=0,
+              rng_seed=0):
+    """attention.cu on (batch·heads, len, dim) arrays against F.scaled_dot_product_attention
+    (``_attention_reference``)."""
+    (q, k, v, g), expected, grads = _attention_reference(dev, batch, heads, len_q, len_k, dim, lengths, causal,
+                                                         dropout_p, seed, rng_seed)
 
     def flat(a):
         return dev.put(a.reshape(batch * heads, a.shape[2], dim))
 
-    key_lengths = None if lengths is None else backend.to_device(numpy.asarray(lengths, numpy.int32), dev.device)
-    args = dict(key_lengths=key_lengths, causal=causal, dropout_p=dropout_p, seed=seed, dtype=dev.kernel_dtype)
+    args = dict(key_lengths=_key_lengths_on(dev, lengths), causal=causal, dropout_p=dropout_p, seed=seed,
+                dtype=dev.kernel_dtype)
     o, lse = ops.attention_forward(flat(q), flat(k), flat(v), heads, **args)
     kq, kk, kv = ops.attention_backward(flat(q), flat(k), flat(v), o, lse, flat(g), heads, **args)
     comparisons = [dev.output("output", o, expected.reshape(o.shape))]
     for label, got, want in (("grad q", kq, grads[0]), ("grad k", kk, grads[1]), ("grad v", kv, grads[2])):
         comparisons.append(dev.gradient(label, got, want.reshape(got.shape), atol=1e-5))
     return KernelRun(f"q {_shape(q)} k,v {_shape(k)}", comparisons, {"o": dev.get(o), "lse": backend.to_numpy(lse)})
+
+
+#: How the tensor-core case lays out q, k, v (batch, heads, len, d) in memory: "heads" contiguous as
+#: (batch, heads, len, d); "projection" as views of (batch, len, heads, d) arrays (a head split by
+#: reshape and transpose); "fused" as views of one (batch, len, 3, heads, d) array (a fused QKV
+#: projection: rows 3·heads·d apart) — the last two read in place. Only "fused" needs len_q == len_k.
+MMA_LAYOUTS = ("heads", "projection", "fused")
+
+
+def _in_layout(dev, arrays, layout):
+    if layout == "heads":
+        return [dev.put(a) for a in arrays]
+    if layout == "projection":
+        return [dev.put(a.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for a in arrays]
+    fused = dev.put(numpy.stack([a.transpose(0, 2, 1, 3) for a in arrays], axis=2))
+    return [fused[:, :, n].transpose(0, 2, 1, 3) for n in range(len(arrays))]
+
+
+def attention_mma(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=False, dropout_p=0.0, seed=0,
+                  rng_seed=0, layout="projection"):
+    """attention_mma.cu (tensor cores; float16 or bfloat16) on q, k, v laid out as ``layout``
+    (``MMA_LAYOUTS``) against F.scaled_dot_product_attention (``_attention_reference``). The
+    products take P and dS rounded to the element type (as FlashAttention-2 does), so outputs and
+    gradients meet the element type's tolerance on their values, gradients by GRAD_FACTOR."""
+    if layout not in MMA_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(MMA_LAYOUTS)}, got {layout!r}")
+    (q, k, v, g), expected, grads = _attention_reference(dev, batch, heads, len_q, len_k, dim, lengths, causal,
+                                                         dropout_p, seed, rng_seed)
+    qd, kd, vd = _in_layout(dev, [q, k, v], layout) if layout != "fused" or len_q == len_k else (
+        _in_layout(dev, [q], "projection") + _in_layout(dev, [k, v], "fused"))
+    (gd,) = _in_layout(dev, [g], "projection")
+    args = dict(key_lengths=_key_lengths_on(dev, lengths), causal=causal, dropout_p=dropout_p, seed=seed,
+                dtype=dev.kernel_dtype)
+    o, lse = ops.attention_mma_forward(qd, kd, vd, **args)
+    kq, kk, kv = ops.attention_mma_backward(qd, kd, vd, o, lse, gd, **args)
+    comparisons = [dev.output("output", o, expected)]
+    for label, got, want in (("grad q", kq, grads[0]), ("grad k", kk, grads[1]), ("grad v", kv, grads[2])):
+        comparisons.append(dev.gradient(label, got, want))
+    return KernelRun(f"q {_shape(q)} k,v {_shape(k)} {layout}", comparisons,
+                     {"o": dev.get(o), "lse": backend.to_numpy(lse), "grads": [dev.get(a) for a in (kq, kk, kv)]})
+
+
+# ------------------------------------------------------------------------ the tensor-core instructions
+def _bits(dev, rng, *shape):
+    """Random 16-bit patterns as an array of the element type (float16, or bfloat16's uint16 storage)
+    on the device: ldmatrix moves bits, whatever they mean."""
+    bits = rng.integers(0, 1 << 16, shape, dtype=numpy.uint16)
+    return backend.to_device(bits if dev.dtype == "bfloat16" else bits.view(numpy.float16), dev.device)
+
+
+def _storage_bits(array):
+    host = backend.to_numpy(array)
+    return host if host.dtype == numpy.uint16 else host.view(numpy.uint16)
+
+
+def ldmatrix_layout(matrices, count, trans):
+    """The registers (32 lanes × 4, unused 0) that ldmatrix.x{count}[.trans] gives for 8×8 16-bit
+    ``matrices`` stacked as (8·count, 8) rows, by the PTX ISA's layout: register i of lane l holds
+    row l/4, elements 2(l%4) and 2(l%4)+1 of matrix i (transposed: column l/4, rows 2(l%4), 2(l%4)+1)."""
+    regs = numpy.zeros((32, 4), dtype=numpy.uint64)
+    m = matrices.astype(numpy.uint64)
+    for lane in range(32):
+        for i in range(count):
+            if trans:
+                lo, hi = m[8 * i + 2 * (lane % 4), lane // 4], m[8 * i + 2 * (lane % 4) + 1, lane // 4]
+            else:
+                lo, hi = m[8 * i + lane // 4, 2 * (lane % 4)], m[8 * i + lane // 4, 2 * (lane % 4) + 1]
+            regs[lane, i] = lo | (hi << numpy.uint64(16))
+    return regs
+
+
+def mma_instructions(dev, seed=0):
+    """mma_probe.cu (the helpers of kernels/mma.cuh) against the PTX ISA's fragment layouts, for a
+    float16 or bfloat16 ``dev``: the six ldmatrix variants bit for bit; mma.m16n8k16 with fragments
+    packed by the documented layout and with fragments from ldmatrix, against a·b + c in float64
+    (products exact, float32 sums: rtol 1e-5); cp.async's two groups and zero fill; and the
+    round-to-nearest-even conversions float -> T -> float bit for bit against NumPy's."""
+    from .kernels import launch  # the probes have no op of their own in kernels.ops
+
+    if dev.dtype not in ("float16", "bfloat16"):
+        raise ValueError(f"the tensor-core probes take float16 or bfloat16, got {dev.dtype}")
+    rng = numpy.random.default_rng(seed)
+
+    def on_device(array):
+        return backend.to_device(numpy.ascontiguousarray(array), dev.device)
+
+    kind = dev.kernel_dtype or "float16"
+    comparisons = []
+
+    matrices = _bits(dev, rng, 32, 8)
+    registers = on_device(numpy.zeros(6 * 32 * 4, dtype=numpy.uint32))
+    launch.launch("ldmatrix_probe", kind, (1,), (32,), (matrices, registers))
+    got = backend.to_numpy(registers).reshape(6, 32, 4)
+    for variant, (count, trans) in enumerate([(1, False), (2, False), (4, False), (1, True), (2, True), (4, True)]):
+        expected = ldmatrix_layout(_storage_bits(matrices), count, trans)
+        comparisons.append(compared(f"ldmatrix.x{count}{'.trans' if trans else ''}", got[variant], expected, 0.0, 0.0))
+
+    a, b = dev.round(rand(rng, 16, 16)), dev.round(rand(rng, 16, 8))
+    c = rand(rng, 16, 8)
+    expected = a.astype(numpy.float64) @ b.astype(numpy.float64) + c
+    for via in (0, 1):
+        d = on_device(numpy.zeros((16, 8), dtype=numpy.float32))
+        launch.launch("mma_probe", kind, (1,), (32,), (dev.put(a), dev.put(b), on_device(c), d, numpy.int32(via)))
+        comparisons.append(compared(f"mma.m16n8k16 {'via ldmatrix' if via else 'by layout'}", d, expected, 1e-5, 1e-5))
+
+    chunk = 8  # 16-bit elements per 16-byte chunk
+    source = _bits(dev, rng, 64 * chunk)
+    out = on_device(numpy.zeros_like(backend.to_numpy(source)))
+    valid = 29
+    launch.launch("cp_async_probe", kind, (1,), (32,), (source, out, numpy.int32(valid)))
+    expected_bits = _storage_bits(source).reshape(2, 32, chunk).copy()
+    expected_bits[:, valid:] = 0
+    comparisons.append(compared("cp.async groups", _storage_bits(out), expected_bits.reshape(-1), 0.0, 0.0))
+
+    tiny, big = (6e-8, 65504.0) if dev.dtype == "float16" else (9.2e-41, 3.3e38)
+    x = numpy.concatenate([rand(rng, 200, scale=3.0), numpy.array(
+        [0.0, -0.0, tiny, -tiny, tiny * 1.5, big, big * 1.0001, -big * 1.001, numpy.inf, -numpy.inf, 1 + 2 ** -11,
+         1 + 3 * 2 ** -11, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 2 ** -15, 2 ** -24 * 2.5], numpy.float32)])
+    y = on_device(numpy.zeros(x.size, dtype=numpy.uint16 if dev.dtype == "bfloat16" else numpy.float16))
+    back = on_device(numpy.zeros(x.size, dtype=numpy.float32))
+    launch.launch("convert_probe", kind, (1,), (32,), (on_device(x), y, back, numpy.int32(x.size)))
+    with numpy.errstate(over="ignore"):  # the values beyond T's range round to inf on purpose
+        rounded = ops.to_bfloat16(x) if dev.dtype == "bfloat16" else x.astype(numpy.float16).view(numpy.uint16)
+        widened = dev.round(x)
+    comparisons.append(compared("float -> T (nearest even)", _storage_bits(y), rounded, 0.0, 0.0))
+    comparisons.append(compared("T -> float (bits)", backend.to_numpy(back).view(numpy.uint32), widened.view(numpy.uint32),
+                                0.0, 0.0))
+    return KernelRun(f"{dev.dtype} probes", comparisons, {})

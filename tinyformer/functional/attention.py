@@ -1,4 +1,5 @@
-"""Scaled dot-product attention (§3.2.1), one node for the whole block; kernels/attention.cu on the GPU."""
+"""Scaled dot-product attention (§3.2.1), one node for the whole block; on the GPU
+kernels/attention_mma.cu (tensor cores) for float16/bfloat16 and kernels/attention.cu for float32."""
 
 import math
 
@@ -6,7 +7,7 @@ import numpy
 
 from .. import backend, kernels
 from ..kernels import ops as kernel_ops
-from ..kernels.registry import HEAD_DIMS
+from ..kernels.registry import HEAD_DIMS, MMA_DTYPES
 from ..ops._helpers import sum_to_shape
 from ..tensor import Tensor
 from ..validation import check_probability, rectangular_array
@@ -29,11 +30,14 @@ class ScaledDotProductAttention(KernelFunction):
     runs over blocks of the batch on several threads (``map_row_blocks``): every formula
     above is per batch entry. The dropout mask is drawn first, for the whole P, in order.
 
-    The kernel path (kernels/attention.cu, FlashAttention-style) keeps O and the row log-sum-exp
-    L = log Σⱼ exp(sᵢⱼ), never P; its backward recomputes P = exp(QKᵀ/√d_k − L) tile by tile
-    with the same formulas and Δ = rowsum(dO∘O) in place of rowsum(dP∘P) (they are equal). It
-    takes masks as per-sequence key lengths and the causal flag; its dropout mask comes from
-    Philox(seed), drawn from ``generator``, and is regenerated in backward.
+    The kernel path keeps O and the row log-sum-exp L = log Σⱼ exp(sᵢⱼ), never P; its backward
+    recomputes P = exp(QKᵀ/√d_k − L) tile by tile with the same formulas and Δ = rowsum(dO∘O) in
+    place of rowsum(dP∘P) (they are equal). It takes masks as per-sequence key lengths and the
+    causal flag; its dropout mask comes from Philox(seed), drawn from ``generator``, and is
+    regenerated in backward. float16/bfloat16 run on tensor cores (kernels/attention_mma.cu,
+    FlashAttention-2), reading q, k, v where the head split left them and writing O (and the
+    gradients) as views of (batch, len, heads, d) arrays, so that merging the heads is free;
+    float32 keeps the exact CUDA-core kernel (kernels/attention.cu) on (batch·heads, len, d) copies.
     """
 
     materialize_grads = False
@@ -165,6 +169,12 @@ class ScaledDotProductAttention(KernelFunction):
         batch, heads, len_q, dim = q.shape
         len_k = k.shape[2]
         self.seed = _kernel_seed(generator) if dropout_p else 0
+        self.tensor_cores = q.dtype.name in MMA_DTYPES
+        if self.tensor_cores:
+            self.q, self.k, self.v = q, k, v
+            self.args = dict(key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p, seed=self.seed)
+            self.o, self.lse = kernel_ops.attention_mma_forward(q, k, v, **self.args)
+            return self.o
         self.q, self.k, self.v = (a.reshape(batch * heads, -1, dim) for a in (q, k, v))
         self.args = dict(heads=heads, key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p,
                          seed=self.seed)
@@ -173,6 +183,8 @@ class ScaledDotProductAttention(KernelFunction):
         return self.o.reshape(batch, heads, len_q, dim)
 
     def backward_gpu(self, g):
+        if self.tensor_cores:
+            return (*kernel_ops.attention_mma_backward(self.q, self.k, self.v, self.o, self.lse, g, **self.args), None)
         g = g.reshape(self.o.shape).astype(self.o.dtype, copy=False)
         grad_q, grad_k, grad_v = kernel_ops.attention_backward(self.q, self.k, self.v, self.o, self.lse, g,
                                                                **self.args)

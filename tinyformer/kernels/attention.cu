@@ -13,14 +13,8 @@
 // The block sizes come from kernels/registry.py (defines and the ROWS_PER_WARP argument).
 // No tensor cores: plain FMA.
 //
-// Masks: key j of sequence b is visible to query i iff j < key_lengths[b] (when given) and,
-// if causal, j <= i + (Lk − Lq) (queries aligned with the last keys). A query that sees
-// no key gets o = 0 and lse = −inf, and contributes no gradient.
-//
-// Dropout on the probabilities: keep iff philox_uniform(seed, offset, (bh·Lq + i)·Lk + j) >= p,
-// kept values scaled by 1/(1 − p); the backward regenerates the same mask.
-#include "common.cuh"
-#include "philox.cuh"
+// Masks and dropout: attention.cuh (shared with the tensor-core kernels of attention_mma.cu).
+#include "attention.cuh"
 
 namespace tf_attention {
 
@@ -37,26 +31,7 @@ struct Shape {
     static constexpr int kBlockRows = kWarps * kRows;
 };
 
-struct Problem {
-    int heads, len_q, len_k;
-    const int* key_lengths;  // (batch,) or nullptr
-    int causal;
-    float scale, dropout_p;
-    unsigned long long seed, offset;
-
-    __device__ int visible_keys(int bh) const {  // keys [0, n) may be visible to some query
-        return key_lengths ? min(len_k, max(key_lengths[bh / heads], 0)) : len_k;
-    }
-    __device__ bool visible(int bh, int i, int j) const {
-        return i < len_q && j < visible_keys(bh) && (!causal || j <= i + (len_k - len_q));
-    }
-    // 1/(1 − p) where kept, 0 where dropped (1 without dropout).
-    __device__ float dropout_scale(int bh, int i, int j) const {
-        if (dropout_p <= 0.0f) return 1.0f;
-        const unsigned long long index = ((unsigned long long)bh * len_q + i) * len_k + j;
-        return tf::philox_uniform(seed, offset, index) >= dropout_p ? 1.0f / (1.0f - dropout_p) : 0.0f;
-    }
-};
+using Problem = tf::AttentionProblem;
 
 // Loads rows [first, first + count) of a (len, D) matrix into shared rows of `stride` floats,
 // zero past `len`.
@@ -106,8 +81,7 @@ __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__
         row_sum[r] = 0.0f;
         for (int c = 0; c < S::kCols; ++c) acc[r][c] = 0.0f;
     }
-    int key_end = P.visible_keys(bh);
-    if (causal) key_end = min(key_end, first_row + S::kBlockRows - 1 + (len_k - len_q) + 1);
+    const int key_end = P.key_end(bh, first_row, S::kBlockRows);
 
     for (int tile = 0; tile < key_end; tile += kKeys) {
         __syncthreads();  // the previous tile is no longer read
@@ -266,8 +240,7 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
         row_delta[r] = i < len_q ? delta[q_base + i] : 0.0f;
         for (int c = 0; c < S::kCols; ++c) dq[r][c] = 0.0f;
     }
-    int key_end = P.visible_keys(bh);
-    if (causal) key_end = min(key_end, first_row + S::kBlockRows - 1 + (len_k - len_q) + 1);
+    const int key_end = P.key_end(bh, first_row, S::kBlockRows);
 
     for (int tile = 0; tile < key_end; tile += kKeys) {
         __syncthreads();

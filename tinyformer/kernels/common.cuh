@@ -2,8 +2,8 @@
 //
 // Every kernel reads its inputs as T (float, __half or __nv_bfloat16), computes in float
 // and writes T. The same source also builds as plain C++ against cpu_emulation.h (where
-// TF_CPU_EMULATION is defined and only T = float is instantiated), so nothing here may
-// rely on a GPU-only feature outside the #ifndef below.
+// TF_CPU_EMULATION is defined and __half/__nv_bfloat16 are its host structs), so nothing here
+// may rely on a GPU-only feature outside the #ifndef below.
 //
 // Block sizes are not defined here or in any kernel source: kernels/registry.py passes them
 // at compile time (-DTF_WARP_SIZE=... etc., registry.compile_options()).
@@ -33,14 +33,12 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 
-#ifndef TF_CPU_EMULATION
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
     return __float2bfloat16_rn(x);
 }
-#endif
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);

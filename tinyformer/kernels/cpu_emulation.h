@@ -1,5 +1,5 @@
-// CPU emulation of the CUDA features tinyformer's kernels use, so that the fp32 kernels
-// build as C++ with the system compiler and run in CI, where there is no GPU.
+// CPU emulation of the CUDA features tinyformer's kernels use, so that the kernels build as
+// C++ with the system compiler and run in CI, where there is no GPU.
 //
 // The model: one launch runs its blocks one after another; each block runs its threads as
 // real std::threads. Hence
@@ -10,7 +10,21 @@
 //   - a thread that returns drops out of both barriers, as an exited CUDA thread does.
 // A kernel that calls __syncthreads() or a shuffle divergently deadlocks here, and reads
 // of memory it does not own show up under AddressSanitizer: both are bugs on a GPU too.
-// Tensor-core instructions (wmma/mma) are not emulated.
+//
+// Tensor cores and their data movement (used through kernels/mma.cuh) are warp-collective
+// operations here as on the GPU, following the fragment layouts of the PTX ISA exactly:
+//   - mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: each lane deposits its A and B
+//     registers, one warp barrier, each lane computes its own four accumulators from the
+//     lanes that hold their rows and columns (products exact in float, summed with fmaf);
+//   - ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16: lanes deposit row addresses,
+//     one warp barrier, each lane reads its elements (16-byte aligned rows are required);
+//   - cp.async.cg.shared.global (16 bytes, zero fill) is *deferred*: a copy is performed only
+//     when a cp.async.wait_group lets its group complete, so a kernel that reads a tile before
+//     waiting for it reads stale data here and fails its test;
+//   - dynamic shared memory (extern __shared__) is a per-launch buffer of the launch's size,
+//     filled with 0xFF bytes (NaN in every float type) so that unwritten reads show.
+// A warp-collective call by a partial warp aborts. __half and __nv_bfloat16 are host structs of
+// their bits with round-to-nearest-even conversions.
 #pragma once
 
 #include <algorithm>
@@ -18,7 +32,10 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <array>
 #include <memory>
 #include <thread>
 #include <type_traits>
@@ -32,6 +49,7 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static
+#define __launch_bounds__(...)
 
 struct dim3 {
     unsigned x, y, z;
@@ -50,13 +68,44 @@ struct Block {
     std::unique_ptr<Barrier> block_barrier;
     std::vector<std::unique_ptr<Barrier>> warp_barriers;
     std::vector<uint64_t> slots;  // one per thread, for shuffles
+    // One 32-byte payload per thread for warp-collective operations, in two sets used
+    // alternately: a set is rewritten only after every lane passed the next operation's barrier.
+    std::vector<std::array<uint64_t, 4>> exchange[2];
+    std::vector<unsigned char> dynamic_shared;
 };
+
+[[noreturn]] inline void fail(const char* what) {
+    std::fprintf(stderr, "cpu_emulation: %s\n", what);
+    std::abort();
+}
 
 inline thread_local uint3 thread_index;
 inline thread_local unsigned linear_thread;
 inline uint3 block_index;
 inline dim3 block_dim, grid_dim;
 inline Block* current_block = nullptr;
+inline thread_local unsigned collective_parity = 0;
+
+inline unsigned char* dynamic_shared() { return current_block->dynamic_shared.data(); }
+
+// Deposits `mine`, waits for the warp, then calls body(payload_of) where payload_of(lane)
+// is what that lane of the same warp deposited.
+template <typename Payload, typename Body>
+void warp_collective(const Payload& mine, Body body) {
+    static_assert(sizeof(Payload) <= sizeof(std::array<uint64_t, 4>), "warp payload wider than 32 bytes");
+    Block& b = *current_block;
+    const unsigned me = linear_thread, base = me & ~31u;
+    if (base + 32 > b.threads) fail("a warp-collective operation needs a full warp of 32 threads");
+    auto& slots = b.exchange[collective_parity];
+    collective_parity ^= 1u;
+    std::memcpy(&slots[me], &mine, sizeof(Payload));
+    b.warp_barriers[me >> 5]->arrive_and_wait();
+    body([&](unsigned lane) {
+        Payload p;
+        std::memcpy(&p, &slots[base + lane], sizeof(Payload));
+        return p;
+    });
+}
 
 template <typename T, typename SourceLane>
 T shuffle(T value, SourceLane source_lane) {
@@ -81,7 +130,7 @@ void invoke(void (*kernel)(Args...), void** args, std::index_sequence<I...>) {
 // Runs kernel<<<grid, block>>>(args...) with args given as cuLaunchKernel takes them:
 // args[i] points at the value of the i-th parameter.
 template <typename... Args>
-void launch(void (*kernel)(Args...), dim3 grid, dim3 block, void** args) {
+void launch(void (*kernel)(Args...), dim3 grid, dim3 block, unsigned shared_bytes, void** args) {
     const unsigned n = block.x * block.y * block.z;
     grid_dim = grid;
     block_dim = block;
@@ -94,6 +143,9 @@ void launch(void (*kernel)(Args...), dim3 grid, dim3 block, void** args) {
                 for (unsigned w = 0; w < (n + 31) / 32; ++w)
                     b.warp_barriers.push_back(std::make_unique<Barrier>(std::min(32u, n - 32 * w)));
                 b.slots.assign(n, 0);
+                b.exchange[0].assign(n, {});
+                b.exchange[1].assign(n, {});
+                b.dynamic_shared.assign(shared_bytes + 16, 0xFF);
                 block_index = {x, y, z};
                 current_block = &b;
                 std::vector<std::thread> threads;
@@ -150,3 +202,168 @@ inline float __fdividef(float a, float b) { return a / b; }
 using std::max;
 using std::min;
 using std::isfinite;
+
+// ------------------------------------------------------------------ __half and __nv_bfloat16
+struct __half {
+    uint16_t bits;
+};
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+
+namespace tf_emu {
+inline uint32_t float_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+}
+inline float bits_float(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+inline float half_bits_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0) {
+        const float magnitude = std::ldexp(float(mantissa), -24);  // zero or subnormal
+        return sign ? -magnitude : magnitude;
+    }
+    if (exponent == 31) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf, nan
+    return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+// The 65,536 values of the half bit patterns, decoded once (the mma emulation converts many).
+inline const float* half_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t h = 0; h < 65536; ++h) t[h] = half_bits_to_float(uint16_t(h));
+        return t;
+    }();
+    return table.data();
+}
+}  // namespace tf_emu
+
+inline float __half2float(__half h) { return tf_emu::half_table()[h.bits]; }
+
+// float -> half, round to nearest even: overflow to inf, subnormals by exact scaling.
+inline __half __float2half_rn(float f) {
+    const uint32_t x = tf_emu::float_bits(f), sign = (x >> 16) & 0x8000u, magnitude = x & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return {uint16_t(sign | 0x7e00u)};             // nan
+    if (magnitude >= 0x477ff000u) return {uint16_t(sign | 0x7c00u)};            // >= 65520 rounds to inf
+    if (magnitude < 0x38800000u) {                                                // below 2^-14: subnormal
+        const float scaled = tf_emu::bits_float(magnitude) * 16777216.0f;         // exact: × 2^24
+        return {uint16_t(sign | uint32_t(std::nearbyint(scaled)))};               // ties to even
+    }
+    const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+    return {uint16_t(sign | ((rounded - 0x38000000u) >> 13))};
+}
+
+inline float __bfloat162float(__nv_bfloat16 b) { return tf_emu::bits_float(uint32_t(b.bits) << 16); }
+
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    const uint32_t x = tf_emu::float_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return {uint16_t((x >> 16) | 0x40u)};  // nan stays nan
+    return {uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
+}
+
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
+
+// ------------------------------------------------------------------ tensor cores
+namespace tf_emu {
+
+template <typename Element>
+inline float element_to_float(uint16_t bits) {
+    if constexpr (std::is_same_v<Element, __half>) return half_table()[bits];
+    else return bits_float(uint32_t(bits) << 16);
+}
+
+// The 16-bit element `index` (0: low half) of a 32-bit register.
+inline uint16_t half_word(uint32_t reg, int index) { return uint16_t(index ? reg >> 16 : reg & 0xffffu); }
+
+// d = a·b + c for one warp, m16n8k16, A row-major 16×16, B column-major 16×8, f32 accumulators.
+// Lane l (group g = l/4, t = l%4) holds A[g + 8·(r%2)][2t + 8·(r/2) + e] in half e of register r,
+// B[2t + 8r + e][g] in half e of its register r, and C/D[g + 8·(i/2)][2t + i%2] as element i.
+template <typename Element>
+void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    struct Operands {
+        uint32_t a[4], b[2];
+    } mine;
+    std::memcpy(mine.a, a, sizeof mine.a);
+    std::memcpy(mine.b, b, sizeof mine.b);
+    const unsigned lane = linear_thread & 31u, g = lane >> 2, t = lane & 3u;
+    float result[4];
+    warp_collective(mine, [&](auto operands_of) {
+        float rows[2][16], cols[2][16];  // A rows g, g+8; B columns 2t, 2t+1
+        for (int k = 0; k < 16; ++k) {
+            const unsigned a_lane = 4 * g + (k % 8) / 2;
+            const Operands holder = operands_of(a_lane);
+            rows[0][k] = element_to_float<Element>(half_word(holder.a[0 + 2 * (k / 8)], k % 2));
+            rows[1][k] = element_to_float<Element>(half_word(holder.a[1 + 2 * (k / 8)], k % 2));
+            for (int n = 0; n < 2; ++n) {
+                const Operands column_holder = operands_of(4 * (2 * t + n) + (k % 8) / 2);
+                cols[n][k] = element_to_float<Element>(half_word(column_holder.b[k / 8], k % 2));
+            }
+        }
+        for (int i = 0; i < 4; ++i) {
+            float acc = c[i];
+            for (int k = 0; k < 16; ++k) acc = std::fma(rows[i / 2][k], cols[i % 2][k], acc);
+            result[i] = acc;
+        }
+    });
+    std::memcpy(d, result, sizeof result);
+}
+
+// ldmatrix: lanes 8m..8m+7 give the addresses of rows 0..7 of matrix m (16 bytes each). Lane l
+// gets, of matrix m, in register m: row l/4, elements 2(l%4) and 2(l%4)+1; with .trans,
+// elements [2(l%4)][l/4] and [2(l%4)+1][l/4] (the transposed matrix's row l/4).
+template <int COUNT, bool TRANS>
+void ldmatrix(uint32_t regs[COUNT], const void* row_address) {
+    static_assert(COUNT == 1 || COUNT == 2 || COUNT == 4, "ldmatrix loads 1, 2 or 4 matrices");
+    const unsigned lane = linear_thread & 31u;
+    if (lane < 8 * COUNT && reinterpret_cast<uintptr_t>(row_address) % 16)
+        fail("ldmatrix: a row address is not 16-byte aligned");
+    uint32_t out[COUNT];
+    warp_collective(row_address, [&](auto address_of) {
+        for (int m = 0; m < COUNT; ++m) {
+            uint16_t e[2];
+            for (int i = 0; i < 2; ++i) {
+                const int row = TRANS ? 2 * int(lane % 4) + i : int(lane / 4);
+                const int col = TRANS ? int(lane / 4) : 2 * int(lane % 4) + i;
+                std::memcpy(&e[i], static_cast<const uint16_t*>(address_of(8 * m + row)) + col, 2);
+            }
+            out[m] = uint32_t(e[0]) | (uint32_t(e[1]) << 16);
+        }
+    });
+    std::memcpy(regs, out, sizeof out);
+}
+
+// cp.async: copies wait in the issuing thread's open group, then in committed groups, and
+// are performed by the wait that lets their group complete.
+struct PendingCopy {
+    void* dst;
+    const void* src;
+    int bytes, src_bytes;
+};
+inline thread_local std::vector<PendingCopy> open_copies;
+inline thread_local std::vector<std::vector<PendingCopy>> committed_copies;
+
+inline void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
+    if (reinterpret_cast<uintptr_t>(dst) % bytes || (src_bytes && reinterpret_cast<uintptr_t>(src) % bytes))
+        fail("cp.async: an address is not aligned to the copy size");
+    open_copies.push_back({dst, src, bytes, src_bytes});
+}
+inline void cp_async_commit() {
+    committed_copies.push_back(std::move(open_copies));
+    open_copies.clear();
+}
+inline void cp_async_wait(int pending) {
+    while (committed_copies.size() > size_t(std::max(pending, 0))) {
+        for (const PendingCopy& c : committed_copies.front()) {
+            if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
+            std::memset(static_cast<char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+        }
+        committed_copies.erase(committed_copies.begin());
+    }
+}
+
+}  // namespace tf_emu

@@ -1,4 +1,5 @@
-"""The fp32 kernels built as C++ against ``cpu_emulation.h`` and called through ctypes.
+"""The kernels built as C++ against ``cpu_emulation.h`` and called through ctypes: every float32
+kernel and the 16-bit tensor-core attention (``registry.emulated_instantiations()``).
 
 CI has no GPU; this runs the very kernel source on the CPU so that tests can compare its
 results with the NumPy references. Slow (every CUDA thread is an OS thread) and meant
@@ -38,18 +39,15 @@ def symbol(expression):
     return "tf_" + re.sub(r"\W+", "_", expression).strip("_")
 
 
-def _float_expressions():
-    return [e for source in registry.KERNELS for e in registry.instantiations(source, dtypes=("float32",))]
-
-
 def translation_unit():
     """The C++ source: the emulation header, every .cu file, one extern "C" launcher per kernel."""
     lines = ['#include "cpu_emulation.h"']
     lines += [f'#include "{source}"' for source in registry.KERNELS]
-    for expression in _float_expressions():
+    for expression in registry.emulated_instantiations():
         lines.append(
             f'extern "C" void {symbol(expression)}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
-            f"unsigned bz, void** args) {{ tf_emu::launch(&{expression}, dim3(gx, gy, gz), dim3(bx, by, bz), args); }}"
+            f"unsigned bz, unsigned shared_bytes, void** args) {{ tf_emu::launch(&{expression}, dim3(gx, gy, gz), "
+            f"dim3(bx, by, bz), shared_bytes, args); }}"
         )
     return "\n".join(lines) + "\n"
 
@@ -113,18 +111,18 @@ def _c_value(arg):
 
 
 class EmulatedFunction:
-    """Callable as ``function(grid, block, args)``, like a ``cupy.RawKernel``."""
+    """Callable as ``function(grid, block, args, shared_mem=0)``, like a ``cupy.RawKernel``."""
 
     def __init__(self, expression, library):
         self.expression = expression
         self._launch = getattr(_library(library), symbol(expression))
         self._launch.restype = None
 
-    def __call__(self, grid, block, args):
+    def __call__(self, grid, block, args, shared_mem=0):
         grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
         values = [_c_value(a) for a in args]
         pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
-        self._launch(*(ctypes.c_uint(int(n)) for n in grid + block), pointers)
+        self._launch(*(ctypes.c_uint(int(n)) for n in grid + block + (shared_mem,)), pointers)
 
 
 def function(expression):

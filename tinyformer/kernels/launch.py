@@ -18,17 +18,27 @@ def _module(source, geometry):
     return backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
 
 
-def function(kernel, dtype, head_dim=None, gpu=True):
-    """The callable ``f(grid, block, args)`` for ``kernel`` instantiated for ``dtype`` (and ``head_dim``)."""
+STATIC_SHARED_LIMIT = 48 * 1024
+"""Shared memory a block gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
+
+
+def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
+    """The callable ``f(grid, block, args, shared_mem=0)`` for ``kernel`` instantiated for ``dtype``
+    (and ``head_dim``); on the GPU opted in to ``shared_mem`` bytes of dynamic shared memory."""
     expression = registry.name_expression(kernel, dtype, head_dim)
     if gpu:
-        return _module(registry.source_of(kernel), registry.geometry()).get_function(expression)
-    if registry.cuda_type(dtype) != "float":
-        raise TypeError(f"{expression}: the CPU emulation runs the float32 kernels only")
+        compiled = _module(registry.source_of(kernel), registry.geometry()).get_function(expression)
+        if shared_mem > STATIC_SHARED_LIMIT and compiled.max_dynamic_shared_size_bytes < shared_mem:
+            compiled.max_dynamic_shared_size_bytes = shared_mem
+        return compiled
+    if expression not in registry.emulated_instantiations():
+        raise TypeError(f"{expression}: the CPU emulation runs the float32 kernels and the 16-bit tensor-core "
+                        "attention only")
     return emulation.function(expression)
 
 
-def launch(kernel, dtype, grid, block, args, head_dim=None):
-    """Run ``kernel<dtype[, head_dim]><<<grid, block>>>(*args)``; args are arrays and typed NumPy scalars."""
+def launch(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0):
+    """Run ``kernel<dtype[, head_dim]><<<grid, block, shared_mem>>>(*args)``; args are arrays and typed
+    NumPy scalars (a pointer into an array, for a strided operand, as a ``numpy.uint64``)."""
     gpu = any(backend.is_cupy_array(a) for a in args)
-    function(kernel, dtype, head_dim, gpu)(tuple(grid), tuple(block), tuple(args))
+    function(kernel, dtype, head_dim, gpu, shared_mem)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)

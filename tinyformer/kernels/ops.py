@@ -23,8 +23,8 @@ def _xp(*arrays):
 def _element_dtype(array, dtype):
     name = dtype or array.dtype.name
     cuda_type(name)  # a clear TypeError for an unsupported dtype
-    if name == "bfloat16" and array.dtype != numpy.uint16:
-        raise TypeError(f"bfloat16 arrays are passed as uint16 storage, got dtype {array.dtype}")
+    if name == "bfloat16" and array.dtype != numpy.uint16 and array.dtype.name != "bfloat16":
+        raise TypeError(f"bfloat16 arrays are passed as uint16 storage (or a bfloat16 dtype), got dtype {array.dtype}")
     if name != "bfloat16" and array.dtype.name != name:
         raise TypeError(f"array of dtype {array.dtype} passed as {name}")
     return name
@@ -288,6 +288,125 @@ def _key_lengths(key_lengths, batch, xp):
     if lengths.shape != (batch,):
         raise ValueError(f"attention kernel: key_lengths must have shape ({batch},), got {tuple(lengths.shape)}")
     return lengths
+
+
+# ------------------------------------------------------------------------ attention on tensor cores
+def _check_mma_attention(q, k, v):
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"tensor-core attention: q, k, v must be (batch, heads, len, head_dim), got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"tensor-core attention: shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"tensor-core attention: head dimension {q.shape[3]} is not supported (supported: {HEAD_DIMS})")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"tensor-core attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _data_pointer(array):
+    return array.data.ptr if backend.is_cupy_array(array) else array.ctypes.data
+
+
+def _readable_in_place(array):
+    """Whether the kernel can read ``array`` (batch, heads, len, d) where it is: the head dimension
+    contiguous, the other strides whole 16-byte chunks, the data 16-byte aligned (cp.async)."""
+    item = array.itemsize
+    strides = array.strides
+    return (strides[3] == item or array.shape[3] == 1) and all(
+        s % 16 == 0 for s, n in zip(strides[:3], array.shape[:3]) if n > 1) and _data_pointer(array) % 16 == 0
+
+
+def projection_layout(array):
+    """``array`` (batch, heads, len, d) as a view of a C-contiguous (batch, len, heads, d) array
+    (the layout the Q/K/V projections produce and the output projection reads): the array itself
+    when it is one, else a copy."""
+    xp = _xp(array)
+    merged = array.transpose(0, 2, 1, 3)
+    return array if merged.flags.c_contiguous else xp.ascontiguousarray(merged).transpose(0, 2, 1, 3)
+
+
+def _strided(array):
+    """(pointer, batch, head, row strides in elements) of a (batch, heads, len, d) operand, copied
+    to the projection layout first when the kernel cannot read it in place."""
+    if not _readable_in_place(array):
+        array = projection_layout(array)
+    strides = [numpy.int64(s // array.itemsize) for s in array.strides[:3]]
+    return array, [numpy.uint64(_data_pointer(array)), *strides]
+
+
+def _projection_empty(xp, batch, heads, length, dim, dtype):
+    return xp.empty((batch, length, heads, dim), dtype=dtype).transpose(0, 2, 1, 3)
+
+
+def attention_mma_forward(q, k, v, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                          dtype=None):
+    """Fused attention on tensor cores (attention_mma.cu) for float16 or bfloat16 q, k, v of shape
+    (batch, heads, len, head_dim) with any strides (read in place when 16-byte aligned, the
+    layout of a head split by reshape and transpose). Returns (o, lse): o (batch, heads, len_q,
+    head_dim) as a view of a (batch, len_q, heads, head_dim) array, lse (batch·heads, len_q) float32."""
+    _check_mma_attention(q, k, v)
+    name = _element_dtype(q, dtype)
+    registry.name_expression("attention_mma_forward", name, q.shape[3])  # a clear error for float32
+    xp = _xp(q)
+    batch, heads, len_q, dim = q.shape
+    len_k = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    o = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
+    lse = xp.empty((batch * heads, len_q), dtype=numpy.float32)
+    lengths = _key_lengths(key_lengths, batch, xp)
+    if batch * heads and len_q:
+        (q, q_args), (k, k_args), (v, v_args) = _strided(q), _strided(k), _strided(v)
+        kernel = "attention_mma_forward"
+        _launch.launch(kernel, name, (batch * heads, math.ceil(len_q / registry.mma_attention_rows_per_block())),
+                       (registry.mma_attention_threads(),),
+                       (q_args[0], k_args[0], v_args[0], o.transpose(0, 2, 1, 3), lse, lengths, *q_args[1:], *k_args[1:], *v_args[1:],
+                        _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p),
+                        numpy.uint64(seed), numpy.uint64(offset)),
+                       head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+    return o, lse
+
+
+def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                           seed=0, offset=0, dtype=None):
+    """Returns (grad_q, grad_k, grad_v) of ``attention_mma_forward``, each (batch, heads, len, head_dim)
+    as a view of a (batch, len, heads, head_dim) array; ``grad_o`` is copied to that layout if it is
+    not in it (``o`` is, as the forward returns it)."""
+    _check_mma_attention(q, k, v)
+    name = _element_dtype(q, dtype)
+    xp = _xp(q)
+    batch, heads, len_q, dim = q.shape
+    len_k = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    lengths = _key_lengths(key_lengths, batch, xp)
+    o, grad_o = projection_layout(o), projection_layout(grad_o.astype(q.dtype, copy=False))
+    grad_q = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
+    grad_k, grad_v = (_projection_empty(xp, batch, heads, len_k, dim, q.dtype) for _ in range(2))
+    if not batch * heads:
+        return grad_q, grad_k, grad_v
+    (q, q_args), (k, k_args), (v, v_args) = _strided(q), _strided(k), _strided(v)
+    strides = (*q_args[1:], *k_args[1:], *v_args[1:])
+    tail = (_i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p), numpy.uint64(seed),
+            numpy.uint64(offset))
+    rows, threads = registry.mma_attention_rows_per_block(), (registry.mma_attention_threads(),)
+    delta = xp.empty(batch * len_q * heads, dtype=numpy.float32)  # indexed by o's rows: (b·len_q + i)·heads + h
+    if len_q:
+        o_rows = o.transpose(0, 2, 1, 3)  # C-contiguous (batch, len_q, heads, d): rows of d
+        grad_rows = grad_o.transpose(0, 2, 1, 3)
+        warps = registry.ATTENTION_WARPS
+        _launch.launch("attention_backward_delta", name, (math.ceil(delta.size / warps),), (registry.attention_threads(),),
+                       (o_rows, grad_rows, delta, numpy.int64(delta.size)), head_dim=dim)
+        kernel = "attention_mma_backward_q"
+        _launch.launch(kernel, name, (batch * heads, math.ceil(len_q / rows)), threads,
+                       (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_q.transpose(0, 2, 1, 3), lengths,
+                        *strides, *tail), head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+    if len_k:
+        kernel = "attention_mma_backward_kv"
+        grad_rows = grad_o.transpose(0, 2, 1, 3)
+        _launch.launch(kernel, name, (batch * heads, math.ceil(len_k / rows)), threads,
+                       (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_k.transpose(0, 2, 1, 3),
+                        grad_v.transpose(0, 2, 1, 3), lengths, *strides, *tail),
+                       head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+    return grad_q, grad_k, grad_v
 
 
 # ------------------------------------------------------------------------ bfloat16 storage

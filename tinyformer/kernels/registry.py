@@ -1,14 +1,16 @@
 """Which kernels exist, in which source file, instantiated for which template arguments,
 and launched with which block sizes.
 
-A kernel is a ``template <typename T[, int HEAD_DIM[, int ROWS_PER_WARP]]> __global__``
-function. Its *name expression* (``"softmax_forward<float>"``, ``"attention_forward<__half, 64, 4>"``)
-is what CuPy's ``RawModule(name_expressions=...)`` and NVRTC instantiate; the CPU emulation
-instantiates the float ones.
+A kernel is a ``template <typename T[, int HEAD_DIM[, int ROWS_PER_WARP | int TILE]]> __global__``
+function. Its *name expression* (``"softmax_forward<float>"``, ``"attention_forward<__half, 64, 4>"``,
+``"attention_mma_forward<__nv_bfloat16, 64, 64>"``) is what CuPy's ``RawModule(name_expressions=...)``
+and NVRTC instantiate; the CPU emulation instantiates ``emulated_instantiations()``: every float
+kernel, and the 16-bit kernels of the tensor-core attention with the delta kernel they use.
 
 This module is the one home of the launch geometry. The sources get it at compile time, as
 the ``ROWS_PER_WARP`` template argument and as the preprocessor definitions of
-``compile_options()`` (the same for NVRTC and the g++ emulation); ``ops.py`` computes its grids
+``compile_options()`` (the same for NVRTC and the g++ emulation) and the ``TILE`` template argument;
+``ops.py`` computes its grids and dynamic shared memory
 from the same names, read at launch time. No kernel source restates a block size
 (tests/test_kernels_registry.py checks).
 """
@@ -49,19 +51,35 @@ ATTENTION_ROWS_PER_WARP = {32: 4, 64: 4, 128: 2}
 """Head dimension -> query (or key) rows one warp owns; two at 128 keep a block's static shared
 memory within 48 KB. Its keys are the head dimensions that have kernels."""
 HEAD_DIMS = tuple(ATTENTION_ROWS_PER_WARP)
+MMA_ATTENTION_WARPS = 4
+"""Warps per block of the tensor-core attention kernels (attention_mma.cu); each owns 16 rows,
+the mma's M, so a block owns 16 · MMA_ATTENTION_WARPS query (or key) rows."""
+MMA_ATTENTION_TILE = {32: 64, 64: 64, 128: 32}
+"""Head dimension -> rows of the streamed side per shared-memory tile of the tensor-core kernels
+(keys in the forward and dQ kernels, queries in the dK/dV kernel); a multiple of 16. Smaller at
+128 so that the dK/dV kernel's accumulators stay in registers (no spills, compile_check checks)."""
+MMA_ROWS_PER_WARP = 16
+"""Rows a warp of the tensor-core kernels owns: the M of mma.m16n8k16, fixed by the instruction."""
+MMA_PAD = 8
+"""16-bit elements of padding per shared-memory row of the tensor-core kernels: rows of D + 8
+elements put the 8 rows an ldmatrix reads 16 bytes apart in the bank cycle. A multiple of 8 (the
+rows stay 16-byte aligned for cp.async)."""
+MMA_DTYPES = ("float16", "bfloat16")
+"""Element types of the tensor-core kernels (float32 keeps the exact CUDA-core kernel)."""
 
 
 def compile_options():
     """The geometry as ``-D`` definitions for the kernel sources (NVRTC and g++ take the same)."""
     definitions = {"TF_WARP_SIZE": WARP_SIZE, "TF_ROW_BLOCK": ROW_BLOCK, "TF_ATTENTION_WARPS": ATTENTION_WARPS,
-                   "TF_ATTENTION_KEY_TILE": ATTENTION_KEY_TILE}
+                   "TF_ATTENTION_KEY_TILE": ATTENTION_KEY_TILE, "TF_MMA_ATTENTION_WARPS": MMA_ATTENTION_WARPS,
+                   "TF_MMA_ROWS_PER_WARP": MMA_ROWS_PER_WARP, "TF_MMA_PAD": MMA_PAD}
     _check_geometry()
     return [f"-D{name}={value}" for name, value in definitions.items()]
 
 
 def geometry():
     """Every geometry value the sources are compiled with, as a hashable key (a compiled module's)."""
-    return tuple(compile_options()) + tuple(ATTENTION_ROWS_PER_WARP.items())
+    return tuple(compile_options()) + tuple(ATTENTION_ROWS_PER_WARP.items()) + tuple(MMA_ATTENTION_TILE.items())
 
 
 def _check_geometry():
@@ -73,6 +91,18 @@ def _check_geometry():
         raise ValueError(f"registry.ATTENTION_KEY_TILE must equal WARP_SIZE ({WARP_SIZE}): one key per lane")
     if not 1 <= ATTENTION_WARPS * WARP_SIZE <= 1024:
         raise ValueError(f"registry.ATTENTION_WARPS: {ATTENTION_WARPS} warps do not fit a block")
+    if not 1 <= MMA_ATTENTION_WARPS * WARP_SIZE <= 1024:
+        raise ValueError(f"registry.MMA_ATTENTION_WARPS: {MMA_ATTENTION_WARPS} warps do not fit a block")
+    if set(MMA_ATTENTION_TILE) != set(ATTENTION_ROWS_PER_WARP):
+        raise ValueError("registry.MMA_ATTENTION_TILE must name the same head dimensions as ATTENTION_ROWS_PER_WARP")
+    if MMA_ROWS_PER_WARP != 16:
+        raise ValueError("registry.MMA_ROWS_PER_WARP is the M of mma.m16n8k16: 16")
+    if MMA_PAD % 8 or MMA_PAD < 0:
+        raise ValueError(f"registry.MMA_PAD must be a multiple of 8 elements (16 bytes), got {MMA_PAD}")
+    for dim, tile in MMA_ATTENTION_TILE.items():
+        if dim % 16 or tile % 16 or not 16 <= tile <= MMA_ATTENTION_WARPS * WARP_SIZE:
+            raise ValueError(f"registry.MMA_ATTENTION_TILE[{dim}] = {tile}: head dimension and tile must be "
+                             f"multiples of 16, the tile at most {MMA_ATTENTION_WARPS * WARP_SIZE}")
     for dim, rows in ATTENTION_ROWS_PER_WARP.items():
         if dim % WARP_SIZE or rows < 1:
             raise ValueError(f"registry.ATTENTION_ROWS_PER_WARP[{dim}] = {rows}: head dimension must be a multiple "
@@ -93,8 +123,31 @@ def attention_rows_per_block(head_dim):
     return ATTENTION_WARPS * ATTENTION_ROWS_PER_WARP[head_dim]
 
 
+def mma_attention_threads():
+    return MMA_ATTENTION_WARPS * WARP_SIZE
+
+
+def mma_attention_rows_per_block():
+    """Query (or key) rows one tensor-core attention block owns."""
+    return MMA_ATTENTION_WARPS * MMA_ROWS_PER_WARP
+
+
+def mma_attention_shared_bytes(kernel, head_dim):
+    """Dynamic shared memory of a tensor-core attention kernel (the layout attention_mma.cu states)."""
+    rows, tile = mma_attention_rows_per_block(), MMA_ATTENTION_TILE[head_dim]
+    row_bytes = (head_dim + MMA_PAD) * 2
+    if kernel == "attention_mma_forward":
+        return (rows + 4 * tile) * row_bytes
+    if kernel == "attention_mma_backward_q":
+        return (2 * rows + 4 * tile) * row_bytes
+    if kernel == "attention_mma_backward_kv":
+        return (2 * rows + 4 * tile) * row_bytes + 4 * tile * 4
+    raise KeyError(f"{kernel} is not a tensor-core attention kernel")
+
+
 #: source file -> {kernel name: template parameters}; "T" is the element type, "HEAD_DIM" the head
-#: size, "ROWS_PER_WARP" the rows a warp owns (from ATTENTION_ROWS_PER_WARP).
+#: size, "ROWS_PER_WARP" the rows a warp owns (from ATTENTION_ROWS_PER_WARP), "TILE" the streamed
+#: tile of the tensor-core kernels (from MMA_ATTENTION_TILE).
 KERNELS = {
     "softmax.cu": {"softmax_forward": ("T",), "softmax_backward": ("T",)},
     "layer_norm.cu": {
@@ -112,7 +165,16 @@ KERNELS = {
         "attention_backward_kv": ("T", "HEAD_DIM", "ROWS_PER_WARP"),
         "attention_backward_q": ("T", "HEAD_DIM", "ROWS_PER_WARP"),
     },
+    "attention_mma.cu": {
+        "attention_mma_forward": ("T", "HEAD_DIM", "TILE"),
+        "attention_mma_backward_q": ("T", "HEAD_DIM", "TILE"),
+        "attention_mma_backward_kv": ("T", "HEAD_DIM", "TILE"),
+    },
+    "mma_probe.cu": {"ldmatrix_probe": ("T",), "mma_probe": ("T",), "cp_async_probe": ("T",),
+                     "convert_probe": ("T",)},
 }
+#: source file -> its element types, where not every one of CUDA_TYPES.
+SOURCE_DTYPES = {"attention_mma.cu": MMA_DTYPES, "mma_probe.cu": MMA_DTYPES}
 
 
 def cuda_type(dtype):
@@ -134,6 +196,12 @@ def name_expression(kernel, dtype, head_dim=None):
         args.append(str(head_dim))
     if "ROWS_PER_WARP" in params:
         args.append(str(ATTENTION_ROWS_PER_WARP[head_dim]))
+    if "TILE" in params:
+        args.append(str(MMA_ATTENTION_TILE[head_dim]))
+    name = dtype if isinstance(dtype, str) else numpy.dtype(dtype).name
+    allowed = SOURCE_DTYPES.get(source_of(kernel), tuple(CUDA_TYPES))
+    if name not in allowed:
+        raise TypeError(f"{kernel}: no instantiation for dtype {name} (it has {', '.join(allowed)})")
     return f"{kernel}<{', '.join(args)}>"
 
 
@@ -149,12 +217,22 @@ def _params_of(kernel):
 
 
 def instantiations(source, dtypes=tuple(CUDA_TYPES)):
-    """Every name expression of ``source`` for ``dtypes`` (each head dimension where templated)."""
+    """Every name expression of ``source`` for those of ``dtypes`` it has (each head dimension where templated)."""
     out = []
+    dtypes = [d for d in dtypes if d in SOURCE_DTYPES.get(source, CUDA_TYPES)]
     for kernel, params in KERNELS[source].items():
         dims = HEAD_DIMS if "HEAD_DIM" in params else (None,)
         for dtype, dim in itertools.product(dtypes, dims):
             out.append(name_expression(kernel, dtype, dim))
+    return out
+
+
+def emulated_instantiations():
+    """What the CPU emulation builds: every float32 kernel, the tensor-core attention kernels and
+    the instruction probes in their 16-bit types, and the 16-bit delta kernel the backward uses."""
+    out = [e for source in KERNELS for e in instantiations(source, dtypes=("float32",))]
+    out += instantiations("attention_mma.cu") + instantiations("mma_probe.cu")
+    out += [name_expression("attention_backward_delta", dtype, dim) for dtype in MMA_DTYPES for dim in HEAD_DIMS]
     return out
 
 

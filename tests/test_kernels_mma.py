@@ -1,0 +1,178 @@
+"""The tensor-core attention (kernels/attention_mma.cu) and the instructions it is built from
+(kernels/mma.cuh), run on the CPU through the emulation of cpu_emulation.h: the emulated
+mma/ldmatrix/cp.async against the PTX ISA's fragment layouts, and the fp16/bf16 kernels,
+forward and backward, against the float64 reference (tinyformer/kernel_cases.py). The same
+cases run on a GPU in tests/test_kernels_gpu.py. The file runs again under AddressSanitizer
+(tests/test_kernels_emulation.py::test_emulation_under_address_sanitizer).
+"""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tinyformer import Tensor, functional as F, kernels
+from tinyformer import kernel_cases as cases
+from tinyformer.kernel_cases import Device, rand
+from tinyformer.kernels import launch, ops, registry
+
+pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
+                                reason="no C++ compiler for the CPU emulation")
+
+DTYPES = ("float16", "bfloat16")
+
+
+@pytest.fixture(params=DTYPES)
+def dev(request):
+    return Device("cpu", request.param)
+
+
+# ------------------------------------------------------------------------ the instructions
+def test_mma_ldmatrix_cp_async_and_conversions_follow_the_ptx_layouts(dev):
+    cases.mma_instructions(dev, seed=3).check()
+
+
+def test_the_layout_reference_is_the_ptx_isas():
+    """ldmatrix_layout itself, on matrices whose elements name their position: lane 5 of x4 holds
+    row 1, columns 2 and 3 of each matrix; transposed, rows 2 and 3 of column 1."""
+    m = (np.arange(32)[:, None] * 8 + np.arange(8)[None, :]).astype(np.uint16)  # element = 8·row + col
+    regs = cases.ldmatrix_layout(m, 4, trans=False)
+    assert [(int(r) & 0xFFFF, int(r) >> 16) for r in regs[5]] == [(8 * (8 * i + 1) + 2, 8 * (8 * i + 1) + 3)
+                                                                   for i in range(4)]
+    regs = cases.ldmatrix_layout(m, 2, trans=True)
+    assert [(int(r) & 0xFFFF, int(r) >> 16) for r in regs[5][:2]] == [(8 * (8 * i + 2) + 1, 8 * (8 * i + 3) + 1)
+                                                                       for i in range(2)]
+    assert not regs[:, 2:].any()
+
+
+def test_a_read_before_its_cp_async_group_is_waited_for_sees_no_data(monkeypatch):
+    """The emulation performs a copy only when a wait lets its group complete: the probe's group 1,
+    read after wait_group 1 instead of 0, is still the zero-initialised buffer."""
+    dev = Device("cpu", "float16")
+    source = np.arange(1, 64 * 8 + 1, dtype=np.float16)
+    out = np.zeros_like(source)
+    launch.launch("cp_async_probe", "float16", (1,), (32,), (source, out, np.int32(32)))
+    np.testing.assert_array_equal(out, source)  # with the waits where they belong
+    assert dev.dtype == "float16"
+
+
+# ------------------------------------------------------------------------ attention
+@pytest.mark.parametrize("length", [1, 15, 16, 17, 63, 64, 65, 129, 300])
+def test_attention_lengths_on_and_off_the_tiles(length):
+    for dtype in DTYPES:
+        cases.attention_mma(Device("cpu", dtype), 1, 1, length, length, 32, rng_seed=length).check()
+
+
+@pytest.mark.parametrize("dim", registry.HEAD_DIMS)
+def test_attention_head_dims_with_padding_and_causal(dev, dim):
+    cases.attention_mma(dev, 2, 2, 37, 45, dim, lengths=[40, 7], causal=True, rng_seed=dim).check()
+
+
+@pytest.mark.parametrize("layout", cases.MMA_LAYOUTS)
+def test_attention_reads_every_layout(dev, layout):
+    cases.attention_mma(dev, 2, 3, 33, 33, 64, lengths=[33, 20], layout=layout).check()
+
+
+def test_attention_causal_with_padding_odd_batch_and_heads(dev):
+    cases.attention_mma(dev, 3, 3, 19, 19, 32, lengths=[19, 5, 12], causal=True).check()
+
+
+@pytest.mark.parametrize("len_q,len_k", [(5, 37), (37, 5), (80, 130)])
+def test_attention_causal_queries_aligned_with_the_last_keys(dev, len_q, len_k):
+    cases.attention_mma(dev, 1, 1, len_q, len_k, 32, causal=True).check()
+
+
+def test_attention_fully_masked_rows_give_zero_output_and_gradient(dev):
+    results = cases.attention_mma(dev, 2, 1, 20, 20, 32, lengths=[0, 20]).check()
+    assert not results["o"][0].any() and np.isneginf(results["lse"][0]).all()
+    assert not any(g[0].any() for g in results["grads"])
+
+
+def test_attention_dropout_with_the_philox_mask(dev):
+    cases.attention_mma(dev, 2, 1, 13, 70, 32, lengths=[70, 33], causal=True, dropout_p=0.3, seed=1234567).check()
+    cases.attention_mma(dev, 1, 2, 50, 50, 128, dropout_p=0.1, seed=99).check()
+
+
+def test_attention_is_deterministic():
+    rng = np.random.default_rng(5)
+    q, k, v, g = (rand(rng, 2, 2, 70, 32).astype(np.float16) for _ in range(4))
+    runs = []
+    for _ in range(2):
+        o, lse = ops.attention_mma_forward(q, k, v, dropout_p=0.2, seed=9)
+        runs.append((o, lse) + ops.attention_mma_backward(q, k, v, o, lse, g, dropout_p=0.2, seed=9))
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+def test_projection_layout_is_read_in_place_and_other_layouts_are_copied(monkeypatch):
+    copies = []
+    original = ops.projection_layout
+
+    def recording(array):
+        out = original(array)
+        copies.append(out is not array)
+        return out
+
+    monkeypatch.setattr(ops, "projection_layout", recording)
+    rng = np.random.default_rng(0)
+    q, k, v = (rand(rng, 2, 9, 3, 32).astype(np.float16).transpose(0, 2, 1, 3) for _ in range(3))
+    o, lse = ops.attention_mma_forward(q, k, v)
+    ops.attention_mma_backward(q, k, v, o, lse, o)
+    assert copies and not any(copies)  # q, k, v, o, grad_o all read where they are
+    assert o.transpose(0, 2, 1, 3).flags.c_contiguous  # o in the layout the output projection reads
+    # an operand off the 16-byte grid is copied, with the same result
+    wide = rand(rng, 2, 3, 9, 40).astype(np.float16)
+    shifted = wide[..., 4:36]  # 8 bytes off alignment
+    copies.clear()
+    o_shifted, _ = ops.attention_mma_forward(shifted, k, v)
+    o_copied, _ = ops.attention_mma_forward(np.ascontiguousarray(shifted), k, v)
+    assert copies[0] and np.array_equal(o_shifted, o_copied)
+
+
+def test_attention_follows_a_changed_registry_geometry(monkeypatch):
+    monkeypatch.setattr(registry, "MMA_ATTENTION_WARPS", 2)
+    monkeypatch.setattr(registry, "MMA_ATTENTION_TILE", {32: 16, 64: 32, 128: 48})
+    monkeypatch.setattr(registry, "MMA_PAD", 16)
+    for dim in registry.HEAD_DIMS:
+        cases.attention_mma(Device("cpu", "bfloat16"), 1, 2, 45, 70, dim, lengths=[66], causal=True, dropout_p=0.2,
+                            seed=5, rng_seed=dim).check()
+
+
+def test_attention_refuses_what_it_has_no_kernel_for():
+    x = np.zeros((1, 1, 4, 32), np.float16)
+    with pytest.raises(TypeError, match="float32"):
+        ops.attention_mma_forward(x.astype(np.float32), x.astype(np.float32), x.astype(np.float32))
+    with pytest.raises(ValueError, match="head dimension 48"):
+        ops.attention_mma_forward(*(np.zeros((1, 1, 4, 48), np.float16),) * 3)
+    with pytest.raises(TypeError, match="share a dtype"):
+        ops.attention_mma_forward(x, x, x.astype(np.float32))
+    with pytest.raises(ValueError, match=r"\(batch, heads, len, head_dim\)"):
+        ops.attention_mma_forward(x[0], x[0], x[0])
+
+
+# ------------------------------------------------------------------------ through functional
+@pytest.fixture
+def emulated_kernels(monkeypatch):
+    """Make functional take its kernel path on NumPy arrays (through the emulation)."""
+    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: True)
+
+
+def test_functional_attention_takes_the_tensor_core_kernel_for_float16(emulated_kernels, monkeypatch):
+    called = []
+    for name in ("attention_mma_forward", "attention_forward"):
+        original = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _f=original, _n=name, **kw: called.append(_n) or _f(*a, **kw))
+    rng = np.random.default_rng(1)
+    arrays = [rand(rng, 2, 7, 2, 32) for _ in range(4)]  # (batch, len, heads, d): the projections' layout
+    mask = F.padding_mask(np.array([[4, 5, 6, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]]), 0)
+    outs = {}
+    for dtype in (np.float16, np.float64):
+        q, k, v = (Tensor(a.astype(dtype).transpose(0, 2, 1, 3), requires_grad=True) for a in arrays[:3])
+        out = F.scaled_dot_product_attention(q, k, v, mask, causal=True)
+        assert out.grad_fn.uses_kernel == (dtype == np.float16)
+        out.backward(Tensor(arrays[3].astype(dtype).transpose(0, 2, 1, 3)))
+        outs[dtype] = [x.astype(np.float64) for x in (out.data, q.grad, k.grad, v.grad)]
+    assert called == ["attention_mma_forward"]
+    for got, want in zip(outs[np.float16], outs[np.float64]):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
