@@ -1,10 +1,15 @@
 """The CUDA kernels on their own: fused attention in TFLOP/s, the row kernels in GB/s.
 
-Attention: ``kernels.ops.attention_forward`` / ``attention_backward`` on (batch·heads, S, D)
-arrays against the unfused CuPy path (``functional.scaled_dot_product_attention`` with the
-kernels switched off, as ``TINYFORMER_KERNELS=0`` does: QKᵀ, softmax and PV as separate CuPy
-ops through the autograd engine) and, when PyTorch with CUDA is installed, against
-``torch.nn.functional.scaled_dot_product_attention`` on the same inputs. Throughput is counted
+Attention: tinyformer's fused kernels as training calls them — the tensor-core kernels
+(``kernels.ops.attention_mma_forward`` / ``attention_mma_backward``) for fp16 and bf16 on q, k, v
+in the projections' (B, S, H, D) layout, the exact CUDA-core kernel (``attention_forward`` /
+``attention_backward``) for fp32 — next to, when PyTorch with CUDA is installed,
+``torch.nn.functional.scaled_dot_product_attention`` on the same values with each backend it
+offers forced in turn (flash, cuDNN, memory-efficient; "n/a" where a backend refuses the case),
+the best of them as a percentage, and the kernel's output checked against SDPA's default
+choice. ``--unfused`` adds the unfused CuPy path (``functional.scaled_dot_product_attention``
+with the kernels off, as ``TINYFORMER_KERNELS=0``), ``--cuda-core`` the CUDA-core kernel in the
+16-bit types too. Throughput is counted
 as FlashAttention's benchmarks count it (``attention_flops``): 4·B·S²·H·D for the forward,
 3.5 times that for forward + backward, half of it when causal. Each shape holds about
 ``--tokens`` tokens (B = tokens / S) and ``--model-dim`` channels (H = model_dim / D).
@@ -17,7 +22,7 @@ Timing: CUDA events (``cupy.cuda.Event``; ``torch.cuda.Event`` for PyTorch) arou
 warm-up calls first, then the median of up to ``--repeats`` calls (fewer when a cell exceeds
 ``--cell-seconds``). Without a usable GPU it prints one line and exits 0 ("skipped").
 
-    python benchmarks/bench_attention.py [--quick] [--markdown] [--dtypes bf16,fp32] [--causal both]
+    python benchmarks/bench_attention.py [--quick] [--markdown] [--dtypes bf16,fp16,fp32] [--causal both]
 """
 
 import argparse
@@ -245,8 +250,33 @@ def attention_inputs(case, seed):
     return [rng.standard_normal(shape, dtype=cupy.float32) for _ in range(4)]
 
 
-class KernelAttention:
-    """The fused kernels, called directly on (B·H, S, D) arrays."""
+class TensorCoreAttention:
+    """The tensor-core kernels on (B, H, S, D) views of (B, S, H, D) arrays: the layout the Q/K/V
+    projections produce (fp16; bf16 as uint16 storage)."""
+
+    def __init__(self, case, inputs):
+        from tinyformer.kernels import ops
+
+        self.ops, self.case = ops, case
+        self.q, self.k, self.v, self.do = (
+            _xp(a).ascontiguousarray(as_kernel_dtype(a, case.dtype).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+            for a in inputs)
+        self.kw = {"causal": case.causal, "dtype": kernel_dtype_arg(case.dtype)}
+
+    def forward(self):
+        return self.ops.attention_mma_forward(self.q, self.k, self.v, **self.kw)
+
+    def forward_backward(self):
+        o, lse = self.forward()
+        return self.ops.attention_mma_backward(self.q, self.k, self.v, o, lse, self.do, **self.kw)
+
+    def output(self):
+        o = self.forward()[0]
+        return bfloat16_to_float32(o) if self.case.dtype == "bfloat16" else o.astype("float32")
+
+
+class CudaCoreAttention:
+    """The CUDA-core kernels (attention.cu), called directly on (B·H, S, D) arrays."""
 
     def __init__(self, case, inputs):
         from tinyformer.kernels import ops
@@ -299,20 +329,33 @@ class UnfusedAttention:
         return self.forward().data.astype("float32")
 
 
+TORCH_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
 class TorchAttention:
-    """``torch.nn.functional.scaled_dot_product_attention`` on the same values (shared via DLPack)."""
+    """``torch.nn.functional.scaled_dot_product_attention`` on the same values (shared via DLPack),
+    with ``backend`` (a key of TORCH_BACKENDS) forced, or PyTorch's own choice when None."""
+
+    backend = None
 
     def __init__(self, case, inputs):
         import torch
 
         self.torch, self.case = torch, case
+        self.context = contextlib.nullcontext
+        if self.backend is not None:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            chosen = getattr(SDPBackend, TORCH_BACKENDS[self.backend])
+            self.context = lambda: sdpa_kernel([chosen])
         dtype = getattr(torch, case.dtype)
         q, k, v, do = (torch.from_dlpack(a).to(dtype) for a in inputs)
         self.plain, self.do = (q, k, v), do
         self.leaves = tuple(t.detach().clone().requires_grad_(True) for t in (q, k, v))
 
     def _attend(self, q, k, v):
-        return self.torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.case.causal)
+        with self.context():
+            return self.torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.case.causal)
 
     def forward(self):
         with self.torch.no_grad():
@@ -341,16 +384,56 @@ def tflops(seconds, flops):
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
+def torch_backend(name):
+    return type(f"Torch{name.title()}Attention", (TorchAttention,), {"backend": name})
+
+
 def attention_impls(case, args, torch_ok):
-    """name -> (runner class, clock class), or None where that implementation does not run."""
-    return {"kernel": (KernelAttention, CupyClock),
-            "unfused": (UnfusedAttention, CupyClock) if args.unfused and case.dtype in UNFUSED_DTYPES else None,
-            "torch": (TorchAttention, TorchClock) if torch_ok else None}
+    """name -> (runner class, clock class), or None where that implementation does not run. The
+    "kernel" is what training runs: tensor cores for fp16/bf16, the CUDA-core kernel for fp32."""
+    impls = {"kernel": (CudaCoreAttention if case.dtype == "float32" else TensorCoreAttention, CupyClock)}
+    if args.cuda_core:
+        impls["cuda-core"] = (CudaCoreAttention, CupyClock) if case.dtype != "float32" else None
+    if args.unfused:
+        impls["unfused"] = (UnfusedAttention, CupyClock) if case.dtype in UNFUSED_DTYPES else None
+    for name in TORCH_BACKENDS:
+        impls[name] = (torch_backend(name), TorchClock) if torch_ok else None
+    return impls
 
 
-def reference_of(impls):
-    """What the kernel's output is checked against: the unfused path where it runs, else PyTorch."""
-    return next((name for name in ("unfused", "torch") if impls[name] is not None), None)
+def timed_columns(args):
+    """The implementations of the table's columns, in order (as attention_impls names them)."""
+    return ["kernel"] + (["cuda-core"] if args.cuda_core else []) + (["unfused"] if args.unfused else []) + list(
+        TORCH_BACKENDS)
+
+
+def best_torch(cells):
+    """(backend, TFLOP/s) of the fastest SDPA backend among the timed cells, or None."""
+    timed = [(name, float(cells[name])) for name in TORCH_BACKENDS if _is_number(cells.get(name))]
+    return max(timed, key=lambda item: item[1]) if timed else None
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def share_of_best(kernel_cell, best):
+    """The kernel's TFLOP/s as a percentage of the best SDPA backend's, with that backend's name."""
+    if best is None or not _is_number(kernel_cell):
+        return "n/a"
+    return f"{100 * float(kernel_cell) / best[1]:.0f}% {best[0]}"
+
+
+def reference_of(impls, torch_ok):
+    """What the kernel's output is checked against: SDPA's own backend choice when PyTorch runs,
+    else the unfused path where it runs."""
+    if torch_ok:
+        return "torch"
+    return "unfused" if impls.get("unfused") is not None else None
 
 
 def time_attention(name, impl, case, inputs, args, failures, want_output):
@@ -378,18 +461,27 @@ def measure_attention(case, args, torch_ok, failures):
     impls = attention_impls(case, args, torch_ok)
     inputs = failures.cell(f"{case.label} inputs", lambda: attention_inputs(case, args.seed))
     if isinstance(inputs, str):
-        return row + [inputs] * (2 * len(impls) + 1)
-    reference = reference_of(impls)
+        return row + [inputs] * (2 * len(timed_columns(args)) + 3)
+    reference = reference_of(impls, torch_ok)
     cells, outputs = {}, {}
     for name, impl in impls.items():
-        cells[name], output = time_attention(name, impl, case, inputs, args, failures, name in ("kernel", reference))
+        cells[name], output = time_attention(name, impl, case, inputs, args, failures, name == "kernel")
         if output is not None:
             outputs[name] = output
         free_gpu_memory()
-    check = check_cell(case, reference, outputs, failures)
+    if reference == "torch":
+        outputs["torch"] = failures.cell(f"{case.label} torch output", lambda: TorchAttention(case, inputs).output())
+    elif reference == "unfused":
+        outputs["unfused"] = failures.cell(f"{case.label} unfused output",
+                                           lambda: UnfusedAttention(case, inputs).output())
+    check = check_cell(case, reference, {k: v for k, v in outputs.items() if not isinstance(v, str)}, failures)
     del inputs, outputs
     free_gpu_memory()
-    return row + [cells[name][0] for name in impls] + [cells[name][1] for name in impls] + [check]
+    columns = timed_columns(args)
+    forward = {name: cells[name][0] for name in columns}
+    both = {name: cells[name][1] for name in columns}
+    return (row + [forward[n] for n in columns] + [share_of_best(forward["kernel"], best_torch(forward))]
+            + [both[n] for n in columns] + [share_of_best(both["kernel"], best_torch(both))] + [check])
 
 
 def check_cell(case, reference, outputs, failures):
@@ -584,19 +676,24 @@ def print_preamble(args, torch_text):
 def run_attention(args, torch_ok, failures):
     print(f"Attention, TFLOP/s (FlashAttention's count: 4·B·S²·H·D forward, x3.5 forward+backward, "
           f"/2 causal); B = {args.tokens} // S, H = {args.model_dim} // D; dropout 0, no padding")
-    names = ["kernel", "unfused", "torch"]
+    names = timed_columns(args)
     header = ["dtype", "causal", "S", "D", "BxH"]
-    header += [f"fwd {n}" for n in names] + [f"fwd+bwd {n}" for n in names] + ["rel err"]
+    header += [f"fwd {n}" for n in names] + ["fwd kernel/best"] + [f"fwd+bwd {n}" for n in names]
+    header += ["fwd+bwd kernel/best", "rel err"]
     table = Table(header, args.markdown, width=7, first_width=5)
     for case in attention_cases(args):
         table.add(measure_attention(case, args, torch_ok, failures))
     print()
-    print("kernel: kernels.ops.attention_forward/backward on (B·H, S, D) arrays (bf16 as uint16 storage). "
-          "unfused: functional.scaled_dot_product_attention with TINYFORMER_KERNELS=0 (CuPy ops through the "
-          "autograd engine; forward under no_grad; n/a for bf16, which CuPy lacks). torch: "
-          "torch.nn.functional.scaled_dot_product_attention on the same values (its own backend choice).")
-    print("rel err: max |O_kernel - O_ref| / max |O_ref|, against the unfused path (ref) or, for bf16, PyTorch; "
-          "MISMATCH past " + ", ".join(f"{SHORT[d]} {t:.0e}" for d, t in CHECK_TOLERANCE.items()) + ".")
+    print("kernel: fp16/bf16 kernels.ops.attention_mma_forward/backward (tensor cores, q/k/v as (B, S, H, D) "
+          "views), fp32 kernels.ops.attention_forward/backward (CUDA cores, (B·H, S, D)); bf16 as uint16 storage. "
+          "cuda-core: the CUDA-core kernel in the 16-bit types. unfused: functional.scaled_dot_product_attention "
+          "with TINYFORMER_KERNELS=0 (CuPy ops through the autograd engine; n/a for bf16, which CuPy lacks). "
+          "flash, cudnn, efficient: torch.nn.functional.scaled_dot_product_attention with that backend forced "
+          "(torch.nn.attention.sdpa_kernel); n/a where it refuses the case. kernel/best: the kernel's TFLOP/s as "
+          "a share of the fastest of them.")
+    print("rel err: max |O_kernel - O_ref| / max |O_ref|, against SDPA's own backend choice (torch) or, without "
+          "PyTorch, the unfused path (ref); MISMATCH past "
+          + ", ".join(f"{SHORT[d]} {t:.0e}" for d, t in CHECK_TOLERANCE.items()) + ".")
     print()
 
 
@@ -634,8 +731,8 @@ def parse_args(argv):
                         "only, the smaller row shapes")
     parser.add_argument("--seq-lens", type=parse_ints, help=f"sequence lengths (default {FULL['seq_lens']})")
     parser.add_argument("--head-dims", type=parse_ints, help=f"head dimensions (default {FULL['head_dims']})")
-    parser.add_argument("--dtypes", type=parse_dtypes, default=parse_dtypes("bf16,fp32"),
-                        help="comma-separated, of bf16, fp16, fp32 (default bf16,fp32)")
+    parser.add_argument("--dtypes", type=parse_dtypes, default=parse_dtypes("bf16,fp16,fp32"),
+                        help="comma-separated, of bf16, fp16, fp32 (default all three)")
     parser.add_argument("--causal", choices=("no", "yes", "both"), help="default both (--quick: no)")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per attention call: B = tokens // S")
     parser.add_argument("--model-dim", type=int, default=2048, help="H·D: H = model_dim // D (default 2048)")
@@ -643,7 +740,8 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=int, default=10, help="timed calls at most (default 10)")
     parser.add_argument("--cell-seconds", type=float, default=0.5,
                         help="stop timing a cell after this much GPU time, once it has 3 calls (default 0.5)")
-    parser.add_argument("--no-unfused", dest="unfused", action="store_false", help="skip the unfused CuPy path")
+    parser.add_argument("--unfused", action="store_true", help="also time the unfused CuPy path")
+    parser.add_argument("--cuda-core", action="store_true", help="also time the CUDA-core kernel in fp16/bf16")
     parser.add_argument("--no-torch", dest="torch", action="store_false", help="skip PyTorch even if present")
     parser.add_argument("--skip-attention", action="store_true")
     parser.add_argument("--skip-rows", action="store_true", help="skip the row-kernel bandwidth table")

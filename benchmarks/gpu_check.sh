@@ -7,9 +7,13 @@
 #   nvidia-smi          GPU name, driver, memory
 #   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch; fails without a usable GPU
 #   compile_check       python -m tinyformer.kernels.compile_check (NVRTC, every kernel instantiation)
-#   gpu tests           python -m pytest -m gpu -q
+#   tensor-core tests   the GPU tests of the tensor-core attention and of its instructions (hardware
+#                       mma/ldmatrix/cp.async against the PTX layouts and the CPU emulation)
+#   bench_attention     benchmarks/bench_attention.py --skip-rows: fp16/bf16/fp32, causal and not,
+#                       S 128-4096, D 64/128, next to each PyTorch SDPA backend
+#   gpu tests           python -m pytest -m gpu -q (the rest)
 #   gradcheck cuda      python -m tinyformer.cli gradcheck --device cuda (float64 layers and kernels)
-#   bench_attention     benchmarks/bench_attention.py (fused kernels vs unfused CuPy vs PyTorch)
+#   bench_rows          benchmarks/bench_attention.py --skip-attention --quick (row kernels, GB/s)
 #   bench_step          benchmarks/bench_step.py --device cuda --preset small,base (--vs-torch when
 #                       PyTorch has CUDA)
 #   train cuda          the quick start's job on the GPU: tinyformer train --device cuda (synthetic task,
@@ -124,10 +128,15 @@ fi
 
 run_stage "nvidia-smi" 15 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 run_stage "python env" 30 "$PYTHON" -c "$PYINFO"
-run_stage "compile_check" 60 "$PYTHON" -m tinyformer.kernels.compile_check
-run_stage "gpu tests" 120 "$PYTHON" -m pytest -m gpu -q -rf --durations=5 -p no:cacheprovider
+tensor_cores="hardware or tensor_core"
+run_stage "compile_check" 90 "$PYTHON" -m tinyformer.kernels.compile_check
+run_stage "tensor-core tests" 60 "$PYTHON" -m pytest -m gpu -q -rf -p no:cacheprovider \
+    tests/test_kernels_gpu.py -k "$tensor_cores"
+run_stage "bench_attention" 150 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --warmup 1 \
+    --repeats 5 --cell-seconds 0.15
+run_stage "gpu tests" 120 "$PYTHON" -m pytest -m gpu -q -rf --durations=5 -p no:cacheprovider -k "not ($tensor_cores)"
 run_stage "gradcheck cuda" 45 "$PYTHON" -m tinyformer.cli gradcheck --device cuda
-run_stage "bench_attention" 100 "$PYTHON" benchmarks/bench_attention.py
+run_stage "bench_rows" 30 "$PYTHON" benchmarks/bench_attention.py --skip-attention --quick
 run_stage "bench_step" 100 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}"
 scratch=$(mktemp -d) && trap 'rm -rf "$scratch"' EXIT
 run_stage "train cuda" 90 "$PYTHON" -m tinyformer.cli train --device cuda --max-steps 300 --no-progress \

@@ -78,7 +78,26 @@ def test_row_op_bytes_count_each_input_and_output_once():
 def test_quick_and_full_attention_cases():
     full = bench.attention_cases(bench.parse_args([]))
     assert {(c.seq_len, c.head_dim) for c in full} == {(s, d) for s in (128, 512, 1024, 4096) for d in (64, 128)}
-    assert {c.dtype for c in full} == {"bfloat16", "float32"} and {c.causal for c in full} == {False, True}
+    assert {c.dtype for c in full} == {"bfloat16", "float16", "float32"} and {c.causal for c in full} == {False, True}
     assert all(c.batch * c.seq_len == 16384 and c.heads * c.head_dim == 2048 for c in full)
     quick = bench.attention_cases(bench.parse_args(["--quick"]))
     assert 0 < len(quick) < len(full) and not any(c.causal for c in quick)
+
+
+def test_the_table_names_each_sdpa_backend_and_the_kernels_share_of_the_best():
+    args = bench.parse_args([])
+    assert bench.timed_columns(args) == ["kernel", "flash", "cudnn", "efficient"]
+    assert bench.timed_columns(bench.parse_args(["--cuda-core", "--unfused"]))[:3] == ["kernel", "cuda-core", "unfused"]
+    cells = {"kernel": "150", "flash": "300", "cudnn": "n/a", "efficient": "120"}
+    assert bench.best_torch(cells) == ("flash", 300.0)
+    assert bench.share_of_best(cells["kernel"], bench.best_torch(cells)) == "50% flash"
+    assert bench.share_of_best("OOM", ("flash", 300.0)) == "n/a" and bench.share_of_best("1.0", None) == "n/a"
+
+
+def test_the_kernel_column_is_the_tensor_core_path_for_16_bit_and_cuda_cores_for_fp32():
+    args = bench.parse_args(["--cuda-core"])
+    by_dtype = {c.dtype: bench.attention_impls(c, args, torch_ok=False) for c in bench.attention_cases(args)}
+    assert by_dtype["bfloat16"]["kernel"][0] is bench.TensorCoreAttention
+    assert by_dtype["float16"]["cuda-core"][0] is bench.CudaCoreAttention
+    assert by_dtype["float32"]["kernel"][0] is bench.CudaCoreAttention and by_dtype["float32"]["cuda-core"] is None
+    assert by_dtype["float32"]["flash"] is None  # no PyTorch: those columns are n/a

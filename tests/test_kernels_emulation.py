@@ -278,6 +278,11 @@ def _libasan():
     return out if os.path.isabs(out) and os.path.exists(out) else None
 
 
+# Of test_kernels_mma.py under ASan: the instructions, and each kind of attention case once.
+TENSOR_CORE_SELECTION = ("follow_the_ptx_layouts or fully_masked_rows_give or dropout_with_the_philox or "
+                         "reads_every_layout and fused")
+
+
 @pytest.mark.skipif(os.environ.get("TINYFORMER_EMULATION_SANITIZE") == "1", reason="already under ASan")
 def test_emulation_under_address_sanitizer():
     libasan = _libasan()
@@ -286,7 +291,8 @@ def test_emulation_under_address_sanitizer():
     env = dict(TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
     selection = ("attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or "
                  "dropout_kernel or registry_geometry or training_step")
-    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
-                          env=env, timeout=1200)
+    tensor_cores = os.path.join(os.path.dirname(__file__), "test_kernels_mma.py")
+    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, tensor_cores,
+                           "-k", f"({selection}) or {TENSOR_CORE_SELECTION}"], env=env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout
