@@ -119,4 +119,5 @@ def test_every_kernel_matches_its_reference_through_the_cpu_emulation():
     rows = suite.run(list(suite.KERNEL_CASES), device="cpu")
     for row in rows:
         assert row.passed, row.detail
-        assert row.max_abs_error < 1e-4
+        # float32 kernels to float32 rounding; the bfloat16 tensor-core one to bfloat16's (2^-8 relative)
+        assert row.max_abs_error < (5e-2 if row.name == "kernel_attention_tensor_cores" else 1e-4), row.name

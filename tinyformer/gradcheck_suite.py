@@ -12,7 +12,8 @@ biases 0) are moved off it first: with a gain of exactly 1 a backward that forge
 the gain would pass.
 
 The ``kernel_*`` cases (``KERNEL_CASES``) run cases of the kernel harness,
-``tinyformer.kernel_cases``, in float32: a CUDA kernel of ``tinyformer.kernels.ops``
+``tinyformer.kernel_cases``, in float32 (the tensor-core attention in bfloat16, the type it
+exists for): a CUDA kernel of ``tinyformer.kernels.ops``
 against the NumPy reference of ``functional`` (or ``optim.Adam``) in float64 on the
 same values, outputs and gradients for a random upstream gradient. On "cuda" the
 compiled kernel runs; on "cpu" its very source runs through the C++ emulation
@@ -288,10 +289,12 @@ def format_table(rows):
 # ------------------------------------------------------------------ CUDA kernels against NumPy
 def _kernel_tolerance_note():
     rtol, atol = kernel_cases.TOLERANCE["float32"]
+    rtol16, atol16 = kernel_cases.TOLERANCE["bfloat16"]
     return (f"kernel_* rows: the float32 kernel against the float64 NumPy reference on the same values "
             f"(kernel_cases.py), pass when |kernel - reference| <= atol + rtol * |reference|: outputs rtol {rtol:g}, "
             f"atol {atol:g}, gradients both x{kernel_cases.GRAD_FACTOR['float32']:g}; some comparisons have their own "
-            f"(a failure names it)")
+            f"(a failure names it); kernel_attention_tensor_cores in bfloat16: rtol {rtol16:g}, atol {atol16:g}, "
+            f"gradients x{kernel_cases.GRAD_FACTOR['bfloat16']:g}")
 
 
 KERNEL_TOLERANCE_NOTE = _kernel_tolerance_note()
@@ -339,6 +342,13 @@ def _kernel_attention_padding(device):
 @_register(KERNEL_CASES, "kernel_attention_causal", "attention.cu, causal, head size 64")
 def _kernel_attention_causal(device):
     return kernel_cases.attention(_float32(device), 1, 2, 6, 6, 64, causal=True, rng_seed=45)
+
+
+@_register(KERNEL_CASES, "kernel_attention_tensor_cores",
+           "attention_mma.cu (mma.sync, bfloat16), causal, key lengths 40 and 9, q/k/v in the projections' layout")
+def _kernel_attention_tensor_cores(device):
+    return kernel_cases.attention_mma(kernel_cases.Device(device, "bfloat16"), 2, 2, 37, 40, 64, lengths=[40, 9],
+                                      causal=True, rng_seed=48)
 
 
 @_register(KERNEL_CASES, "kernel_dropout",

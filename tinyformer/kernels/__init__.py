@@ -1,11 +1,14 @@
 """Raw CUDA kernels for the hot paths, and the one rule that decides when they run.
 
-Sources: ``attention.cu`` (fused attention forward and backward), ``softmax.cu``,
-``layer_norm.cu``, ``cross_entropy.cu``, ``dropout.cu``, ``adam.cu``, with ``common.cuh`` and
-``philox.cuh``.
+Sources: ``attention_mma.cu`` (fused attention forward and backward on tensor cores, fp16/bf16),
+``attention.cu`` (the same on CUDA cores, fp32), ``softmax.cu``, ``layer_norm.cu``,
+``cross_entropy.cu``, ``dropout.cu``, ``adam.cu``, with ``common.cuh``, ``attention.cuh``,
+``mma.cuh`` (the tensor-core instructions) and ``philox.cuh``; ``mma_probe.cu`` probes the
+instructions for the tests.
 Each kernel is specified by the NumPy reference in ``functional``/``optim`` and tested
 against it by the cases of ``tinyformer.kernel_cases``: on a GPU directly, and in CI through
-``cpu_emulation.h`` (the fp32 kernels built as C++ and run on the CPU). Block sizes live in
+``cpu_emulation.h`` (the fp32 kernels and the tensor-core attention built as C++ and run on the
+CPU, mma/ldmatrix/cp.async emulated warp by warp). Block sizes live in
 ``registry.py`` and reach the sources at compile time. ``python -m
 tinyformer.kernels.compile_check`` compiles all of them with NVRTC, no GPU needed.
 """
@@ -30,7 +33,7 @@ def use_kernels(*arrays):
     True for CuPy arrays of float32/float16 (float64, used by gradient checks, always takes the
     reference) unless ``TINYFORMER_KERNELS`` is "0" (set it to compare against the reference on
     a GPU). An op adds its own conditions (softmax: the last axis; attention: its mask and head
-    dim); see ``tinyformer.functional``.
+    dim, and its kernel by dtype: tensor cores for float16); see ``tinyformer.functional``.
     """
     if os.environ.get("TINYFORMER_KERNELS", "1") == "0":
         return False
