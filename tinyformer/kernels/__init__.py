@@ -20,6 +20,8 @@ import numpy
 from .. import backend
 
 KERNEL_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16))
+KERNEL_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+"""bfloat16 by name: ``ml_dtypes.bfloat16`` (which CuPy 14 also takes) without importing it here."""
 
 
 def on_gpu(*arrays):
@@ -30,11 +32,11 @@ def on_gpu(*arrays):
 def use_kernels(*arrays):
     """The one switch between a CUDA kernel and the NumPy reference, for every fused op and Adam.
 
-    True for CuPy arrays of float32/float16 (float64, used by gradient checks, always takes the
-    reference) unless ``TINYFORMER_KERNELS`` is "0" (set it to compare against the reference on
-    a GPU). An op adds its own conditions (softmax: the last axis; attention: its mask and head
+    True for CuPy arrays of float32, float16 or a bfloat16 dtype (float64, used by gradient checks,
+    always takes the reference) unless ``TINYFORMER_KERNELS`` is "0" (set it to compare against
+    the reference on a GPU). An op adds its own conditions (softmax: the last axis; attention: its mask and head
     dim, and its kernel by dtype: tensor cores for float16); see ``tinyformer.functional``.
     """
     if os.environ.get("TINYFORMER_KERNELS", "1") == "0":
         return False
-    return on_gpu(*arrays) and all(a.dtype in KERNEL_DTYPES for a in arrays)
+    return on_gpu(*arrays) and all(a.dtype.name in KERNEL_DTYPE_NAMES for a in arrays)
