@@ -135,6 +135,32 @@ def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=
     return tuple(a.astype(q.dtype) for a in grads)
 
 
+def _by_heads(a):
+    return a.reshape(-1, a.shape[2], a.shape[3])
+
+
+def _in_projection_layout(flat, batch, heads):
+    """(batch·heads, len, d) values as a (batch, heads, len, d) view of a (batch, len, heads, d) array."""
+    split = flat.reshape(batch, heads, flat.shape[1], flat.shape[2])
+    return np.ascontiguousarray(split.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+
+
+def attention_mma_forward(q, k, v, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                          dtype=None):
+    batch, heads = q.shape[:2]
+    o, lse = attention_forward(_by_heads(q), _by_heads(k), _by_heads(v), heads, key_lengths, causal, scale,
+                               dropout_p, seed, offset)
+    return _in_projection_layout(o, batch, heads), lse
+
+
+def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                           seed=0, offset=0, dtype=None):
+    batch, heads = q.shape[:2]
+    grads = attention_backward(_by_heads(q), _by_heads(k), _by_heads(v), _by_heads(o), lse, _by_heads(grad_o), heads,
+                               key_lengths, causal, scale, dropout_p, seed, offset)
+    return tuple(_in_projection_layout(g, batch, heads) for g in grads)
+
+
 def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None):
     for theta, g, m, v in zip(*plan.keep_alive):
         g = g + weight_decay * theta
@@ -146,7 +172,8 @@ def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dty
 
 
 STAND_INS = [softmax_forward, softmax_backward, layer_norm_forward, layer_norm_backward, cross_entropy_forward,
-             cross_entropy_backward, dropout_forward, attention_forward, attention_backward, adam_update]
+             cross_entropy_backward, dropout_forward, attention_forward, attention_backward, attention_mma_forward,
+             attention_mma_backward, adam_update]
 
 
 @pytest.fixture
@@ -201,6 +228,7 @@ HOLES[1, 0, 0, 2] = False
 
 SOFTMAX = (["softmax_forward"], ["softmax_backward"])
 ATTENTION = (["attention_forward"], ["attention_backward"])
+TENSOR_CORE_ATTENTION = (["attention_mma_forward"], ["attention_mma_backward"])  # what float16 attention calls
 
 
 def attend(mask=None, causal=False, dropout_p=0.0, return_weights=False):
@@ -259,7 +287,9 @@ def run(name, dtype, between=lambda: None):
 def test_every_fused_op_takes_its_kernel_exactly_when_the_rule_and_its_condition_say_so(name, condition, calls,
                                                                                        monkeypatch):
     on_gpu, switch, dtype, rule = CONDITIONS[condition]
-    _, _, (forward_kernels, backward_kernels), own_condition = CASES[name]
+    _, _, kernel_names, own_condition = CASES[name]
+    forward_kernels, backward_kernels = (
+        TENSOR_CORE_ATTENTION if kernel_names is ATTENTION and dtype == np.float16 else kernel_names)
     expect_kernel = rule and own_condition
     if name == "attention-mixed-half" and dtype != np.float32:
         pytest.skip("mixed float32 and float16 inputs are this case; under another dtype they agree")

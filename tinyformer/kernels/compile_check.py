@@ -38,6 +38,14 @@ class KernelReport:
     def spills(self):
         return self.spill_stores + self.spill_loads
 
+    @property
+    def dynamic_shared_bytes(self):
+        """The launch's dynamic shared memory (the tensor-core attention's tiles), 0 for the others."""
+        name, _, args = self.expression.partition("<")
+        if self.source != "attention_mma.cu":
+            return 0
+        return registry.mma_attention_shared_bytes(name, int(args.split(",")[1]))
+
 
 class Nvrtc:
     """The few NVRTC entry points we need, through ctypes."""
@@ -137,9 +145,10 @@ def main(argv=None):
     print(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}: {len(reports)} kernel instantiations compiled "
           f"({len(registry.KERNELS)} sources × {len(args.arch or DEFAULT_ARCHS)} architectures)")
     if args.verbose:
-        print(f"{'arch':6} {'kernel':48} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'smem':>7}")
+        print(f"{'arch':6} {'kernel':52} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'smem':>7} {'dyn smem':>9}")
         for r in reports:
-            print(f"{r.arch:6} {r.expression:48} {r.registers:5d} {r.spill_stores:9d} {r.spill_loads:9d} {r.shared_bytes:7d}")
+            print(f"{r.arch:6} {r.expression:52} {r.registers:5d} {r.spill_stores:9d} {r.spill_loads:9d} "
+                  f"{r.shared_bytes:7d} {r.dynamic_shared_bytes:9d}")
     spilling = [r for r in reports if r.source in ("attention.cu", "attention_mma.cu") and r.spills]
     for r in spilling:
         print(f"compile_check: {r.expression} spills {r.spills} bytes on {r.arch}", file=sys.stderr)
