@@ -23,8 +23,10 @@ struct AttentionProblem {
     __device__ int visible_keys(int bh) const {  // keys [0, n) may be visible to some query
         return key_lengths ? min(len_k, max(key_lengths[bh / heads], 0)) : len_k;
     }
-    __device__ bool visible(int bh, int i, int j) const {
-        return i < len_q && j < visible_keys(bh) && (!causal || j <= i + (len_k - len_q));
+    __device__ bool visible(int bh, int i, int j) const { return visible_among(visible_keys(bh), i, j); }
+    // The same with visible_keys(bh) = n_keys already read (once per block, not per element).
+    __device__ bool visible_among(int n_keys, int i, int j) const {
+        return i < len_q && j < n_keys && (!causal || j <= i + (len_k - len_q));
     }
     // One past the last key any of the queries [first, first + count) may see.
     __device__ int key_end(int bh, int first, int count) const {

@@ -156,6 +156,7 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
     T* kv_s = q_s + kBlockRows * kStride<D>;  // stage s: K at kv_s + 2s·kTile, V after it
     const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
     const int bh = blockIdx.x, b = bh / heads, h = bh % heads, first_row = blockIdx.y * kBlockRows;
+    const int n_keys = P.visible_keys(bh);
     const int warp = threadIdx.x / tf::kWarp, row0 = first_row + warp * kRows;
     const Lane l = this_lane();
     const T* kb = k + b * k_batch + h * k_head;
@@ -209,7 +210,7 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
                 for (int e = 0; e < 2; ++e) {
                     const int j = tile * TILE + 8 * n + 2 * l.quad + e;
                     float& x = s[n][2 * half + e];
-                    x = P.visible(bh, i, j) ? x * scale_log2 : -TF_INFINITY;
+                    x = P.visible_among(n_keys, i, j) ? x * scale_log2 : -TF_INFINITY;
                     tile_max = fmaxf(tile_max, x);
                 }
             const float new_max = fmaxf(row_max[half], quad_max(tile_max));
@@ -277,6 +278,7 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
     T* kv_s = go_s + kBlockRows * kStride<D>;
     const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
     const int bh = blockIdx.x, b = bh / heads, h = bh % heads, first_row = blockIdx.y * kBlockRows;
+    const int n_keys = P.visible_keys(bh);
     const int warp = threadIdx.x / tf::kWarp, row0 = first_row + warp * kRows;
     const Lane l = this_lane();
     const T* kb = k + b * k_batch + h * k_head;
@@ -337,7 +339,7 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
             for (int c = 0; c < 4; ++c) {
                 const int i = row0 + l.group + 8 * (c / 2), j = tile * TILE + 8 * n + 2 * l.quad + c % 2;
                 float ds = 0.0f;
-                if (P.visible(bh, i, j)) {
+                if (P.visible_among(n_keys, i, j)) {
                     const float p = exp2f(s[n][c] * scale_log2 - row_lse[c / 2]);
                     ds = p * (dp[n][c] * P.dropout_scale(bh, i, j) - row_delta[c / 2]);
                 }
@@ -383,13 +385,14 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
     float* stats_s = reinterpret_cast<float*>(qg_s + 4 * kTile);  // stage s: lse at 2s·TILE, delta after it
     const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
     const int bh = blockIdx.x, b = bh / heads, h = bh % heads, first_key = blockIdx.y * kBlockRows;
+    const int n_keys = P.visible_keys(bh);
     const int warp = threadIdx.x / tf::kWarp, key0 = first_key + warp * kRows;
     const Lane l = this_lane();
     const T* qb = q + b * q_batch + h * q_head;
     const long long go_base = ((long long)b * len_q * heads + h) * D, canonical_row = (long long)heads * D;
     // The first query that may see one of this block's keys; none when the keys are all masked.
     const int first_query = causal ? max(0, first_key - (len_k - len_q)) / TILE * TILE : 0;
-    const int tiles = first_key < P.visible_keys(bh) && first_query < len_q ? (len_q - first_query + TILE - 1) / TILE : 0;
+    const int tiles = first_key < n_keys && first_query < len_q ? (len_q - first_query + TILE - 1) / TILE : 0;
 
     auto load_queries = [&](int tile, int stage) {
         const int first = first_query + tile * TILE;
@@ -447,7 +450,7 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
             for (int c = 0; c < 4; ++c) {
                 const int local = 8 * n + 2 * l.quad + c % 2, i = first + local, j = key0 + l.group + 8 * (c / 2);
                 float p = 0.0f, ds = 0.0f;
-                if (P.visible(bh, i, j)) {
+                if (P.visible_among(n_keys, i, j)) {
                     const float z = P.dropout_scale(bh, i, j);
                     p = exp2f(st[n][c] * scale_log2 - lse_s[local]);
                     ds = p * (dpt[n][c] * z - delta_s[local]);
