@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["MPI_ENVIRONMENT", "launched_by_mpi", "find_mpiexec", "mpiexec_command", "run_under_mpiexec"]
+__all__ = ["MPI_ENVIRONMENT", "launched_by_mpi", "environment_rank", "find_mpiexec", "mpiexec_command", "run_under_mpiexec"]
 
 # What launchers set in each rank: Open MPI, MPICH/Intel MPI (Hydra's PMI), PMIx (Open MPI 5,
 # srun --mpi=pmix), MVAPICH.
@@ -19,6 +19,15 @@ def launched_by_mpi(environ=None):
     """True when the environment shows that an MPI launcher started this process."""
     environ = os.environ if environ is None else environ
     return any(name in environ for name in MPI_ENVIRONMENT)
+
+
+def environment_rank(environ=None):
+    """This process's rank as the MPI launcher's environment says (None outside a launch)."""
+    environ = os.environ if environ is None else environ
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return None
 
 
 def find_mpiexec():
