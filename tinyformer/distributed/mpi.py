@@ -19,6 +19,7 @@ import atexit
 import json
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -71,6 +72,15 @@ class MPICommunicator(Communicator):
             self._thread = threading.Thread(target=self._beat, name="tinyformer-heartbeat", daemon=True)
             self._thread.start()
         atexit.register(self.close)
+        self._excepthook, sys.excepthook = sys.excepthook, self._uncaught
+
+    def _uncaught(self, kind, error, traceback):
+        """An exception nobody caught (in a script): told as usual, then to the other ranks, and
+        the exit does not finalize (it would wait for ranks that wait for this one)."""
+        self._excepthook(kind, error, traceback)
+        if not self._closed and not isinstance(error, KeyboardInterrupt):
+            self.report_failure(f"{kind.__name__}: {error}")
+            self.close(failed=True)
 
     # ------------------------------------------------------------------ collectives
     def all_reduce_async(self, array, op="sum"):
