@@ -158,3 +158,13 @@ def test_two_ranks_reduce_share_and_notice_failures():
     lost = checks["heartbeat"]
     assert lost["ranks"] == [1] and not lost["quiet"] and lost["seconds"] < 10
     assert "rank 1 (pid" in lost["message"] and "sent no heartbeat for 2 s" in lost["message"]
+
+
+def test_the_command_line_refuses_nccl_on_the_cpu(tmp_path, capsys, monkeypatch):
+    from tinyformer import cli
+
+    monkeypatch.setattr(distributed, "_current", None)
+    code = cli.main(["train", "--comm", "nccl", "--save-dir", str(tmp_path), "--no-progress"])
+    assert code == 2
+    assert capsys.readouterr().err == "tinyformer train: error: --comm nccl reduces GPU arrays: it needs --device cuda\n"
+    assert not any(tmp_path.iterdir())

@@ -551,8 +551,7 @@ def _tell(error, message):
     comm = distributed.current()
     if comm.size == 1:
         return _first_rank()
-    if isinstance(error, distributed.DistributedError) and isinstance(error, (distributed.PeerFailed,
-                                                                            distributed.PeerLost)):
+    if isinstance(error, (distributed.PeerFailed, distributed.PeerLost)):  # told by the rank that knows best
         tell = not error.quiet
     else:
         tell = comm.report_failure(message)

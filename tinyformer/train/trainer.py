@@ -79,7 +79,10 @@ class Trainer:
     def __init__(self, config, resume=False, echo=print, progress=True, parts=None, comm=None):
         self.config = config.resolved()
         c = self.config
-        self.comm = comm if comm is not None else distributed.init(c.comm, c.device, c.comm_timeout)
+        try:
+            self.comm = comm if comm is not None else distributed.init(c.comm, c.device, c.comm_timeout)
+        except ValueError as error:
+            raise ConfigError("comm", str(error)) from None
         if c.nproc is not None and c.nproc != self.comm.size:
             raise ConfigError("nproc", f"nproc is {c.nproc} (the run's), but {self.comm.size} process(es) were started"
                                        + ("; --resume keeps a run's nproc" if resume else ""))
