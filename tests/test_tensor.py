@@ -373,3 +373,51 @@ def test_a_backward_returning_the_wrong_shape_is_named():
 def test_shape_errors_name_the_op_and_the_shapes():
     with pytest.raises(ValueError, match=r"Mul.*\(3, 4\).*\(5,\)"):
         Tensor(rand(3, 4)) * Tensor(rand(5))
+
+
+# ------------------------------------------------------------------ post-accumulate hooks
+def test_a_post_accumulate_hook_sees_the_whole_gradient_before_the_pass_ends():
+    """The first layer's weight is finished only at the end, the last layer's early: each hook
+    fires once, with ``.grad`` complete, as soon as the last Function feeding its leaf ran."""
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((3, 4)))
+    w1, w2 = (Tensor(rng.standard_normal((4, 4)), requires_grad=True) for _ in range(2))
+    events = []
+    real_backward = {}
+
+    def note(name):
+        return lambda t: events.append((name, t.grad.copy()))
+
+    w1.register_post_accumulate_grad_hook(note("w1"))
+    handle = w2.register_post_accumulate_grad_hook(note("w2"))
+    h = (x @ w1).tanh()
+    y = (h @ w2) * (h @ w2)  # w2 used twice: complete after both uses
+    tanh_node = h.grad_fn
+    real_backward["tanh"] = tanh_node.backward
+    tanh_node.backward = lambda g: (events.append(("tanh backward", None)), real_backward["tanh"](g))[1]
+    upstream = rng.standard_normal((3, 4))
+    y.backward(upstream)
+    assert [name for name, _ in events] == ["w2", "tanh backward", "w1"]
+    np.testing.assert_array_equal(events[0][1], w2.grad)
+    np.testing.assert_array_equal(events[2][1], w1.grad)
+    expected = tf.grad(((x @ w1).tanh() @ w2) * ((x @ w1).tanh() @ w2), [w1, w2], upstream)
+    np.testing.assert_allclose(w1.grad, expected[0])
+    np.testing.assert_allclose(w2.grad, expected[1])
+    handle.remove()
+    events.clear()
+    (x @ w2).sum().backward()
+    assert events == []  # removed; and tf.grad above called no hook
+
+
+def test_post_accumulate_hooks_see_accumulated_gradients_and_need_a_leaf():
+    w = Tensor(np.ones(3), requires_grad=True)
+    seen = []
+    w.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.copy()))
+    (w * 2).sum().backward()
+    (w * 3).sum().backward()
+    np.testing.assert_array_equal(seen[0], [2, 2, 2])
+    np.testing.assert_array_equal(seen[1], [5, 5, 5])  # after adding into .grad
+    with pytest.raises(RuntimeError, match="needs a leaf tensor that requires grad"):
+        (w * 2).register_post_accumulate_grad_hook(print)
+    with pytest.raises(RuntimeError, match="needs a leaf tensor that requires grad"):
+        Tensor(np.ones(2)).register_post_accumulate_grad_hook(print)

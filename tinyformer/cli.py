@@ -21,10 +21,18 @@ from .validation import check_int, check_real
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line (and exit status 2)."""
+    """argparse that reports a usage error in one line (and exit status 2); under an MPI launch
+    only rank 0 says it, since every rank parses the same arguments."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n" if _first_rank() else None)
+
+
+def _first_rank():
+    """False in the ranks other than 0 of an MPI launch (told by the environment)."""
+    from .distributed.launch import environment_rank
+
+    return environment_rank() in (None, 0)
 
 
 class UsageError(Exception):
@@ -73,13 +81,22 @@ def _train(args):
     from .train.config import OPTIONS, ConfigError, TrainConfig
 
     given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
+    from .distributed.launch import launched_by_mpi, run_under_mpiexec
+
     try:
         config = _resumed_config(given) if args.resume else TrainConfig(**given)
         config.resolved()
     except ConfigError as error:
         raise UsageError(_flag_wording(error)) from None
-    trainer = Trainer(config, resume=args.resume, progress=not args.no_progress)
+    if (config.nproc or 1) > 1 and not launched_by_mpi():
+        return run_under_mpiexec(config.nproc, args.argv)  # the same command, as nproc ranks
+    try:
+        trainer = Trainer(config, resume=args.resume, progress=not args.no_progress)
+    except ConfigError as error:
+        raise UsageError(_flag_wording(error)) from None
     trainer.run()
+    if not trainer.lead:  # rank 0 tells where the run is and evaluates it
+        return 0
     print(f"checkpoints, tokenizer and metrics.jsonl are in {trainer.save_dir}")
     if args.no_test:
         return 0
@@ -497,14 +514,17 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # what --nproc runs again under mpiexec
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
     try:
         return args.run(args)
     except UsageError as error:
-        print(f"tinyformer {args.command}: error: {error}", file=sys.stderr)
+        if _tell(error, str(error)):
+            print(f"tinyformer {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:
         if not getattr(error, "checkpoint", None):  # the trainer already said where it saved
@@ -517,8 +537,27 @@ def main(argv=None):
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if not isinstance(error, _EXPECTED_ERRORS):
             message = f"{type(error).__name__}: {message} (set TINYFORMER_DEBUG=1 for the traceback)"
-        print(f"tinyformer {args.command}: error: {message}", file=sys.stderr)
+        if _tell(error, message):
+            print(f"tinyformer {args.command}: error: {message}", file=sys.stderr)
         return 1
+
+
+def _tell(error, message):
+    """Whether this process prints ``error``: always, unless it is one of several ranks, which
+    tell each failure once (a rank that fails tells the others, which stop without a word; of
+    ranks failing alike, the lowest speaks). Several ranks end without waiting for each other."""
+    from . import distributed
+
+    comm = distributed.current()
+    if comm.size == 1:
+        return _first_rank()
+    if isinstance(error, (distributed.PeerFailed, distributed.PeerLost)):  # told by the rank that knows best
+        tell = not error.quiet
+    else:
+        tell = comm.report_failure(message)
+    sys.stdout.flush()
+    distributed.shutdown(failed=True)
+    return tell
 
 
 # Failures of the run itself (files, data, checkpoints, numbers); anything else is reported with its type.

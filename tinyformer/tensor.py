@@ -105,7 +105,7 @@ class Tensor:
     (leaves, and non-leaves that called ``retain_grad``), else ``None``.
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_index", "_hooks", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_index", "_hooks", "_post_accumulate_hooks", "__weakref__")
     __array_ufunc__ = None  # numpy defers to Tensor's reflected operators: ndarray + Tensor -> Tensor
     __hash__ = object.__hash__  # comparisons return tensors, identity stays the hash
 
@@ -120,6 +120,7 @@ class Tensor:
         self._ctx = None
         self._index = 0
         self._hooks = None
+        self._post_accumulate_hooks = None
 
     @classmethod
     def _make(cls, data, requires_grad=False, ctx=None, index=0):
@@ -131,6 +132,7 @@ class Tensor:
         t._ctx = ctx
         t._index = index
         t._hooks = None
+        t._post_accumulate_hooks = None
         return t
 
     # ----------------------------------------------------------------- properties
@@ -206,6 +208,21 @@ class Tensor:
             hooks = self._ctx.hooks_for(self._index)
         hooks.append(hook)
         return _HookHandle(hooks, hook)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call ``hook(tensor)`` on this leaf as soon as a backward pass has added its whole
+        gradient into ``.grad``, while the rest of the pass goes on (as PyTorch's hook of that
+        name): data-parallel training starts all-reducing a bucket of gradients there.
+
+        Not called by ``tinyformer.grad`` (which stores no ``.grad``) nor when no gradient
+        reached the tensor. Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        if self._ctx is not None or not self.requires_grad:
+            raise RuntimeError("register_post_accumulate_grad_hook() needs a leaf tensor that requires grad")
+        if self._post_accumulate_hooks is None:
+            self._post_accumulate_hooks = []
+        self._post_accumulate_hooks.append(hook)
+        return _HookHandle(self._post_accumulate_hooks, hook)
 
     def backward(self, grad=None, retain_graph=False):
         """Accumulate d(self)/d(leaf) · grad into every leaf's ``.grad``.
@@ -423,9 +440,35 @@ def _run_backward(roots, root_grads, retain_graph, capture=None):
     if capture is not None:
         wanted = {(t._ctx, t._index): t for t in capture if t._ctx is not None}
 
-    for fn in reversed(_topological_order([r._ctx for r in roots if r._ctx is not None])):
+    order = list(reversed(_topological_order([r._ctx for r in roots if r._ctx is not None])))
+    # Leaves with post-accumulate hooks are finished as soon as the last Function feeding them ran.
+    consumers = _pending_consumers(order) if capture is None else {}
+
+    def finish_leaf(tensor, g):
+        if tensor._hooks:
+            for hook in list(tensor._hooks):
+                replaced = hook(g)
+                if replaced is not None:
+                    g = _check_hook_result(replaced, g)
+        if capture is None:
+            _store_grad(tensor, g)
+            for hook in list(tensor._post_accumulate_hooks or ()):
+                hook(tensor)
+        else:
+            captured[id(tensor)] = g
+
+    def consumed(fn):
+        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
+            if needs and id(tensor) in consumers:
+                consumers[id(tensor)] -= 1
+                if not consumers[id(tensor)] and id(tensor) in leaf_grads:
+                    finish_leaf(*leaf_grads.pop(id(tensor)))
+
+    for fn in order:
         grads = fn_grads.pop(fn, None)
         if grads is None:  # no gradient reached this node
+            if consumers:
+                consumed(fn)
             continue
         if fn._hooks:
             for i, hooks in fn._hooks.items():
@@ -451,20 +494,25 @@ def _run_backward(roots, root_grads, retain_graph, capture=None):
         for tensor, needs, g in zip(fn.inputs, fn.needs_input_grad, input_grads):
             if needs and g is not None:
                 arrive(tensor, g, fn.name)
+        if consumers:
+            consumed(fn)
         if not retain_graph:
             fn.release()
 
     for tensor, g in leaf_grads.values():
-        if tensor._hooks:
-            for hook in list(tensor._hooks):
-                replaced = hook(g)
-                if replaced is not None:
-                    g = _check_hook_result(replaced, g)
-        if capture is None:
-            _store_grad(tensor, g)
-        else:
-            captured[id(tensor)] = g
+        finish_leaf(tensor, g)
     return captured
+
+
+def _pending_consumers(order):
+    """{id(leaf): how many inputs of the Functions in ``order`` it is} for the leaves that have
+    post-accumulate hooks: their gradient is complete once that many inputs have been seen."""
+    counts = {}
+    for fn in order:
+        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
+            if needs and tensor._ctx is None and tensor._post_accumulate_hooks:
+                counts[id(tensor)] = counts.get(id(tensor), 0) + 1
+    return counts
 
 
 def _check_hook_result(new, old):

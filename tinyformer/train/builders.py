@@ -1,20 +1,29 @@
 """The parts of a training run, built from a resolved TrainConfig (as Joey NMT's builders do): the
 run directory, the corpus, the tokenizer, the batched data, the model, Adam on the Noam schedule
 and, on resume, all of them as the newest checkpoint left them. ``Trainer`` runs what
-``build_parts`` returns; it assembles nothing itself."""
+``build_parts`` returns; it assembles nothing itself.
+
+With several ranks, rank 0 alone touches the run directory: it checks it, trains (or loads) the
+tokenizer and shares it, restores the checkpoint on resume and broadcasts parameters, Adam's
+state, the position and each rank's dropout generator state; every rank builds the same data
+(and so the same batch order) from the seed.
+"""
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
-from .. import checkpoint
+import numpy
+
+from .. import checkpoint, distributed
 from .. import random as tf_random
 from ..data import PAD_ID
 from ..data.batching import ParallelData
 from ..nn import Transformer
 from ..optim import Adam, NoamSchedule
-from .config import check_languages
+from .config import check_languages, flag_of
 from .metrics_log import LOG_FILE, MetricsLog
-from .state import TOKENIZER_FILE, Position, restore
+from .state import TOKENIZER_FILE, Position, restore_checkpoint
 
 __all__ = ["Parts", "build_parts", "prepare_save_dir", "load_corpus", "build_tokenizer", "build_data",
            "build_model", "build_optimizer"]
@@ -33,29 +42,90 @@ class Parts:
     position: Position         # step 0, or where the resumed checkpoint stood
 
 
-def build_parts(config, resume=False, echo=print):
+def build_parts(config, resume=False, echo=print, comm=None):
     """The parts of the run ``config`` (resolved) describes; with ``resume``, restored from the
-    newest checkpoint in its save_dir, and its metrics log cut back to that step."""
+    newest checkpoint in its save_dir, and its metrics log cut back to that step. ``comm`` (a
+    ``distributed.Communicator``; default the group of one): the ranks that train together, which
+    must have been started alike (``StartupMismatch`` names what differs)."""
+    comm = comm if comm is not None else distributed.SingleProcess()
+    lead = comm.rank == 0
     save_dir = Path(config.save_dir)
-    newest = prepare_save_dir(save_dir, resume, echo)
-    train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
-    tokenizer = build_tokenizer(config, train_text, echo)
+    if comm.size > 1:
+        distributed.check_agreement(comm, _run_facts(config, resume))
+    newest = prepare_save_dir(save_dir, resume, echo) if lead else None
+    # Only rank 0 may download Multi30k; the others read it once rank 0 has it.
+    early = lead or config.data == "synthetic"
+    train_text, val_text = (load_corpus(config, "train"), load_corpus(config, "val")) if early else (None, None)
+    tokenizer = _shared_tokenizer(comm, lambda: build_tokenizer(config, train_text, echo))
+    if not early:
+        train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
     train_data, val_data = build_data(config, tokenizer, train_text), build_data(config, tokenizer, val_text)
     if train_data.num_dropped:
         echo(f"dropped {train_data.num_dropped} training pairs longer than {config.max_len} tokens")
     model = build_model(config, tokenizer)
     adam = build_optimizer(config, model)
-    position = Position()
-    if resume:
-        position = restore(newest, model, adam, tokenizer)
+    position, rng_states = Position(), None
+    if resume and lead:
+        position, meta = restore_checkpoint(newest, model, adam, tokenizer)
+        rng_states = meta.get("rng_states", [meta["rng_state"]])
+        if len(rng_states) != comm.size:
+            raise checkpoint.CheckpointError(f"{newest} holds the dropout state of {len(rng_states)} rank(s), but "
+                                             f"{comm.size} were started: resume with the run's --nproc")
         dropped = MetricsLog(save_dir / LOG_FILE).truncate_after(position.step)
         if dropped:
             echo(f"{LOG_FILE}: dropped {dropped} record(s) logged after step {position.step} by the interrupted run")
         echo(f"resumed from {newest.name} at step {position.step} (epoch {position.epoch + 1}, "
              f"batch {position.batch_in_epoch})")
+    if comm.size > 1:
+        position = _synchronise(comm, config, model, adam, position, rng_states)
     echo(f"model: {config.preset} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
-         f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch")
+         f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch"
+         + (f"; {comm.size} ranks over {comm.name}" if comm.size > 1 else ""))
     return Parts(tokenizer, train_data, val_data, val_text, model, adam, position)
+
+
+def _run_facts(config, resume):
+    """What every rank must agree on: the config (but where each host keeps the data), the code,
+    and the tokenizer file it finds in the run directory, if any."""
+    facts = {flag_of(name) or name: value for name, value in config.to_dict().items() if name != "data_dir"}
+    facts["--resume"] = resume
+    facts["tinyformer code"] = distributed.code_fingerprint()
+    facts["numpy"] = numpy.__version__
+    path = Path(config.save_dir) / TOKENIZER_FILE
+    from ..data.tokenizer import file_sha256
+
+    facts[f"{path} (sha256)"] = file_sha256(path) if path.is_file() else None
+    return facts
+
+
+def _shared_tokenizer(comm, build):
+    """Rank 0's tokenizer (``build()``, trained or loaded there) on every rank: its model file
+    travels as bytes and is loaded from a temporary copy."""
+    if comm.size == 1:
+        return build()
+    from ..data.tokenizer import Tokenizer
+
+    data = Path(build().path).read_bytes() if comm.rank == 0 else b""
+    size = int(comm.broadcast(numpy.array([len(data)], dtype=numpy.int64))[0])
+    buffer = numpy.frombuffer(data, dtype=numpy.uint8).copy() if comm.rank == 0 else numpy.empty(size, numpy.uint8)
+    data = comm.broadcast(buffer).tobytes()
+    with tempfile.TemporaryDirectory(prefix="tinyformer-tokenizer-") as folder:
+        path = Path(folder) / TOKENIZER_FILE
+        path.write_bytes(data)
+        return Tokenizer.load(path)
+
+
+def _synchronise(comm, config, model, adam, position, rng_states):
+    """Every rank at rank 0's state: parameters, Adam's moments and step, the position; each
+    rank's dropout generator from the checkpoint on resume, else from the seed and its rank."""
+    distributed.broadcast_parameters(comm, model.parameters())
+    distributed.broadcast_optimizer(comm, adam)
+    shared = comm.broadcast_object({"position": dataclasses.asdict(position), "rng_states": rng_states})
+    if shared["rng_states"] is not None:
+        tf_random.set_rng_state(shared["rng_states"][comm.rank])
+    elif comm.rank:
+        tf_random.manual_seed(distributed.rank_seed(config.seed, comm.rank))
+    return Position(**shared["position"])
 
 
 def prepare_save_dir(save_dir, resume, echo=print):

@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 
 from .. import backend
+from ..distributed import COMMS
 from ..data.multi30k import LANGUAGES as MULTI30K_LANGUAGES
 from ..nn import TransformerConfig
 from ..nn.presets import PRESETS
@@ -77,6 +78,12 @@ def _check_device(name, value):
     return backend.check_device(value)
 
 
+def _check_comm(name, value):
+    if value not in COMMS:
+        raise ValueError(f"{name} must be one of {COMMS}, got {value!r}")
+    return value
+
+
 def check_model_overrides(name, overrides):
     """``model_overrides``: a dict of Transformer arguments that change the preset's model, none of
     them one that the run sets from its own fields (or the tokenizer)."""
@@ -111,7 +118,8 @@ class TrainConfig:
     # §5.1 batches 25k source + 25k target tokens; a CPU or one small GPU takes a few thousand.
     max_tokens: int = option(help="padded tokens per batch", per_data={"synthetic": 2048, "multi30k": 4096},
                              kind=int, check=positive_int)
-    accum: int = option(1, help="batches per optimiser step, for gradient accumulation", kind=int, check=positive_int)
+    accum: int = option(1, help="batches per optimiser step and rank, for gradient accumulation (a step takes "
+                        "nproc × accum batches)", kind=int, check=positive_int)
     max_steps: int = option(help="optimiser steps to train for", per_data={"synthetic": 1000, "multi30k": 3000},
                             kind=int, check=positive_int, resumable=True)
     max_epochs: int = option(help="stop after this many epochs as well", unset="no limit", kind=int,
@@ -145,6 +153,22 @@ class TrainConfig:
     threads: int = option(help="BLAS threads", per_data={"synthetic": 1, "multi30k": None}, unset="all",
                           kind=int, check=positive_int, resumable=True)
     device: str = option("cpu", help="where to train", choices=backend.DEVICES, check=_check_device, resumable=True)
+    # Data parallelism (README: "Several processes and GPUs"). nproc is the run's world size: it
+    # sets how many batches a step takes, so --resume keeps it.
+    nproc: int = option(help="data-parallel processes: run under mpiexec -n N (started for you when tinyformer "
+                        "train is not already one rank of an MPI launch)", unset="1, or the size of the MPI launch",
+                        kind=int, check=positive_int)
+    comm: str = option(help="how the ranks sum their gradients: mpi (mpi4py; GPU arrays through host memory) or "
+                       "nccl (cupy.cuda.nccl, GPU arrays)", unset="nccl for --device cuda when NCCL loads, else mpi",
+                       choices=COMMS, check=_check_comm, resumable=True)
+    # PyTorch DDP's default: large enough for the all-reduce to run near full bandwidth, small
+    # enough for the first buckets to start while the backward pass still has layers to go.
+    bucket_mb: float = option(25.0, help="MiB of gradients per all-reduce bucket, started during the backward pass",
+                              kind=float, check=positive_real, resumable=True)
+    comm_timeout: float = option(300.0, help="seconds a collective may wait for the other ranks before the run "
+                                 "stops with a message", kind=float, check=positive_real, resumable=True)
+    check_every: int = option(100, help="compare a checksum of every rank's parameters every N steps",
+                              kind=int, check=positive_int, resumable=True)
     save_dir: str = option(help="checkpoints, tokenizer and metrics.jsonl go here", unset="runs/<data>-<preset>",
                            resumable=True)
     save_every: int = option(500, help="checkpoint every N steps and at the end", kind=int, check=positive_int,

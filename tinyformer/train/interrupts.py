@@ -5,6 +5,10 @@ setup: nothing a checkpoint holds changes there) Ctrl-C stops at once. Elsewhere
 acted on at the next ``guard.stop_if_asked()``, so that an update with its counters, a log line and
 a checkpoint write are never cut in two. A second Ctrl-C while one waits stops at once, and
 ``forced`` says so: then nothing more is saved.
+
+With several ranks (``deferred``) a Ctrl-C cuts nothing short and no safe point acts on it by
+itself: ``pending`` is summed over the ranks with each step's statistics, so that every rank
+stops after the same step.
 """
 
 import contextlib
@@ -17,9 +21,10 @@ __all__ = ["InterruptGuard"]
 class InterruptGuard:
     """The SIGINT handler of one training run, and the state it keeps."""
 
-    def __init__(self):
+    def __init__(self, deferred=False):
         self.pending = False  # a Ctrl-C waits for the next safe point
         self.forced = False   # a second one came meanwhile: stop at once, save nothing
+        self.deferred = deferred  # several ranks: the trainer agrees on where to stop
         self._cut_short = 0   # > 0 inside sections that Ctrl-C may cut short
 
     @contextlib.contextmanager
@@ -37,7 +42,7 @@ class InterruptGuard:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def _on_sigint(self, signum, frame):
-        if self._cut_short:
+        if self._cut_short and not self.deferred:
             raise KeyboardInterrupt
         if self.pending:
             self.forced = True
@@ -55,8 +60,8 @@ class InterruptGuard:
             self._cut_short -= 1
 
     def stop_if_asked(self):
-        """A safe point: raise KeyboardInterrupt if a Ctrl-C is waiting."""
-        if self.pending:
+        """A safe point: raise KeyboardInterrupt if a Ctrl-C is waiting (not when ``deferred``)."""
+        if self.pending and not self.deferred:
             raise KeyboardInterrupt
 
     def stopping(self):

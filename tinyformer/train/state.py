@@ -15,7 +15,7 @@ from .. import random as tf_random
 from ..nn import StateDictError, Transformer, TransformerConfig
 from .config import TRAINING_ONLY
 
-__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore", "load_model"]
+__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore", "restore_checkpoint", "load_model"]
 
 TOKENIZER_FILE = "spm.model"
 
@@ -47,8 +47,9 @@ class Position:
                    meta.get("skipped_updates", 0))
 
 
-def run_metadata(config, model, tokenizer, position):
-    """The JSON metadata of a checkpoint of this run at ``position``."""
+def run_metadata(config, model, tokenizer, position, rng_states=None):
+    """The JSON metadata of a checkpoint of this run at ``position``; with several ranks,
+    ``rng_states`` holds each rank's dropout generator state (``rng_state`` is rank 0's)."""
     return {
         "format": "tinyformer-checkpoint-1",
         "config": config.to_dict(),
@@ -58,6 +59,7 @@ def run_metadata(config, model, tokenizer, position):
         "tokenizer_sha256": tokenizer.sha256,
         "tokenizer_file": TOKENIZER_FILE,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **({"rng_states": rng_states} if rng_states is not None and len(rng_states) > 1 else {}),
     }
 
 
@@ -65,6 +67,11 @@ def restore(path, model, adam, tokenizer):
     """Load checkpoint ``path`` into a freshly built ``model`` and ``adam`` and the dropout
     generator; returns its Position. Refuses (CheckpointError, nothing changed on disk) another
     tokenizer, another architecture and an averaged checkpoint (no optimiser state)."""
+    return restore_checkpoint(path, model, adam, tokenizer)[0]
+
+
+def restore_checkpoint(path, model, adam, tokenizer):
+    """``restore``, returning (Position, the checkpoint's metadata)."""
     state, meta, adam_state = checkpoint.load_checkpoint(path)
     if meta.get("tokenizer_sha256") != tokenizer.sha256:
         raise checkpoint.CheckpointError(f"{path} was trained with another tokenizer than "
@@ -82,7 +89,7 @@ def restore(path, model, adam, tokenizer):
     adam.load_state_dict(adam_state)
     adam.lr = schedule
     tf_random.set_rng_state(meta["rng_state"])
-    return Position.from_metadata(meta)
+    return Position.from_metadata(meta), meta
 
 
 def load_model(path, device="cpu", tokenizer_path=None):

@@ -5,15 +5,25 @@ Failures lose nothing: an update whose loss or gradient is not finite is skipped
 (``max_bad_steps`` in a row stop the run); Ctrl-C stops at once in a forward or backward pass or
 a validation, but lets an update, its log record and a checkpoint write finish, then saves the
 last completed step and raises ``TrainingInterrupted``.
+
+Several ranks (``comm``, from ``distributed.init``: an MPI launch) train one model: each step's
+``nproc × accum`` batches are shared out (rank r takes its consecutive part), the loss is divided
+by the target tokens of all of them (summed over the ranks), the gradients are summed in
+buckets while the backward pass goes on, and every rank applies the same update. Rank 0 alone
+writes (checkpoints, metrics.jsonl, the progress bar) and validates while the others wait; every
+``check_every`` steps a checksum confirms that the ranks still hold the same parameters.
 """
 
 import contextlib
 import math
 from pathlib import Path
 
-from .. import backend, checkpoint
+import numpy
+
+from .. import backend, checkpoint, distributed
 from .. import random as tf_random
 from .builders import build_parts
+from .config import ConfigError
 from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
 from .interrupts import InterruptGuard
 from .metrics_log import LOG_FILE, MetricsLog, TokenRate
@@ -66,15 +76,28 @@ class Trainer:
     tokens_seen = _position_counter("tokens_seen")
     skipped_updates = _position_counter("skipped_updates")
 
-    def __init__(self, config, resume=False, echo=print, progress=True, parts=None):
+    def __init__(self, config, resume=False, echo=print, progress=True, parts=None, comm=None):
         self.config = config.resolved()
-        self.resume, self.echo, self.progress = resume, echo, progress
+        c = self.config
+        try:
+            self.comm = comm if comm is not None else distributed.init(c.comm, c.device, c.comm_timeout)
+        except ValueError as error:
+            raise ConfigError("comm", str(error)) from None
+        if c.nproc is not None and c.nproc != self.comm.size:
+            raise ConfigError("nproc", f"nproc is {c.nproc} (the run's), but {self.comm.size} process(es) were started"
+                                       + ("; --resume keeps a run's nproc" if resume else ""))
+        c.nproc = self.comm.size
+        self.lead = self.comm.rank == 0  # the one rank that writes, shows and validates
+        self.resume, self.echo, self.progress = resume, echo if self.lead else _silent, progress and self.lead
         self.save_dir = Path(self.config.save_dir)
         self.metrics = MetricsLog(self.save_dir / LOG_FILE)
         self.model = None
+        self.buckets = None           # the gradient all-reduce, with several ranks
         self.position = Position()
         self.bad_in_a_row = 0         # skipped updates since the last applied one
-        self.interrupts = InterruptGuard()
+        self.interrupts = self._new_guard()
+        self._stop_agreed = False     # with several ranks: some rank had a Ctrl-C by the last step
+        self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
         self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
         if parts is not None:
             self._take(parts)
@@ -83,12 +106,24 @@ class Trainer:
         """Build the parts from the config (restored from the newest checkpoint on resume), unless
         they were handed over."""
         if self.model is None:
-            self._take(build_parts(self.config, self.resume, self.echo))
+            self._take(build_parts(self.config, self.resume, self.echo, self.comm))
 
     def _take(self, parts):
         self.tokenizer, self.model, self.adam = parts.tokenizer, parts.model, parts.adam
         self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
         self.position = parts.position
+        self._saved_step = self.position.step if self.resume else None
+        if self.comm.size > 1:
+            self.buckets = distributed.GradientBuckets(self.comm, self.model.parameters(), self.config.bucket_mb)
+
+    def _new_guard(self):
+        return InterruptGuard(deferred=self.comm.size > 1)
+
+    def _stop_if_asked(self):
+        """A safe point; with several ranks, where all of them agreed to stop."""
+        if self._stop_agreed:
+            raise KeyboardInterrupt
+        self.interrupts.stop_if_asked()
 
     # ------------------------------------------------------------------ the loop
     def run(self):
@@ -97,16 +132,16 @@ class Trainer:
         Raises TrainingDiverged after ``max_bad_steps`` skipped updates in a row (no checkpoint
         written), TrainingInterrupted on Ctrl-C (after checkpointing the last completed step).
         """
-        self.interrupts = InterruptGuard()
+        self.interrupts = self._new_guard()
         with blas_threads(self.config.threads), self.interrupts.installed():
             with self.interrupts.cut_short_allowed():
                 self.setup()
             bar = ProgressBar(self.progress, self.config.max_steps, self.step, self.echo)
             try:
                 last_val = self._loop(bar)
-                if self._newest_checkpoint() != checkpoint.checkpoint_path(self.save_dir, self.step):
+                if self._saved_step != self.step:
                     self.save()  # a run that max_epochs ended between two saves
-                self.interrupts.stop_if_asked()
+                self._stop_if_asked()
             except KeyboardInterrupt:
                 bar.close()
                 raise self._save_on_interrupt() from None
@@ -120,13 +155,15 @@ class Trainer:
         while at.step < c.max_steps and (c.max_epochs is None or at.epoch < c.max_epochs):
             batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=at.epoch)
             while at.batch_in_epoch < len(batches) and at.step < c.max_steps:
-                self.interrupts.stop_if_asked()
+                self._stop_if_asked()
                 step_before = at.step
-                loss, nll, tokens, grad_norm = self.train_step(batches[at.batch_in_epoch:][:c.accum])
+                loss, nll, tokens, grad_norm = self.train_step(batches[at.batch_in_epoch:][:c.accum * self.comm.size])
                 if at.step == step_before:
                     self._skipped(loss, grad_norm, bar)
                     continue
                 self.bad_in_a_row = 0
+                if self.comm.size > 1 and at.step % c.check_every == 0:
+                    distributed.check_same_parameters(self.comm, self.model.named_parameters(), at.step)
                 rate.add(tokens)
                 if at.step % c.log_every == 0 or at.step == 1:
                     self._log_training(loss, nll, grad_norm, rate.take(), bar)
@@ -141,34 +178,52 @@ class Trainer:
     def train_step(self, batches):
         """One optimiser step over ``batches`` (gradient accumulation); returns (loss, nll, tokens, grad_norm).
 
+        With several ranks ``batches`` are the step's batches of all of them (the same list on
+        every rank): rank r takes the r-th of ``nproc`` consecutive parts. The loss of each batch
+        is divided by the target tokens of all of them, so the summed gradient is the one a single
+        process would compute over all ``batches``.
+
         The position in the data moves past ``batches`` in any case. The update is skipped
         (parameters, Adam's moments and the step count unchanged) when the loss is not finite
         (``grad_norm`` is then None) or the gradient norm is not finite.
         """
-        tokens = sum(b.num_tokens for b in batches)
+        part = -(-len(batches) // self.comm.size)
+        mine = batches[self.comm.rank * part:(self.comm.rank + 1) * part]
+        tokens = int(self.comm.all_reduce(numpy.array([sum(b.num_tokens for b in mine)], dtype=numpy.int64))[0])
         total_loss = total_nll = 0.0
         self._boundary_rng = tf_random.get_rng_state()
         with self.interrupts.cut_short_allowed():  # nothing of the run's state changes until the update below
             self.adam.zero_grad()
-            for batch in batches:
+            for i, batch in enumerate(mine):
+                if self.buckets is not None and i == len(mine) - 1:
+                    self.buckets.arm()  # the last backward pass all-reduces the buckets as they fill
                 loss, nll = batch_loss(self.model, batch, self.config.label_smoothing)
                 (loss * (1.0 / tokens)).backward()
                 total_loss += loss.item()
                 total_nll += nll.item()
+            if self.buckets is not None:
+                self.buckets.finish()
         self._boundary_rng = None
-        loss, nll = total_loss / tokens, total_nll / tokens
+        totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(self.interrupts.pending)]))
+        self._stop_agreed = self.interrupts.deferred and totals[2] > 0
+        loss, nll = float(totals[0]) / tokens, float(totals[1]) / tokens
         grad_norm = self.adam.step(skip_nonfinite=True) if math.isfinite(loss) else None
         self.position.advance(len(batches), tokens, applied=grad_norm is not None and math.isfinite(grad_norm))
         return loss, nll, tokens, grad_norm
 
     def log(self, record):
-        self.metrics.append(record)
+        if self.lead:
+            self.metrics.append(record)
 
     def _log_training(self, loss, nll, grad_norm, tokens_per_s, bar):
         record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(loss, 5), "nll": round(nll, 5),
                   "ppl": round(perplexity(nll), 4), "lr": self.adam.current_lr(self.step),
                   "grad_norm": round(grad_norm, 5), "tokens_per_s": round(tokens_per_s, 1),
                   "skipped_updates": self.skipped_updates}
+        if self.buckets is not None:
+            hidden, seconds = self.buckets.take_timings()
+            if hidden is not None:
+                record.update(allreduce_ms=round(1000 * seconds, 2), allreduce_hidden=round(hidden, 3))
         self.log(record)
         bar.show(self.skipped_updates, loss=f"{loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}")
 
@@ -193,9 +248,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
     def _validate_now(self):
-        self.interrupts.stop_if_asked()
-        with self.interrupts.cut_short_allowed():
-            record = self.validate()
+        """Validation on rank 0, while the other ranks wait (as long as it takes)."""
+        self._stop_if_asked()
+        record = None
+        if self.lead:
+            with self.interrupts.cut_short_allowed():
+                record = self.validate()
+        self.comm.barrier(timeout=None)
         self.model.train()
         return record
 
@@ -213,14 +272,20 @@ class Trainer:
         return record
 
     # ------------------------------------------------------------------ checkpoints
-    def metadata(self):
-        return run_metadata(self.config, self.model, self.tokenizer, self.position)
+    def metadata(self, rng_states=None):
+        return run_metadata(self.config, self.model, self.tokenizer, self.position, rng_states)
 
     def save(self):
-        """Checkpoint the current step (a Ctrl-C waits until it and the pruning are done)."""
+        """Checkpoint the current step (a Ctrl-C waits until it and the pruning are done): rank 0
+        writes it, with every rank's dropout generator state, while the others wait."""
         path = checkpoint.checkpoint_path(self.save_dir, self.step)
-        checkpoint.save_checkpoint(path, self.model.state_dict(), self.metadata(), self.adam.state_dict())
-        checkpoint.prune_checkpoints(self.save_dir, self.config.keep_last)
+        rng_states = self.comm.all_gather_object(tf_random.get_rng_state())
+        if self.lead:
+            checkpoint.save_checkpoint(path, self.model.state_dict(), self.metadata(rng_states),
+                                       self.adam.state_dict())
+            checkpoint.prune_checkpoints(self.save_dir, self.config.keep_last)
+        self._saved_step = self.step
+        self.comm.barrier(timeout=None)
         return path
 
     def _newest_checkpoint(self):
@@ -237,7 +302,7 @@ class Trainer:
         if self._boundary_rng is not None:  # undo the dropout draws of a step cut short
             tf_random.set_rng_state(self._boundary_rng)
         path = checkpoint.checkpoint_path(self.save_dir, self.step)
-        if newest != path:
+        if self._saved_step != self.step:
             try:
                 self.save()
             except (OSError, checkpoint.CheckpointError) as error:
@@ -248,6 +313,10 @@ class Trainer:
     def _interrupted(self, message, path):
         self.echo(message)
         return TrainingInterrupted(message, path)
+
+
+def _silent(*args, **kwargs):
+    """The echo of the ranks other than 0."""
 
 
 def _kept_note(newest):
