@@ -458,6 +458,25 @@ def test_a_wrong_backward_turns_the_badge_to_fail(model_and_tokenizer, tmp_path)
     assert dom.ids["check-table"] is not None
 
 
+@needs_browser
+@pytest.mark.parametrize("change, recorded", [
+    # An inline script the policy does not list (by its hash): blocked, and the violation recorded.
+    (lambda text: text.replace("</body>", "<script>document.title = 'ran'</script></body>"),
+     "content security policy: script-src-elem blocked inline"),
+    # An image, even a data: URL, is a request the policy forbids.
+    (lambda text: text.replace("</footer>", '</footer><img alt="" src="data:image/gif;base64,R0lGODlhAQABAAAAACw=">'),
+     "content security policy: img-src blocked data"),
+    # Data the script cannot draw: its error is recorded.
+    (lambda text: text.replace('"P.enc":', '"X.enc":'), "error: "),
+], ids=["inline-script", "image", "script-error"])
+def test_the_self_test_records_errors_and_policy_violations(page, tmp_path, change, recorded):
+    path, _ = page
+    broken = tmp_path / "broken.html"
+    broken.write_text(change(path.read_text(encoding="utf-8")), encoding="utf-8")
+    status, _, errors = PageDOM(browse(broken)[0]).status()
+    assert status == "fail" and any(e.startswith(recorded) for e in errors), errors
+
+
 def png_size(path):
     data = path.read_bytes()[:24]
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"

@@ -107,7 +107,7 @@
   };
   Figure.prototype.toSVG = function (attributes) {
     const parts = ['<svg width="' + this.width + '" height="' + this.height + '" viewBox="0 0 ' + this.width + " " +
-      this.height + '" ' + (attributes || "") + ">"];
+      this.height + '" shape-rendering="crispEdges" ' + (attributes || "") + ">"];
     for (const item of this.items) {
       if (item.type === "heatmap") {
         const colours = item.scale === "sequential" ? SEQUENTIAL_HEX : DIVERGING_HEX;
@@ -496,7 +496,7 @@
       fmt(worst) + " of the largest |∂L/∂X|. " + (tg.complete ? "The page holds every token's dL/dP and dL/dS; " +
       "its self-test sums them again." : "The page holds the dL/dP and dL/dS of tokens " + tg.positions.join(", ") +
       " (of " + outputs.length + ": " + tg.values_per_token.toLocaleString("en") + " numbers each, at most " +
-      tg.limit.toLocaleString("en") + " in all; `tinyformer explain --tokens` picks others).");
+      tg.limit.toLocaleString("en") + " in all; tinyformer explain --tokens picks others).");
   }
 
   // ------------------------------------------------------------------ 4. saliency
@@ -669,23 +669,24 @@
     const dQ = block("dQ." + kind, [l, h]), dK = block("dK." + kind, [l, h]), dV = block("dV." + kind, [l, h]);
     const P = probabilities(kind, state.layer, state.head);
     const dP = block("dP." + kind, [l, h]), dS = block("dS." + kind, [l, h]);
+    const cols = info.cols, scale = 1 / Math.sqrt(dk);
     let row = state.row - 1;
-    if (row < 0) { // the query whose output gradient is largest
+    if (row < 0) { // the query whose scores get the most gradient
       let best = -1;
       for (let i = 0; i < info.rows; i++) {
         let n = 0;
-        for (let d = 0; d < dk; d++) n += dO[i * dk + d] * dO[i * dk + d];
+        for (let j = 0; j < cols; j++) n += Math.abs(dS[i * cols + j]);
         if (n > best) { best = n; row = i; }
       }
     }
-    const cols = info.cols, scale = 1 / Math.sqrt(dk);
     let rowsum = 0;
     for (let j = 0; j < cols; j++) rowsum += P[row * cols + j] * dP[row * cols + j];
     const gaps = block("derivation." + kind, []);
     const gap = function (q) { return gaps[(q * info.layers + l) * info.heads + h]; };
     const keys = colLabels(kind);
-    const order = Array.from({ length: cols }, function (_, j) { return j; });
-    const shown = cols > 24 ? order.sort(function (a, b) {
+    const visible = info.causal ? row + 1 : cols; // a causal row's later keys are masked: P = 0, so dS = 0
+    const order = Array.from({ length: visible }, function (_, j) { return j; });
+    const shown = visible > 24 ? order.sort(function (a, b) {
       return Math.abs(dS[row * cols + b]) - Math.abs(dS[row * cols + a]);
     }).slice(0, 24).sort(function (a, b) { return a - b; }) : order;
     let table = "<table id=\"derivation-table\"><thead><tr><th>j</th><th class=\"text\">key</th><th>P_ij</th>" +
@@ -706,12 +707,15 @@
     const steps = [
       "<p class=\"derivation-step\">" + escapeText(name) + ", query row i = " + (row + 1) + " " +
         escapeText(JSON.stringify(rowLabels(kind)[row])) + ", the whole loss L" +
-        (state.row ? "" : " (the row of largest ‖dO_i‖; click a row of the heatmaps for another)") + ".</p>",
+        (state.row ? "" : " (the row whose scores get the most gradient, Σ_j |dS_ij|; click a row of the heatmaps " +
+        "for another)") + ".</p>",
       "<p class=\"derivation-step\"><span class=\"formula\">dO_i</span> = ∂L/∂O_i, the gradient at this row of the " +
         "head's output O = P·V (d_k = " + dk + "): <span class=\"vector\" id=\"derivation-dO\">" + vector(dO.subarray(row * dk, (row + 1) * dk)) + "</span></p>",
       "<p class=\"derivation-step\"><span class=\"formula\">r_i = Σ_j P_ij·dP_ij = " + fmt(rowsum) + "</span>; " +
         "<span class=\"formula\">Σ_j dS_ij = " + fmt(dsum) + "</span> (a softmax row's gradient sums to 0)" +
-        (shown.length < cols ? "; the " + shown.length + " keys of largest |dS_ij| of " + cols + ":" : ":") + "</p>",
+        (info.causal && visible < cols ? "; keys after i are masked (P_ij = 0, so dS_ij = 0 whatever dP_ij)" : "") +
+        (shown.length < visible ? "; the " + shown.length + " keys of largest |dS_ij| of " + visible + ":" : ":") +
+        "</p>",
       table,
       "<p class=\"derivation-step\"><span class=\"formula\">dQ_i = Σ_j dS_ij K_j / √d_k</span> = " +
         "<span class=\"vector\" id=\"derivation-dQ\">" + vector(dQ.subarray(row * dk, (row + 1) * dk)) + "</span></p>",
