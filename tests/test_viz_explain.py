@@ -18,6 +18,7 @@ import tinyformer as tf
 from tinyformer import cli, decode, nn, viz
 from tinyformer import functional as F
 from tinyformer.data.special import BOS_ID, EOS_ID
+from tinyformer.data.tokenizer import Tokenizer
 from tinyformer.nn.layers import scale_embedding
 from tinyformer.train import load_model
 from tinyformer.viz.explanation import decode_array
@@ -31,22 +32,35 @@ SOURCE, REFERENCE = "I see 3 red cats", "Ich sehe drei rote Katzen"
 
 
 # ---------------------------------------------------------------- fixtures: a tiny run, its page
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A checkpoint of the built-in task's `tiny` as `tinyformer train` builds it (its tokenizer and
-    model, from the run's own builders), before any update: the page needs no trained model."""
+def save_untrained_run(directory, **options):
+    """A checkpoint as `tinyformer train` with ``options`` builds it (the run's tokenizer and model,
+    from its own builders), before any update: a page needs no trained model."""
     from tinyformer import checkpoint
     from tinyformer.train import TrainConfig
     from tinyformer.train.builders import build_model, build_tokenizer, load_corpus
     from tinyformer.train.state import Position, run_metadata
 
-    directory = tmp_path_factory.mktemp("run")
-    config = TrainConfig(save_dir=str(directory), vocab_size=120).resolved()
+    config = TrainConfig(save_dir=str(directory), **options).resolved()
     tokenizer = build_tokenizer(config, load_corpus(config, "train"), echo=lambda message: None)
     model = build_model(config, tokenizer)
     path = directory / "checkpoint_0000000.npz"
     checkpoint.save_checkpoint(path, model.state_dict(), run_metadata(config, model, tokenizer, Position()))
     return path
+
+
+def load_corpus_of(path, split):
+    """(sources, targets) of a split of the data the run of checkpoint ``path`` was built on."""
+    from tinyformer import checkpoint
+    from tinyformer.train import TrainConfig
+    from tinyformer.train.builders import load_corpus
+
+    return load_corpus(TrainConfig.from_dict(checkpoint.load_checkpoint(path)[1]["config"]), split)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The built-in task's `tiny` (a 120-piece BPE keeps its pages small)."""
+    return save_untrained_run(tmp_path_factory.mktemp("run"), vocab_size=120)
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +332,12 @@ def test_bad_input_is_one_line(cli_run, tmp_path, argv, code, message):
     assert not (tmp_path / "page.html").exists()
 
 
+def test_the_command_has_help(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["explain", "--help"])
+    assert info.value.code == 0 and "usage: tinyformer explain" in capsys.readouterr().out
+
+
 def test_a_missing_checkpoint_is_one_line(tmp_path, capsys):
     code = cli.main(["explain", "--checkpoint", str(tmp_path / "none.npz"), "--source", "I", "--output",
                      str(tmp_path / "p.html")])
@@ -377,6 +397,14 @@ def browse(path, fragment="", screenshot=None, budget_ms=30000):
     return result.stdout, seconds
 
 
+def drawn_values(cells, info):
+    """The (rows, cols) matrix of values that heatmap cells show (in their data-v)."""
+    drawn = np.full((info["rows"], info["cols"]), np.nan)
+    for cell in cells:
+        drawn[int(cell["data-r"]), int(cell["data-c"])] = float(cell["data-v"])
+    return drawn
+
+
 def assert_self_test_passed(dom):
     status, checks, errors = dom.status()
     assert errors == [], errors
@@ -400,9 +428,7 @@ def test_in_the_browser_every_head_is_drawn_and_the_self_test_passes(page):
         probs = array(data, f"P.{kind}")
         for thumb in thumbs:
             layer, head = int(thumb["attrs"]["data-layer"]) - 1, int(thumb["attrs"]["data-head"]) - 1
-            drawn = np.zeros((info["rows"], info["cols"]))
-            for cell in thumb["cells"]:
-                drawn[int(cell["data-r"]), int(cell["data-c"])] = float(cell["data-v"])
+            drawn = drawn_values(thumb["cells"], info)
             np.testing.assert_array_equal(drawn, probs[layer, head])  # the page draws the embedded numbers
             if kind == "dec":
                 assert not np.triu(drawn, k=1).any()  # causal: nothing above the diagonal
@@ -440,10 +466,7 @@ def test_the_url_hash_selects_the_view(page, fragment, kind, layer, head, grad, 
                              ("grad", expected[layer - 1, head - 1])):
         cells = [c for c in detail["cells"] if c["data-q"] == quantity]
         assert len(cells) == info["rows"] * info["cols"]
-        drawn = np.zeros((info["rows"], info["cols"]))
-        for cell in cells:
-            drawn[int(cell["data-r"]), int(cell["data-c"])] = float(cell["data-v"])
-        np.testing.assert_array_equal(drawn, values)
+        np.testing.assert_array_equal(drawn_values(cells, info), values)
 
 
 @needs_browser
@@ -507,7 +530,7 @@ class Letters:
 
 
 @needs_browser
-def test_a_128_token_sentence_is_drawn_on_canvas_within_the_time_budget(tmp_path):
+def test_a_128_token_sentence_is_drawn_on_canvas_within_the_time_budget(tmp_path, capsys):
     model = nn.Transformer.from_preset("tiny", vocab_size=len(Letters.pieces), seed=0, max_len=130)
     letters = "".join(Letters.pieces[4 + (7 * i) % 26] for i in range(128))
     path = tmp_path / "long.html"
@@ -519,37 +542,37 @@ def test_a_128_token_sentence_is_drawn_on_canvas_within_the_time_budget(tmp_path
         thumbs = [c for c in dom.canvases if c.get("data-kind") == kind and "thumb" in c.get("class", "")]
         assert len(thumbs) == 8 and all(c["data-rows"] == "129" and c["data-cols"] == "129" for c in thumbs)
         assert not dom.thumbs(kind)
-    print(f"\n128 tokens: page {path.stat().st_size / 2 ** 20:.1f} MiB, browser {seconds:.1f} s, "
-          f"scripts {dom.ids['self-test']['data-ms']} ms")
+    with capsys.disabled():
+        print(f"\n128 tokens: page {path.stat().st_size / 2 ** 20:.1f} MiB, browser {seconds:.1f} s, "
+              f"scripts {dom.ids['self-test']['data-ms']} ms")
     assert seconds < 60
 
 
 @needs_browser
-def test_a_small_multi30k_model_on_a_30_token_sentence(tmp_path):
-    """`small` with a Multi30k tokenizer (untrained: the sizes and the plumbing are the point)."""
+def test_a_small_multi30k_checkpoint_on_a_30_token_sentence(tmp_path, capsys):
+    """`small` as `tinyformer train --data multi30k --preset small` builds it (its 8k BPE, untrained:
+    the sizes and the plumbing are the point), through the command line."""
     if not os.environ.get("TINYFORMER_DATA"):
         if os.environ.get("CI"):
             pytest.fail("CI must set TINYFORMER_DATA to the directory holding multi30k/")
         pytest.skip("TINYFORMER_DATA is not set (the Multi30k files are not here)")
-    from tinyformer.data.multi30k import load_multi30k
-    from tinyformer.data.tokenizer import Tokenizer
-
-    english, german = load_multi30k("train", download=False, progress=False)
-    tokenizer = Tokenizer.train(english + german, tmp_path, vocab_size=8000)
-    test_en, test_de = load_multi30k("test_2016_flickr", download=False, progress=False)
+    path = save_untrained_run(tmp_path / "run", data="multi30k", preset="small")
+    tokenizer = Tokenizer.load(path.parent / "spm.model")
+    test_en, test_de = load_corpus_of(path, "test")
     source, reference = next((e, d) for e, d in zip(test_en, test_de) if len(tokenizer.encode(e)) == 30)
-    model = nn.Transformer.from_preset("small", vocab_size=len(tokenizer), seed=0)
+    page_path = tmp_path / "small.html"
     start = time.perf_counter()
-    text = viz.explain(model, tokenizer, source, reference)
+    assert cli.main(["explain", "--checkpoint", str(path), "--source", source, "--reference", reference,
+                     "--output", str(page_path)]) == 0
     python_seconds = time.perf_counter() - start
-    path = tmp_path / "small.html"
-    path.write_text(text, encoding="utf-8")
-    data = page_data(text)
+    data = page_data(page_path.read_text(encoding="utf-8"))
     assert data["kinds"]["enc"]["rows"] == 31 and data["model"]["d_model"] == 256 and data["check"]["passed"]
-    dom_text, seconds = browse(path)
-    assert_self_test_passed(PageDOM(dom_text))
-    size = path.stat().st_size / 2 ** 20
-    print(f"\nsmall, 30 source tokens, {len(data['target']['ids'])} target tokens: page {size:.1f} MiB "
-          f"(token gradients of {len(data['token_gradients']['positions'])}), Python {python_seconds:.1f} s, "
-          f"browser {seconds:.1f} s")
+    dom_text, seconds = browse(page_path)
+    dom = PageDOM(dom_text)
+    assert_self_test_passed(dom)
+    size = page_path.stat().st_size / 2 ** 20
+    with capsys.disabled():
+        print(f"\nsmall, 30 source tokens, {len(data['target']['ids'])} target tokens: page {size:.1f} MiB (token "
+              f"gradients of {len(data['token_gradients']['positions'])}), command {python_seconds:.1f} s, browser "
+              f"{seconds:.1f} s (scripts {dom.ids['self-test']['data-ms']} ms)")
     assert size < 20

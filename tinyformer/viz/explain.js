@@ -93,6 +93,9 @@
   Figure.prototype.rect = function (x, y, w, h, fill, extra) {
     this.items.push({ type: "rect", x: x, y: y, w: w, h: h, fill: fill, extra: extra || "" });
   };
+  Figure.prototype.outline = function (x, y, w, h, colour) {
+    this.items.push({ type: "outline", x: x, y: y, w: w, h: h, colour: colour });
+  };
   Figure.prototype.text = function (x, y, text, options) {
     this.items.push(Object.assign({ type: "text", x: x, y: y, text: text, size: 11, anchor: "start", rotate: false,
       fill: "#1d2433" }, options || {}));
@@ -123,6 +126,9 @@
         }
         parts.push('<rect x="' + item.x + '" y="' + item.y + '" width="' + item.cols * item.cell + '" height="' +
           item.rows * item.cell + '" fill="none" stroke="#9aa3b5" stroke-width="0.5"></rect>');
+      } else if (item.type === "outline") {
+        parts.push('<rect x="' + item.x + '" y="' + item.y + '" width="' + item.w + '" height="' + item.h +
+          '" fill="none" stroke="' + item.colour + '" stroke-width="2"></rect>');
       } else if (item.type === "rect") {
         parts.push('<rect x="' + item.x + '" y="' + item.y + '" width="' + item.w + '" height="' + item.h +
           '" fill="' + item.fill + '" ' + item.extra + "></rect>");
@@ -156,6 +162,10 @@
         small.getContext("2d").putImageData(image, 0, 0);
         context.imageSmoothingEnabled = false;
         context.drawImage(small, item.x, item.y, item.cols * item.cell, item.rows * item.cell);
+      } else if (item.type === "outline") {
+        context.strokeStyle = item.colour;
+        context.lineWidth = 2;
+        context.strokeRect(item.x, item.y, item.w, item.h);
       } else if (item.type === "rect") {
         context.fillStyle = item.fill;
         context.fillRect(item.x, item.y, item.w, item.h);
@@ -414,6 +424,7 @@
     const first = labelledHeatmap(figure, 4, top, { title: "P", rows: info.rows, cols: info.cols, values: probs,
       scale: "sequential", vmax: 1, quantity: "P", cell: cell, rowLabels: rowLabels(kind), colLabels: colLabels(kind) });
     let width = 4 + first.width, height = top + first.height;
+    const heatmaps = [first.item];
     if (grads) {
       const vmax = maxAbs(grads) || 1;
       const second = labelledHeatmap(figure, width + 28, top, { title: GRADS[state.grad] + " of " +
@@ -422,6 +433,12 @@
         colLabels: colLabels(kind) });
       width += 28 + second.width;
       height = Math.max(height, top + second.height);
+      heatmaps.push(second.item);
+    }
+    if (state.row) { // the derivation's query row
+      heatmaps.forEach(function (item) {
+        figure.outline(item.x - 1, item.y + (state.row - 1) * cell - 1, item.cols * cell + 2, cell + 2, "#f28e2b");
+      });
     }
     figure.width = Math.ceil(width + 8);
     figure.height = Math.ceil(height + 4);
