@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import struct
 import sys
 from pathlib import Path
@@ -288,14 +289,14 @@ def test_dot_parses_with_pydot_when_installed():
 
 
 def test_render_dot_without_graphviz_says_what_to_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(viz.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(viz.GraphvizMissing, match="`dot` program is not installed"):
         viz.render_dot("digraph g { }", tmp_path / "g.svg")
     with pytest.raises(ValueError, match=r"g\.txt: the file name must end in one of \.svg, \.png, \.pdf"):
         viz.render_dot("digraph g { }", tmp_path / "g.txt")
 
 
-@pytest.mark.skipif(viz.shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 def test_render_dot_writes_an_svg(tmp_path):
     x = tf.Tensor(np.ones(2), requires_grad=True)
     path = viz.render_dot(viz.to_dot((x * x).sum()), tmp_path / "graph.svg")

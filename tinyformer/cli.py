@@ -1,4 +1,4 @@
-"""The ``tinyformer`` command line: train, translate, eval, average, gradcheck, plot, info.
+"""The ``tinyformer`` command line: train, translate, eval, average, gradcheck, plot, explain, info.
 
 Usage errors exit with status 2 and one line on stderr; failures at run time
 (missing data, a bad checkpoint) with status 1 and one line; no tracebacks
@@ -411,6 +411,51 @@ def _plot(args):
     return 0
 
 
+# ------------------------------------------------------------------ explain
+def _token_list(text):
+    """--tokens: comma-separated target positions, 1 for the first target token."""
+    try:
+        positions = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}") from None
+    if not positions or min(positions) < 1:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    return positions
+
+
+def _explain(args):
+    from . import viz
+    from .train import load_model
+
+    if (args.source is None) == (args.input is None):
+        raise UsageError("give the sentence as --source TEXT or as --input FILE --line N (one of them)")
+    if args.line is not None and args.input is None:
+        raise UsageError("--line goes with --input FILE")
+    if args.source is not None and not args.source.strip():
+        raise UsageError("--source is empty")
+    if args.reference is not None and not args.reference.strip():
+        raise UsageError("--reference is empty")
+    if not Path(args.output).resolve().parent.is_dir():
+        raise FileNotFoundError(f"--output {args.output}: the directory {Path(args.output).parent} does not exist")
+    if args.input is not None:
+        if not Path(args.input).is_file():
+            raise FileNotFoundError(f"--input {args.input}: {'not a file' if Path(args.input).exists() else 'no such file'}")
+        lines, line = _read_lines(args.input, "input", args.command), args.line or 1
+        if line > len(lines):
+            raise ValueError(f"--input {args.input} has {_plural(len(lines), 'line')}; there is no --line {line}")
+        source, name = lines[line - 1], f"--input {args.input}, line {line},"
+    else:
+        source, name = args.source, "--source"
+    model, tokenizer, _ = load_model(args.checkpoint, args.device, args.tokenizer)
+    start = time.perf_counter()
+    page = viz.explain(model, tokenizer, source, args.reference, beam_size=args.beam, alpha=args.alpha,
+                       tokens=args.tokens, names=(name, "--reference"))
+    _write_text(page, args.output)
+    print(f"wrote {args.output} ({len(page.encode('utf-8')) / 2 ** 20:.1f} MiB) in {time.perf_counter() - start:.1f} s; "
+          "open it in a browser (it makes no request)", file=sys.stderr)
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 def _add_decoding_options(parser, beam=4):
     parser.add_argument("--beam", type=_positive_int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
@@ -498,6 +543,25 @@ def build_parser():
                             "direction per input")
     check.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     check.set_defaults(run=_gradcheck)
+
+    explain = commands.add_parser(
+        "explain", help="one offline HTML page: a sentence's attention and its gradients, checked",
+        description="Write one self-contained HTML page (no request, no network) for one sentence pair, the "
+                    "model's translation or --reference teacher-forced: every layer and head's attention P, "
+                    "dL/dP and dL/dS, per-token gradients, saliency, head sensitivity, rollout, a gradient "
+                    "check on this sentence and attention's backward with its numbers.")
+    explain.add_argument("--checkpoint", required=True, help="a checkpoint_*.npz (or an averaged one)")
+    explain.add_argument("--source", metavar="TEXT", help="the source sentence")
+    explain.add_argument("--input", metavar="FILE", help="... or a file of sentences (with --line)")
+    explain.add_argument("--line", type=_positive_int, metavar="N", help="which line of --input (default 1)")
+    explain.add_argument("--reference", metavar="TEXT",
+                         help="teacher-force this translation (default: the model's own, by --beam)")
+    explain.add_argument("--output", required=True, metavar="PAGE", help="the HTML file to write")
+    explain.add_argument("--tokens", type=_token_list, metavar="T1,T2,...",
+                         help="target positions (1 = the first target token) whose own dL/dP and dL/dS the "
+                              "page holds (default: all, or the first that fit in 8 MiB)")
+    _add_decoding_options(explain)
+    explain.set_defaults(run=_explain)
 
     plot = commands.add_parser(
         "plot", help="plot the learning-rate schedule or a run's training curves (needs the 'plot' extra)",

@@ -26,7 +26,10 @@ import numpy
 from . import backend
 from .tensor import Tensor, grad, no_grad
 
-__all__ = ["gradcheck", "GradcheckError", "GradcheckReport", "InputResult"]
+__all__ = ["gradcheck", "GradcheckError", "GradcheckReport", "InputResult", "compare", "EPS", "ATOL", "RTOL"]
+
+EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
+"""The defaults: the central-difference step and the tolerances of the pass rule (``compare``)."""
 
 FLOAT32_TOLERANCES = {"eps": 1e-3, "atol": 1e-2, "rtol": 1e-2}
 """Floors applied to eps/atol/rtol when ``allow_float32=True`` (float32 rounds at ~6e-8)."""
@@ -106,7 +109,18 @@ class GradcheckReport:
     __repr__ = __str__
 
 
-def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, mode="full", seed=0,
+def compare(analytic, numeric, atol=ATOL, rtol=RTOL):
+    """gradcheck's verdict element by element: (absolute errors, relative errors, passed), arrays.
+
+    An element passes when |analytic − numeric| ≤ atol + rtol·|numeric| (NaN fails); its
+    relative error is |analytic − numeric| / (|numeric| + atol).
+    """
+    analytic, numeric = numpy.asarray(analytic, numpy.float64), numpy.asarray(numeric, numpy.float64)
+    error = numpy.abs(analytic - numeric)
+    return error, error / (numpy.abs(numeric) + atol), error <= atol + rtol * numpy.abs(numeric)
+
+
+def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, mode="full", seed=0,
               nondet_tol=0.0, raise_on_failure=True, allow_float32=False):
     """Compare ``fn``'s backward with central differences; return a ``GradcheckReport``.
 
@@ -272,13 +286,12 @@ class _Checker:
         result = InputResult(position, x.shape, x.dtype)
         if numeric.size == 0:
             return result
-        error = numpy.abs(analytic - numeric)
-        allowed = self.atol + self.rtol * numpy.abs(numeric)
-        bad = ~(error <= allowed)  # NaN counts as a failure
-        excess = numpy.where(numpy.isnan(error), numpy.inf, error - allowed)
+        error, relative, passed = compare(analytic, numeric, self.atol, self.rtol)
+        bad = ~passed
+        excess = numpy.where(numpy.isnan(error), numpy.inf, error - (self.atol + self.rtol * numpy.abs(numeric)))
         worst = int(numpy.argmax(excess))
         result.max_abs_error = float(numpy.max(error))  # NaN propagates into the report
-        result.max_rel_error = float(numpy.max(error / (numpy.abs(numeric) + self.atol)))
+        result.max_rel_error = float(numpy.max(relative))
         result.worst_index = worst
         result.numeric, result.analytic = float(numeric[worst]), float(analytic[worst])
         result.passed = not bad.any()

@@ -1,32 +1,29 @@
-"""Pictures for studying the model: attention heatmaps, the learning-rate schedule, training
-curves, and the computation graph of a Tensor as Graphviz DOT.
+"""Pictures for studying the model: attention heatmaps, the learning-rate schedule and training
+curves, drawn with matplotlib (the ``plot`` extra).
 
-Plots need matplotlib (the ``plot`` extra). Figures are built with matplotlib's
-object-oriented API on the Agg canvas and written to files: no pyplot state, no
-display, nothing changes for a notebook that imports this module. Sizes are fixed in
-inches at ``DPI`` so that a figure's pixel size is predictable. ``to_dot`` needs
-nothing; ``render_dot`` needs Graphviz's ``dot`` program.
+Figures are built with matplotlib's object-oriented API on the Agg canvas and written
+to files: no pyplot state, no display, nothing changes for a notebook that imports
+this module. Sizes are fixed in inches at ``DPI`` so that a figure's pixel size is
+predictable.
 """
 
 import contextlib
 import json
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy
 
-from . import backend
-from .data.special import BOS_ID, EOS_ID
-from .decode import beam_search, greedy_decode
-from .nn import MultiHeadAttention, inference
-from .tensor import Tensor
-from .validation import check_int, is_real
+from .. import backend
+from ..data.special import BOS_ID
+from ..nn import MultiHeadAttention, inference
+from ..validation import check_int, is_real
+from .sentence import sentence_pair
 
 __all__ = [
-    "PlotExtraMissing", "GraphvizMissing", "DPI", "require_matplotlib", "attention_maps", "plot_attention",
-    "attention_figure_size", "plot_schedule", "read_metrics", "plot_curves", "to_dot", "render_dot",
+    "PlotExtraMissing", "DPI", "PLOT_EXTRA_HINT", "require_matplotlib", "ATTENTION_KINDS", "attention_maps",
+    "plot_attention", "attention_figure_size", "SCHEDULE_INCHES", "plot_schedule", "read_metrics",
+    "CURVES_INCHES", "plot_curves",
 ]
 
 DPI = 100
@@ -35,10 +32,6 @@ PLOT_EXTRA_HINT = "install the 'plot' extra: pip install -e '.[plot]'"
 
 class PlotExtraMissing(ImportError):
     """matplotlib is not installed."""
-
-
-class GraphvizMissing(RuntimeError):
-    """Graphviz's ``dot`` program is not on the PATH."""
 
 
 def require_matplotlib():
@@ -114,15 +107,9 @@ def attention_maps(model, tokenizer, sentence, beam_size=1, alpha=0.6):
     {(kind, layer): (heads, len_q, len_k) array} with kind in ``ATTENTION_KINDS`` and
     layers counted from 1 (§3.2.3: the three uses of attention).
     """
-    text = sentence.strip()
-    if not text:
-        raise ValueError("attention_maps: the sentence is empty")
-    source = [int(i) for i in tokenizer.encode(text)] + [EOS_ID]
+    source, tokens = sentence_pair(model, tokenizer, sentence, beam_size=beam_size, alpha=alpha,
+                                   names=("attention_maps: the sentence", "attention_maps: the reference"))
     src = numpy.array([source], dtype=numpy.int64)
-    if beam_size == 1:
-        tokens = greedy_decode(model, src)[0]
-    else:
-        tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha)[0]
     tgt_in = numpy.array([[BOS_ID] + list(tokens)], dtype=numpy.int64)
     maps = {}
     with inference(model), _attention_kept(model):
@@ -207,7 +194,7 @@ def plot_schedule(path="schedule.png", d_model=512, warmup_steps=4000, steps=200
     lrate = factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5): linear
     warm-up for ``warmup_steps`` steps, then decay with 1/√step (``optim.NoamSchedule``).
     """
-    from .optim import NoamSchedule
+    from ..optim import NoamSchedule
 
     steps = check_int("plot_schedule: steps", steps, 1)
     schedule = NoamSchedule(d_model, warmup_steps, factor)
@@ -308,111 +295,3 @@ def plot_curves(log_path, path="curves.png"):
         ax.grid(alpha=0.3)
     figure.suptitle(str(log_path), fontsize=10)
     return _save(figure, path)
-
-
-# ------------------------------------------------------------------ the computation graph
-class _Dot:
-    """Collects numbered nodes and edges; ``text()`` is the DOT source."""
-
-    def __init__(self):
-        self.ids, self.lines, self.edges = {}, [], []
-
-    def node(self, obj, prefix, label, attributes):
-        key = id(obj)
-        if key not in self.ids:
-            self.ids[key] = f"{prefix}{len(self.ids)}"
-            self.lines.append(f'  {self.ids[key]} [label="{_escape(label)}", {attributes}];')
-        return self.ids[key]
-
-    def edge(self, tail, head, attributes=""):
-        line = f"  {tail} -> {head}" + (f" [{attributes}]" if attributes else "") + ";"
-        if line not in self.edges:
-            self.edges.append(line)
-
-    def text(self):
-        header = ["digraph tinyformer {",
-                  '  node [fontname="Helvetica", fontsize=10];',
-                  '  edge [arrowsize=0.7];']
-        return "\n".join(header + self.lines + self.edges + ["}"]) + "\n"
-
-
-def _escape(label):
-    return label.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _shape(array):
-    return str(tuple(int(n) for n in array.shape))
-
-
-def to_dot(tensor, path=None, names=None):
-    """The graph that produced ``tensor`` as Graphviz DOT text (also written to ``path`` if given).
-
-    Function nodes (boxes) carry ``Function.name``; tensor nodes (ellipses) their
-    shape and dtype; edges run from inputs to outputs. Leaves that require grad are
-    blue, named from ``names`` ({name: Tensor}, e.g. ``dict(model.named_parameters())``)
-    when given; arrays passed to a Function that are not Tensors (masks, ids) are
-    dashed notes. Call it before ``backward()``, which frees the graph (or pass
-    ``retain_graph=True`` to backward).
-    """
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"to_dot: expected a Tensor, got {type(tensor).__name__}")
-    labels = {id(t): name for name, t in (names or {}).items()}
-    dot, expanded, pending = _Dot(), set(), []
-
-    def tensor_node(t, role=None):
-        if role is None:
-            role = labels.get(id(t)) or ("leaf" if t.requires_grad and t.grad_fn is None else
-                                         "constant" if t.grad_fn is None else "")
-        label = (role + "\n" if role else "") + f"{_shape(t)} {t.dtype}"
-        fill = ("darkolivegreen1" if role == "output" else "lightblue" if t.requires_grad and t.grad_fn is None
-                else "white")
-        node = dot.node(t, "t", label, f'shape=ellipse, style=filled, fillcolor="{fill}"')
-        if t.grad_fn is not None:
-            fn = dot.node(t.grad_fn, "f", t.grad_fn.name, 'shape=box, style=filled, fillcolor="lightgrey"')
-            dot.edge(fn, node)
-            if id(t.grad_fn) not in expanded:
-                expanded.add(id(t.grad_fn))
-                pending.append(t.grad_fn)
-        return node
-
-    tensor_node(tensor, "output")
-    while pending:
-        fn = pending.pop()
-        head = dot.ids[id(fn)]
-        if fn.inputs is None:
-            raise ValueError(f"to_dot: the graph through {fn.name} was freed by backward(); call to_dot "
-                             "before backward, or pass retain_graph=True to backward")
-        for x in fn.inputs:
-            if isinstance(x, Tensor):
-                dot.edge(tensor_node(x), head)
-            elif hasattr(x, "shape") and hasattr(x, "dtype"):
-                note = dot.node(x, "c", f"array\n{_shape(x)} {x.dtype}", "shape=note, style=dashed")
-                dot.edge(note, head, "style=dashed")
-    text = dot.text()
-    if path is not None:
-        Path(path).write_text(text, encoding="utf-8")
-    return text
-
-
-RENDER_FORMATS = ("svg", "png", "pdf")
-
-
-def render_dot(dot_text, path):
-    """Render DOT text to ``path`` (.svg, .png or .pdf, from its suffix) with Graphviz's ``dot``."""
-    path = Path(path)
-    fmt = path.suffix.lstrip(".").lower()
-    if fmt not in RENDER_FORMATS:
-        raise ValueError(f"render_dot: {path}: the file name must end in one of "
-                         f"{', '.join('.' + f for f in RENDER_FORMATS)}")
-    program = shutil.which("dot")
-    if program is None:
-        raise GraphvizMissing("render_dot: Graphviz's `dot` program is not installed (apt-get install graphviz, "
-                              "brew install graphviz or conda install graphviz); the DOT text from to_dot "
-                              "needs nothing and any Graphviz viewer opens it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([program, f"-T{fmt}", "-o", str(path)], input=dot_text, text=True,
-                            capture_output=True, check=False)
-    if result.returncode != 0:
-        message = (result.stderr.strip().splitlines() or ["no message"])[0]
-        raise RuntimeError(f"render_dot: dot failed on {path}: {message}")
-    return path

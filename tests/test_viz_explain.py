@@ -1,0 +1,578 @@
+"""`tinyformer explain`: the data against the library's own backward pass, the gradient check
+against a wrong backward, the command line's errors, and the page in a real browser (headless
+Chromium: the DOM after its scripts ran, read with html.parser)."""
+
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from html.parser import HTMLParser
+
+import children
+import numpy as np
+import pytest
+
+import tinyformer as tf
+from tinyformer import cli, decode, nn, viz
+from tinyformer import functional as F
+from tinyformer.data.special import BOS_ID, EOS_ID
+from tinyformer.data.tokenizer import Tokenizer
+from tinyformer.nn.layers import scale_embedding
+from tinyformer.train import load_model
+from tinyformer.viz.explanation import decode_array
+
+CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no headless Chromium on the PATH (apt-get install chromium-headless-shell; .ci/run "
+                             "installs it)")
+KINDS = ("enc", "dec", "cross")
+SOURCE, REFERENCE = "I see 3 red cats", "Ich sehe drei rote Katzen"
+
+
+# ---------------------------------------------------------------- fixtures: a tiny run, its page
+def save_untrained_run(directory, **options):
+    """A checkpoint as `tinyformer train` with ``options`` builds it (the run's tokenizer and model,
+    from its own builders), before any update: a page needs no trained model."""
+    from tinyformer import checkpoint
+    from tinyformer.train import TrainConfig
+    from tinyformer.train.builders import build_model, build_tokenizer, load_corpus
+    from tinyformer.train.state import Position, run_metadata
+
+    config = TrainConfig(save_dir=str(directory), **options).resolved()
+    tokenizer = build_tokenizer(config, load_corpus(config, "train"), echo=lambda message: None)
+    model = build_model(config, tokenizer)
+    path = directory / "checkpoint_0000000.npz"
+    checkpoint.save_checkpoint(path, model.state_dict(), run_metadata(config, model, tokenizer, Position()))
+    return path
+
+
+def load_corpus_of(path, split):
+    """(sources, targets) of a split of the data the run of checkpoint ``path`` was built on."""
+    from tinyformer import checkpoint
+    from tinyformer.train import TrainConfig
+    from tinyformer.train.builders import load_corpus
+
+    return load_corpus(TrainConfig.from_dict(checkpoint.load_checkpoint(path)[1]["config"]), split)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The built-in task's `tiny` (a 120-piece BPE keeps its pages small)."""
+    return save_untrained_run(tmp_path_factory.mktemp("run"), vocab_size=120)
+
+
+@pytest.fixture(scope="module")
+def page(run, tmp_path_factory):
+    """(path, data) of the page `tinyformer explain` writes for SOURCE taught REFERENCE."""
+    path = tmp_path_factory.mktemp("page") / "page.html"
+    assert cli.main(["explain", "--checkpoint", str(run), "--source", SOURCE, "--reference", REFERENCE,
+                     "--output", str(path)]) == 0
+    return path, page_data(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(run):
+    model, tokenizer, _ = load_model(run)
+    return model, tokenizer
+
+
+def page_data(text):
+    """The JSON the page embeds."""
+    found = re.search(r'<script type="application/json" id="explain-data">(.*?)</script>', text, re.S)
+    return json.loads(found.group(1))
+
+
+def array(data, name):
+    return decode_array(data["arrays"][name]).astype(np.float64)
+
+
+def batch_of(data):
+    return (np.array([data["source"]["ids"]]), np.array([[BOS_ID] + data["target"]["ids"][:-1]]),
+            np.array([data["target"]["ids"]]))
+
+
+# ---------------------------------------------------------------- a reference: the README's way, no probes
+def float64_copy(model):
+    copy = nn.Transformer(**{**model.config, "seed": 0})
+    copy.load_state_dict(model.state_dict())
+    return copy.double().eval()
+
+
+def reference_backward(model, batch, position=None):
+    """P and dL/dP of every head through the documented hook point (keep_attention, retain_grad),
+    and the gradients at the looked-up embedding rows, of the whole NLL or of one position's."""
+    copy = float64_copy(model)
+    src, tgt_in, tgt_out = batch
+    modules = {"enc": [layer.self_attn for layer in copy.encoder.layers],
+               "dec": [layer.self_attn for layer in copy.decoder.layers],
+               "cross": [layer.cross_attn for layer in copy.decoder.layers]}
+    for module_list in modules.values():
+        for module in module_list:
+            module.keep_attention = True
+    source_rows = tf.Tensor(copy.src_embed.weight.data[src], requires_grad=True)
+    target_rows = tf.Tensor(copy.tgt_embed.weight.data[tgt_in], requires_grad=True)
+    mask = copy.source_mask(src)
+    memory = copy.encoder(copy.positional(scale_embedding(source_rows, copy.d_model)), mask)
+    hidden = copy.decoder(copy.positional(scale_embedding(target_rows, copy.d_model)), memory, mask)
+    logits = F.linear(hidden, copy.tgt_embed.weight)
+    probs = {kind: [m.attention_probs for m in module_list] for kind, module_list in modules.items()}
+    with tf.no_grad():
+        np.testing.assert_allclose(logits.data, copy(src, tgt_in).data, rtol=1e-12, atol=1e-12)  # the same model
+    nll = F.cross_entropy(logits, tgt_out, reduction="none")
+    loss = nll.sum() if position is None else nll[0, position]
+    for tensors in probs.values():
+        for p in tensors:
+            p.retain_grad()
+    loss.backward()
+    found = {kind: {"P": np.stack([p.data[0] for p in tensors]), "dP": np.stack([p.grad[0] for p in tensors])}
+             for kind, tensors in probs.items()}
+    found["nll"] = nll.data[0]
+    found["source"], found["d_source"] = source_rows.data[0], source_rows.grad[0]
+    found["target"], found["d_target"] = target_rows.data[0], target_rows.grad[0]
+    return found
+
+
+def assert_float32_of(stored, expected, what):
+    """``stored`` (float32 from the page) equals ``expected`` (float64) up to float32 rounding."""
+    scale = np.max(np.abs(expected)) or 1.0
+    np.testing.assert_allclose(stored, expected, rtol=2e-7, atol=2e-7 * scale, err_msg=what)
+
+
+# ---------------------------------------------------------------- the data
+def test_the_data_has_a_schema_and_one_map_per_layer_and_head(page, model_and_tokenizer):
+    _, data = page
+    model, tokenizer = model_and_tokenizer
+    assert (data["schema"], data["version"]) == ("tinyformer-explain", 1)
+    assert data["source"]["ids"] == tokenizer.encode(SOURCE) + [EOS_ID]
+    assert data["target"]["ids"] == tokenizer.encode(REFERENCE) + [EOS_ID] and data["target"]["given"] == "reference"
+    assert data["target"]["inputs"][0] == "<s>" and data["target"]["outputs"][-1] == "</s>"
+    src_len, tgt_len = len(data["source"]["ids"]), len(data["target"]["ids"])
+    rows_cols = {"enc": (src_len, src_len), "dec": (tgt_len, tgt_len), "cross": (tgt_len, src_len)}
+    for kind in KINDS:
+        info = data["kinds"][kind]
+        assert (info["layers"], info["heads"], info["rows"], info["cols"]) == (2, 4, *rows_cols[kind])
+        for name in ("P", "dP", "dS"):
+            assert data["arrays"][f"{name}.{kind}"]["shape"] == [2, 4, *rows_cols[kind]]
+    assert data["token_gradients"]["complete"] and data["token_gradients"]["positions"] == list(range(1, tgt_len + 1))
+
+
+def test_the_arrays_are_what_the_library_backward_pass_gives(page, model_and_tokenizer):
+    _, data = page
+    model, _ = model_and_tokenizer
+    batch = batch_of(data)
+    whole = reference_backward(model, batch)
+    assert data["loss"]["total"] == pytest.approx(float(whole["nll"].sum()), rel=1e-12)
+    np.testing.assert_allclose(data["loss"]["tokens"], whole["nll"], rtol=1e-12)
+    for kind in KINDS:
+        probs, grads = whole[kind]["P"], whole[kind]["dP"]
+        assert_float32_of(array(data, f"P.{kind}"), probs, f"P of {kind}")
+        assert_float32_of(array(data, f"dP.{kind}"), grads, f"dL/dP of {kind}")
+        scores = probs * (grads - (probs * grads).sum(axis=-1, keepdims=True))
+        assert_float32_of(array(data, f"dS.{kind}"), scores, f"dL/dS of {kind}")
+        assert_float32_of(array(data, f"sensitivity.{kind}"), (probs * grads).sum(axis=(-2, -1)), kind)
+    for side in ("source", "target"):
+        g, e = whole["d_" + side], whole[side]
+        assert_float32_of(array(data, f"saliency.{side}.norm"), np.linalg.norm(g, axis=-1), side)
+        assert_float32_of(array(data, f"saliency.{side}.gxi"), (g * e).sum(axis=-1), side)
+    position = 2  # y_3: one token's loss alone
+    alone = reference_backward(model, batch, position)
+    index = data["token_gradients"]["positions"].index(position + 1)
+    for kind in KINDS:
+        assert_float32_of(array(data, f"token.dP.{kind}")[index], alone[kind]["dP"], f"dl_3/dP of {kind}")
+        if kind != "enc":  # the decoder after position 3 does not reach its loss
+            assert not array(data, f"token.dP.{kind}")[index][:, :, position + 1:].any()
+    assert_float32_of(array(data, "token.saliency.source.norm")[position], np.linalg.norm(alone["d_source"], axis=-1),
+                      "source saliency of y_3")
+
+
+def test_the_gradients_of_every_token_sum_to_the_whole_loss(page):
+    _, data = page
+    for kind in KINDS:
+        for name in ("dP", "dS"):
+            whole, parts = array(data, f"{name}.{kind}"), array(data, f"token.{name}.{kind}")
+            np.testing.assert_allclose(parts.sum(axis=0), whole, atol=1e-5 * np.abs(whole).max())
+    for name, found in data["token_gradients"]["sum_check"].items():
+        assert found["max_abs_difference"] <= 1e-10 * max(1.0, found["max_abs"]), name
+
+
+def test_the_derivation_formulas_match_the_engine(page):
+    _, data = page
+    for kind in KINDS:
+        gaps = array(data, f"derivation.{kind}")  # dV, dP, dQ, dK: formula against autograd
+        assert gaps.shape == (4, 2, 4) and gaps.max() < 1e-6, kind
+        d_k = data["model"]["d_k"]
+        queries, keys, scores = array(data, f"Q.{kind}"), array(data, f"K.{kind}"), array(data, f"dS.{kind}")
+        np.testing.assert_allclose(scores @ keys / np.sqrt(d_k), array(data, f"dQ.{kind}"), atol=1e-5)
+        np.testing.assert_allclose(np.swapaxes(scores, -1, -2) @ queries / np.sqrt(d_k), array(data, f"dK.{kind}"),
+                                   atol=1e-5)
+
+
+def test_the_gradient_check_passes_on_the_true_backward(page):
+    _, data = page
+    check = data["check"]
+    assert check["passed"] and all(row["passed"] for row in check["rows"])
+    assert {row["what"] for row in check["rows"]} == {"P", "S", "gate", "W_Q", "W_K", "W_V"}
+    assert {row["kind"] for row in check["rows"] if row["what"] == "P"} == set(KINDS)
+    assert all(row["rel_error"] < 1e-4 for row in check["rows"])
+
+
+@pytest.mark.parametrize("hook, failing, may_fail", [
+    # 1 % too much everywhere: wrong P, S and the checked head's W_Q, W_K; W_V too when an attention
+    # after the checked head passes its wrong gradient back to it.
+    (lambda g: g * 1.01, {"P", "S", "gate", "W_Q", "W_K"}, {"W_V"}),
+    # A constant added to each row of dP leaves softmax's backward, and so S and every parameter,
+    # right: only dP itself and the gate (Σ P∘dP) are wrong, and the check says exactly that.
+    (lambda g: g + 0.5, {"P", "gate"}, set()),
+], ids=["scaled", "shifted-rows"])
+def test_the_gradient_check_fails_on_a_wrong_backward(model_and_tokenizer, hook, failing, may_fail):
+    model, tokenizer = model_and_tokenizer
+    data = viz.explain_data(model, tokenizer, SOURCE, REFERENCE, probs_grad_hook=hook, tokens=[1])
+    assert not data["check"]["passed"]
+    assert failing <= {row["what"] for row in data["check"]["rows"] if not row["passed"]} <= failing | may_fail
+
+
+def test_without_a_reference_the_target_is_the_translation(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    short = nn.Transformer(**{**model.config, "max_len": 12, "seed": 0})  # short translations, small pages
+    short.load_state_dict(model.state_dict())
+    short.eval()
+    for beam in (1, 2):
+        data = viz.explain_data(short, tokenizer, "I see", beam_size=beam, tokens=[1])
+        assert data["target"]["given"] == "translation"
+        assert data["target"]["text"] == decode.translate(short, tokenizer, ["I see"], beam_size=beam)[0]
+        assert data["token_gradients"]["positions"] == [1]
+
+
+def test_the_page_holds_the_first_tokens_that_fit(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    data = viz.explain_data(model, tokenizer, SOURCE, REFERENCE, token_values_limit=1)
+    assert data["token_gradients"]["positions"] == [] and not data["token_gradients"]["complete"]
+    assert data["arrays"]["token.dP.enc"]["shape"][0] == 0
+    per_token = data["token_gradients"]["values_per_token"]
+    data = viz.explain_data(model, tokenizer, SOURCE, REFERENCE, token_values_limit=3 * per_token)
+    assert data["token_gradients"]["positions"] == [1, 2, 3]
+    assert array(data, "token.saliency.target.norm").shape[0] == len(data["target"]["ids"])  # for every token
+
+
+# ---------------------------------------------------------------- offline by construction
+def test_the_page_is_offline_by_construction(page, model_and_tokenizer):
+    path, _ = page
+    text = path.read_text(encoding="utf-8")
+    assert not re.search(r"(?i)https?:", text) and "<link" not in text.lower()
+    assert not re.search(r"(?i)\bsrc\s*=", text)
+    csp = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', text).group(1)
+    assert "default-src 'none'" in csp and "'unsafe-inline'" not in csp and "connect-src 'none'" in csp
+    model, tokenizer = model_and_tokenizer  # an address in a sentence does not make one in the page
+    other = viz.explain(model, tokenizer, "see https://example.com/x </script>", REFERENCE, tokens=[1])
+    assert not re.search(r"(?i)https?:", other) and other.count("</script>") == 3
+    assert page_data(other)["source"]["text"] == "see https://example.com/x </script>"
+
+
+def test_the_page_files_are_package_data():
+    tomllib = pytest.importorskip("tomllib")
+    from tinyformer.viz import explain_page as module
+
+    with open(children.ROOT / "pyproject.toml", "rb") as stream:
+        patterns = tomllib.load(stream)["tool"]["setuptools"]["package-data"]["tinyformer.viz"]
+    for name in module.PAGE_FILES:
+        assert any(name.endswith(p.lstrip("*")) for p in patterns), name
+
+
+# ---------------------------------------------------------------- the command line
+@pytest.fixture
+def cli_run(run, capsys):
+    def call(*argv):
+        try:
+            code = cli.main(["explain", "--checkpoint", str(run), *map(str, argv)])
+        except SystemExit as exit_:
+            code = exit_.code
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        return code, err.strip().splitlines()
+    return call
+
+
+def test_the_command_takes_a_line_of_a_file(cli_run, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("I see\nWe buy 2 old cars\n", encoding="utf-8")
+    code, err = cli_run("--input", source, "--line", 2, "--reference", "Wir kaufen zwei alte Autos",
+                        "--output", tmp_path / "p.html", "--tokens", "1,3")
+    assert code == 0 and "wrote" in err[-1]
+    data = page_data((tmp_path / "p.html").read_text(encoding="utf-8"))
+    assert data["source"]["text"] == "We buy 2 old cars" and data["token_gradients"]["positions"] == [1, 3]
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--source", "   "], 2, "--source is empty"),
+    (["--source", "I", "--reference", ""], 2, "--reference is empty"),
+    ([], 2, "give the sentence as --source TEXT or as --input FILE --line N"),
+    (["--source", "I", "--input", "{tmp}/in.txt"], 2, "(one of them)"),
+    (["--source", "I", "--line", "2"], 2, "--line goes with --input FILE"),
+    (["--source", "I", "--tokens", "0"], 2, "--tokens: must be comma-separated positive integers, got '0'"),
+    (["--source", "I", "--tokens", "1,x"], 2, "--tokens: must be comma-separated positive integers"),
+    (["--source", "I " * 1100], 1, "--source is 1,100 tokens long"),
+    (["--source", "I", "--reference", "Ich " * 1100], 1, "--reference is"),
+    (["--source", "I", "--reference", "Ich", "--tokens", "9"], 1, "tokens [9]: not target positions"),
+    (["--input", "{tmp}/missing.txt"], 1, "--input {tmp}/missing.txt: no such file"),
+    (["--input", "{tmp}/in.txt", "--line", "5"], 1, "--input {tmp}/in.txt has 2 lines; there is no --line 5"),
+    (["--input", "{tmp}/in.txt", "--line", "2"], 1, "--input {tmp}/in.txt, line 2, is empty"),
+    (["--source", "I", "--output", "{tmp}/no/page.html"], 1, "--output {tmp}/no/page.html: the directory"),
+], ids=["empty-source", "empty-reference", "no-source", "source-and-input", "line-without-input", "tokens-0",
+        "tokens-not-numbers", "source-too-long", "reference-too-long", "token-beyond-target", "missing-input",
+        "line-beyond-file", "empty-line", "output-directory-missing"])
+def test_bad_input_is_one_line(cli_run, tmp_path, argv, code, message):
+    (tmp_path / "in.txt").write_text("I see\n   \n", encoding="utf-8")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    if "--output" not in argv:
+        argv += ["--output", str(tmp_path / "page.html")]
+    got, err = cli_run(*argv)
+    assert got == code and len(err) == 1 and message.format(tmp=tmp_path) in err[0], err
+    assert not (tmp_path / "page.html").exists()
+
+
+def test_the_command_has_help(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["explain", "--help"])
+    assert info.value.code == 0 and "usage: tinyformer explain" in capsys.readouterr().out
+
+
+def test_a_missing_checkpoint_is_one_line(tmp_path, capsys):
+    code = cli.main(["explain", "--checkpoint", str(tmp_path / "none.npz"), "--source", "I", "--output",
+                     str(tmp_path / "p.html")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "none.npz" in err[0]
+
+
+# ---------------------------------------------------------------- the page in a browser
+class PageDOM(HTMLParser):
+    """What the tests read of a page's DOM: attributes by id, each <svg> with its heatmap cells,
+    the canvases."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.ids, self.svgs, self.canvases, self._open = {}, [], [], []
+        # The data is long and the tests read it from the page file: leave it out of the parse.
+        self.feed(re.sub(r'(<script type="application/json" id="explain-data">).*?(</script>)', r"\1\2", text,
+                         flags=re.S))
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if "id" in attributes:
+            self.ids[attributes["id"]] = attributes
+        if tag == "svg":
+            self.svgs.append({"attrs": attributes, "cells": []})
+            self._open.append(self.svgs[-1])
+        elif tag == "rect" and "cell" in attributes.get("class", "").split() and self._open:
+            self._open[-1]["cells"].append(attributes)
+        elif tag == "canvas":
+            self.canvases.append(attributes)
+
+    def handle_endtag(self, tag):
+        if tag == "svg" and self._open:
+            self._open.pop()
+
+    def thumbs(self, kind):
+        return [s for s in self.svgs if "thumb" in s["attrs"].get("class", "").split() and
+                s["attrs"].get("data-kind") == kind]
+
+    def status(self):
+        found = self.ids["self-test"]
+        return found["data-status"], json.loads(found.get("data-checks", "[]")), json.loads(found.get("data-errors", "[]"))
+
+
+def browse(path, fragment="", screenshot=None, budget_ms=30000):
+    """(DOM after the scripts ran, seconds) of the page at ``path``#``fragment`` in headless Chromium."""
+    url = path.resolve().as_uri() + ("#" + fragment if fragment else "")
+    profile = path.parent / f"profile-{time.monotonic_ns()}"
+    args = [CHROMIUM, "--no-sandbox", "--headless", "--disable-gpu", "--no-first-run", "--disable-extensions",
+            f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}"]
+    args += [f"--screenshot={screenshot}", "--window-size=1280,2000"] if screenshot else ["--dump-dom"]
+    start = time.perf_counter()
+    result = children.run(args + [url], timeout=180)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(profile, ignore_errors=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, seconds
+
+
+def drawn_values(cells, info):
+    """The (rows, cols) matrix of values that heatmap cells show (in their data-v)."""
+    drawn = np.full((info["rows"], info["cols"]), np.nan)
+    for cell in cells:
+        drawn[int(cell["data-r"]), int(cell["data-c"])] = float(cell["data-v"])
+    return drawn
+
+
+def assert_self_test_passed(dom):
+    status, checks, errors = dom.status()
+    assert errors == [], errors
+    assert status == "pass", [c for c in checks if not c["passed"]]
+    return checks
+
+
+@needs_browser
+def test_in_the_browser_every_head_is_drawn_and_the_self_test_passes(page):
+    path, data = page
+    dom = PageDOM(browse(path)[0])
+    checks = assert_self_test_passed(dom)
+    assert {c["name"] for c in checks} >= {"P rows sum to 1", "dL/dS rows sum to 0", "every layer and head drawn",
+                                           "Σ over tokens of the per-token dL/dP, dL/dS = the whole loss's",
+                                           "SVG export of this view", "PNG export of this view"}
+    for kind in KINDS:
+        info = data["kinds"][kind]
+        thumbs = dom.thumbs(kind)
+        assert len(thumbs) == info["layers"] * info["heads"]
+        assert sum(len(t["cells"]) for t in thumbs) == info["layers"] * info["heads"] * info["rows"] * info["cols"]
+        probs = array(data, f"P.{kind}")
+        for thumb in thumbs:
+            layer, head = int(thumb["attrs"]["data-layer"]) - 1, int(thumb["attrs"]["data-head"]) - 1
+            drawn = drawn_values(thumb["cells"], info)
+            np.testing.assert_array_equal(drawn, probs[layer, head])  # the page draws the embedded numbers
+            if kind == "dec":
+                assert not np.triu(drawn, k=1).any()  # causal: nothing above the diagonal
+    digest = json.loads(dom.ids["self-test"]["data-digest"])  # the arrays as the page decoded them
+    for name in data["arrays"]:
+        values = array(data, name)
+        assert digest[name][0] == pytest.approx(values.sum(), abs=1e-9 * max(1.0, np.abs(values).sum())), name
+    assert dom.ids["gradcheck-badge"]["data-status"] == "pass"
+    head = data["check"]["head"]  # the default view: the most sensitive head
+    view = dom.ids["detail-view"]
+    assert (view["data-kind"], int(view["data-layer"]), int(view["data-head"])) == (head["kind"], head["layer"],
+                                                                                     head["head"])
+
+
+@needs_browser
+@pytest.mark.parametrize("fragment, kind, layer, head, grad, token", [
+    ("kind=cross&layer=1&head=2", "cross", 1, 2, "dP", 0),
+    ("kind=dec&layer=2&head=3&grad=dS&token=2&row=3", "dec", 2, 3, "dS", 2),
+    ("kind=enc&layer=2&head=4&grad=dP&token=5", "enc", 2, 4, "dP", 5),
+])
+def test_the_url_hash_selects_the_view(page, fragment, kind, layer, head, grad, token):
+    path, data = page
+    dom = PageDOM(browse(path, fragment)[0])
+    assert_self_test_passed(dom)
+    view = dom.ids["detail-view"]
+    assert (view["data-kind"], view["data-layer"], view["data-head"], view["data-grad"], view["data-token"]) == \
+        (kind, str(layer), str(head), grad, str(token))
+    detail = next(s for s in dom.svgs if s["attrs"].get("id") == "detail-view")
+    info = data["kinds"][kind]
+    if token:
+        expected = array(data, f"token.{grad}.{kind}")[data["token_gradients"]["positions"].index(token)]
+    else:
+        expected = array(data, f"{grad}.{kind}")
+    for quantity, values in (("P", array(data, f"P.{kind}")[layer - 1, head - 1]),
+                             ("grad", expected[layer - 1, head - 1])):
+        cells = [c for c in detail["cells"] if c["data-q"] == quantity]
+        assert len(cells) == info["rows"] * info["cols"]
+        np.testing.assert_array_equal(drawn_values(cells, info), values)
+
+
+@needs_browser
+def test_a_wrong_backward_turns_the_badge_to_fail(model_and_tokenizer, tmp_path):
+    model, tokenizer = model_and_tokenizer
+    path = tmp_path / "wrong.html"
+    path.write_text(viz.explain(model, tokenizer, SOURCE, REFERENCE, probs_grad_hook=lambda g: g * 1.01),
+                    encoding="utf-8")
+    dom = PageDOM(browse(path)[0])
+    assert_self_test_passed(dom)  # the page is consistent: it is the backward that is wrong
+    assert dom.ids["gradcheck-badge"]["data-status"] == "fail"
+    assert dom.ids["check-table"] is not None
+
+
+@needs_browser
+@pytest.mark.parametrize("change, recorded", [
+    # An inline script the policy does not list (by its hash): blocked, and the violation recorded.
+    (lambda text: text.replace("</body>", "<script>document.title = 'ran'</script></body>"),
+     "content security policy: script-src-elem blocked inline"),
+    # An image, even a data: URL, is a request the policy forbids.
+    (lambda text: text.replace("</footer>", '</footer><img alt="" src="data:image/gif;base64,R0lGODlhAQABAAAAACw=">'),
+     "content security policy: img-src blocked data"),
+    # Data the script cannot draw: its error is recorded.
+    (lambda text: text.replace('"P.enc":', '"X.enc":'), "error: "),
+], ids=["inline-script", "image", "script-error"])
+def test_the_self_test_records_errors_and_policy_violations(page, tmp_path, change, recorded):
+    path, _ = page
+    broken = tmp_path / "broken.html"
+    broken.write_text(change(path.read_text(encoding="utf-8")), encoding="utf-8")
+    status, _, errors = PageDOM(browse(broken)[0]).status()
+    assert status == "fail" and any(e.startswith(recorded) for e in errors), errors
+
+
+def png_size(path):
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@needs_browser
+def test_a_screenshot_of_one_view(page, tmp_path):
+    path, _ = page
+    shot = tmp_path / "view.png"
+    browse(path, "kind=cross&layer=2&head=1&grad=dS", screenshot=shot)
+    assert png_size(shot) == (1280, 2000) and shot.stat().st_size > 50_000  # drawn, not a blank page
+
+
+class Letters:
+    """One token per letter: sentences of an exact length."""
+
+    pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+
+    def encode(self, text):
+        return [self.pieces.index(c) for c in text if c in self.pieces[4:]]
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids if i > 3)
+
+    def id_to_piece(self, i):
+        return self.pieces[i]
+
+
+@needs_browser
+def test_a_128_token_sentence_is_drawn_on_canvas_within_the_time_budget(tmp_path, capsys):
+    model = nn.Transformer.from_preset("tiny", vocab_size=len(Letters.pieces), seed=0, max_len=130)
+    letters = "".join(Letters.pieces[4 + (7 * i) % 26] for i in range(128))
+    path = tmp_path / "long.html"
+    path.write_text(viz.explain(model, Letters(), letters, letters[::-1]), encoding="utf-8")
+    text, seconds = browse(path, "kind=cross&layer=2&head=3", budget_ms=60000)
+    dom = PageDOM(text)
+    assert_self_test_passed(dom)
+    for kind in KINDS:
+        thumbs = [c for c in dom.canvases if c.get("data-kind") == kind and "thumb" in c.get("class", "")]
+        assert len(thumbs) == 8 and all(c["data-rows"] == "129" and c["data-cols"] == "129" for c in thumbs)
+        assert not dom.thumbs(kind)
+    with capsys.disabled():
+        print(f"\n128 tokens: page {path.stat().st_size / 2 ** 20:.1f} MiB, browser {seconds:.1f} s, "
+              f"scripts {dom.ids['self-test']['data-ms']} ms")
+    assert seconds < 60
+
+
+@needs_browser
+def test_a_small_multi30k_checkpoint_on_a_30_token_sentence(tmp_path, capsys):
+    """`small` as `tinyformer train --data multi30k --preset small` builds it (its 8k BPE, untrained:
+    the sizes and the plumbing are the point), through the command line."""
+    if not os.environ.get("TINYFORMER_DATA"):
+        if os.environ.get("CI"):
+            pytest.fail("CI must set TINYFORMER_DATA to the directory holding multi30k/")
+        pytest.skip("TINYFORMER_DATA is not set (the Multi30k files are not here)")
+    path = save_untrained_run(tmp_path / "run", data="multi30k", preset="small")
+    tokenizer = Tokenizer.load(path.parent / "spm.model")
+    test_en, test_de = load_corpus_of(path, "test")
+    source, reference = next((e, d) for e, d in zip(test_en, test_de) if len(tokenizer.encode(e)) == 30)
+    page_path = tmp_path / "small.html"
+    start = time.perf_counter()
+    assert cli.main(["explain", "--checkpoint", str(path), "--source", source, "--reference", reference,
+                     "--output", str(page_path)]) == 0
+    python_seconds = time.perf_counter() - start
+    data = page_data(page_path.read_text(encoding="utf-8"))
+    assert data["kinds"]["enc"]["rows"] == 31 and data["model"]["d_model"] == 256 and data["check"]["passed"]
+    dom_text, seconds = browse(page_path)
+    dom = PageDOM(dom_text)
+    assert_self_test_passed(dom)
+    size = page_path.stat().st_size / 2 ** 20
+    with capsys.disabled():
+        print(f"\nsmall, 30 source tokens, {len(data['target']['ids'])} target tokens: page {size:.1f} MiB (token "
+              f"gradients of {len(data['token_gradients']['positions'])}), command {python_seconds:.1f} s, browser "
+              f"{seconds:.1f} s (scripts {dom.ids['self-test']['data-ms']} ms)")
+    assert size < 20

@@ -1,0 +1,891 @@
+// The explain page: draws the data that tinyformer.viz.explanation computed (the JSON in
+// #explain-data) and checks it. No gradient is computed here: every number comes from the
+// Python side, in float64, stored as float32.
+(function () {
+  "use strict";
+  const CANVAS_ABOVE = 64; // a heatmap with more rows or columns than this is drawn on a canvas
+  const started = performance.now();
+  const data = JSON.parse(document.getElementById("explain-data").textContent);
+  const KINDS = Object.keys(data.kinds);
+  const GRADS = { dP: "dL/dP", dS: "dL/dS" };
+
+  // ------------------------------------------------------------------ arrays
+  function decodeArray(entry) {
+    const text = atob(entry.base64);
+    const bytes = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    const strides = [];
+    let size = 1;
+    for (let axis = entry.shape.length - 1; axis >= 0; axis--) {
+      strides[axis] = size;
+      size *= entry.shape[axis];
+    }
+    return { shape: entry.shape, strides: strides, values: new Float32Array(bytes.buffer, 0, size) };
+  }
+  const arrays = {};
+  for (const name of Object.keys(data.arrays)) arrays[name] = decodeArray(data.arrays[name]);
+
+  // The contiguous block of `name` at the leading indices `index` (all of it for []).
+  function block(name, index) {
+    const array = arrays[name];
+    let offset = 0;
+    index.forEach(function (i, axis) { offset += i * array.strides[axis]; });
+    const size = index.length ? array.strides[index.length - 1] : array.values.length;
+    return array.values.subarray(offset, offset + size);
+  }
+
+  const pieces = { source: data.source.pieces, target: data.target.inputs };
+  const outputs = data.target.outputs;
+  const rowLabels = function (kind) { return pieces[data.kinds[kind].queries]; };
+  const colLabels = function (kind) { return pieces[data.kinds[kind].keys]; };
+  const tokenIndex = {}; // target position (1-based) -> index in the token.* arrays
+  data.token_gradients.positions.forEach(function (t, i) { tokenIndex[t] = i; });
+
+  // ------------------------------------------------------------------ numbers and colours
+  function fmt(v) {
+    if (v === 0) return "0";
+    if (!isFinite(v)) return String(v);
+    const a = Math.abs(v);
+    return a >= 1e-3 && a < 1e4 ? v.toPrecision(4) : v.toExponential(3);
+  }
+  function escapeText(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  }
+  const VIRIDIS = [[68, 1, 84], [72, 40, 120], [62, 74, 137], [49, 104, 142], [38, 130, 142], [31, 158, 137],
+    [53, 183, 121], [109, 205, 89], [180, 222, 44], [253, 231, 37]];
+  function between(a, b, t) { return [0, 1, 2].map(function (i) { return Math.round(a[i] + (b[i] - a[i]) * t); }); }
+  function stops(list, t) {
+    const x = Math.min(Math.max(t, 0), 1) * (list.length - 1);
+    const i = Math.min(Math.floor(x), list.length - 2);
+    return between(list[i], list[i + 1], x - i);
+  }
+  function hex(rgb) { return "#" + rgb.map(function (c) { return c.toString(16).padStart(2, "0"); }).join(""); }
+  const SEQUENTIAL = [], DIVERGING = [];
+  for (let i = 0; i < 256; i++) {
+    SEQUENTIAL.push(stops(VIRIDIS, i / 255));
+    const t = i / 255 * 2 - 1; // blue (negative), white (0), red (positive)
+    DIVERGING.push(t < 0 ? between([255, 255, 255], [33, 102, 172], -t) : between([255, 255, 255], [178, 24, 43], t));
+  }
+  const SEQUENTIAL_HEX = SEQUENTIAL.map(hex), DIVERGING_HEX = DIVERGING.map(hex);
+  function colourIndex(v, scale, vmax) {
+    const t = scale === "sequential" ? v / vmax : (v / vmax + 1) / 2;
+    return Math.min(255, Math.max(0, Math.round((isFinite(t) ? t : 0.5) * 255)));
+  }
+  function maxAbs(values) {
+    let m = 0;
+    for (let i = 0; i < values.length; i++) m = Math.max(m, Math.abs(values[i]));
+    return m;
+  }
+
+  // ------------------------------------------------------------------ figures: one layout, two painters
+  // A Figure holds heatmaps, rectangles and text; toSVG() writes it as SVG markup (one <rect
+  // class="cell"> per heatmap entry, its value in data-v) and draw(canvas) paints it.
+  function Figure(width, height) {
+    this.width = Math.ceil(width);
+    this.height = Math.ceil(height);
+    this.items = [];
+  }
+  Figure.prototype.heatmap = function (x, y, cell, spec) {
+    const item = Object.assign({ type: "heatmap", x: x, y: y, cell: cell }, spec);
+    this.items.push(item);
+    return item;
+  };
+  Figure.prototype.rect = function (x, y, w, h, fill, extra) {
+    this.items.push({ type: "rect", x: x, y: y, w: w, h: h, fill: fill, extra: extra || "" });
+  };
+  Figure.prototype.outline = function (x, y, w, h, colour) {
+    this.items.push({ type: "outline", x: x, y: y, w: w, h: h, colour: colour });
+  };
+  Figure.prototype.text = function (x, y, text, options) {
+    this.items.push(Object.assign({ type: "text", x: x, y: y, text: text, size: 11, anchor: "start", rotate: false,
+      fill: "#1d2433" }, options || {}));
+  };
+  Figure.prototype.hit = function (x, y) {
+    for (const item of this.items) {
+      if (item.type !== "heatmap") continue;
+      const c = Math.floor((x - item.x) / item.cell), r = Math.floor((y - item.y) / item.cell);
+      if (r >= 0 && c >= 0 && r < item.rows && c < item.cols) return { item: item, r: r, c: c };
+    }
+    return null;
+  };
+  Figure.prototype.toSVG = function (attributes) {
+    const parts = ['<svg width="' + this.width + '" height="' + this.height + '" viewBox="0 0 ' + this.width + " " +
+      this.height + '" shape-rendering="crispEdges" ' + (attributes || "") + ">"];
+    for (const item of this.items) {
+      if (item.type === "heatmap") {
+        const colours = item.scale === "sequential" ? SEQUENTIAL_HEX : DIVERGING_HEX;
+        const q = item.quantity ? ' data-q="' + item.quantity + '"' : "";
+        for (let r = 0; r < item.rows; r++) {
+          for (let c = 0; c < item.cols; c++) {
+            const v = item.values[r * item.cols + c];
+            parts.push('<rect class="cell" x="' + (item.x + c * item.cell) + '" y="' + (item.y + r * item.cell) +
+              '" width="' + item.cell + '" height="' + item.cell + '" fill="' +
+              colours[colourIndex(v, item.scale, item.vmax)] + '" data-r="' + r + '" data-c="' + c + '" data-v="' +
+              v + '"' + q + "></rect>");
+          }
+        }
+        parts.push('<rect x="' + item.x + '" y="' + item.y + '" width="' + item.cols * item.cell + '" height="' +
+          item.rows * item.cell + '" fill="none" stroke="#9aa3b5" stroke-width="0.5"></rect>');
+      } else if (item.type === "outline") {
+        parts.push('<rect x="' + item.x + '" y="' + item.y + '" width="' + item.w + '" height="' + item.h +
+          '" fill="none" stroke="' + item.colour + '" stroke-width="2"></rect>');
+      } else if (item.type === "rect") {
+        parts.push('<rect x="' + item.x + '" y="' + item.y + '" width="' + item.w + '" height="' + item.h +
+          '" fill="' + item.fill + '" ' + item.extra + "></rect>");
+      } else {
+        const turn = item.rotate ? ' transform="rotate(-90 ' + item.x + " " + item.y + ')"' : "";
+        parts.push('<text x="' + item.x + '" y="' + item.y + '" font-size="' + item.size + '" font-family="sans-serif"' +
+          ' text-anchor="' + item.anchor + '" fill="' + item.fill + '"' + (item.bold ? ' font-weight="bold"' : "") +
+          turn + ">" + escapeText(item.text) + "</text>");
+      }
+    }
+    parts.push("</svg>");
+    return parts.join("");
+  };
+  Figure.prototype.draw = function (canvas) {
+    canvas.width = this.width;
+    canvas.height = this.height;
+    const context = canvas.getContext("2d");
+    context.fillStyle = "#ffffff";
+    context.fillRect(0, 0, this.width, this.height);
+    for (const item of this.items) {
+      if (item.type === "heatmap") {
+        const colours = item.scale === "sequential" ? SEQUENTIAL : DIVERGING;
+        const image = context.createImageData(item.cols, item.rows);
+        for (let i = 0; i < item.rows * item.cols; i++) {
+          const rgb = colours[colourIndex(item.values[i], item.scale, item.vmax)];
+          image.data.set([rgb[0], rgb[1], rgb[2], 255], 4 * i);
+        }
+        const small = document.createElement("canvas");
+        small.width = item.cols;
+        small.height = item.rows;
+        small.getContext("2d").putImageData(image, 0, 0);
+        context.imageSmoothingEnabled = false;
+        context.drawImage(small, item.x, item.y, item.cols * item.cell, item.rows * item.cell);
+      } else if (item.type === "outline") {
+        context.strokeStyle = item.colour;
+        context.lineWidth = 2;
+        context.strokeRect(item.x, item.y, item.w, item.h);
+      } else if (item.type === "rect") {
+        context.fillStyle = item.fill;
+        context.fillRect(item.x, item.y, item.w, item.h);
+      } else {
+        context.save();
+        context.fillStyle = item.fill;
+        context.font = (item.bold ? "bold " : "") + item.size + "px sans-serif";
+        context.textAlign = item.anchor === "middle" ? "center" : item.anchor;
+        context.translate(item.x, item.y);
+        if (item.rotate) context.rotate(-Math.PI / 2);
+        context.fillText(item.text, 0, 0);
+        context.restore();
+      }
+    }
+  };
+  // Puts the figure into `container`: SVG markup, or a canvas when it is large.
+  function place(container, figure, large, attributes) {
+    container.textContent = "";
+    if (large) {
+      const canvas = document.createElement("canvas");
+      canvas.className = "heatmap";
+      figure.draw(canvas);
+      container.appendChild(canvas);
+      return canvas;
+    }
+    container.innerHTML = figure.toSVG('class="heatmap" ' + (attributes || ""));
+    return container.firstElementChild;
+  }
+  function isLarge(rows, cols) { return Math.max(rows, cols) > CANVAS_ABOVE; }
+
+  // A heatmap with its token labels, title and colour legend, at (x, y) of a figure.
+  function labelledHeatmap(figure, x, y, spec) {
+    const labels = spec.cell >= 7;
+    const size = Math.min(11, spec.cell - 1);
+    const room = function (list) { // pixels for the longest label, about 0.62 em a character
+      return 6 + Math.min(16, list.reduce(function (m, s) { return Math.max(m, String(s).length); }, 1)) * size * 0.62;
+    };
+    const left = spec.rowLabels && labels ? room(spec.rowLabels) : 0;
+    const top = labels ? room(spec.colLabels) : 0;
+    figure.text(x + left, y + 13, spec.title, { size: 12, bold: true });
+    const item = figure.heatmap(x + left, y + 22 + top, spec.cell, spec);
+    if (labels) {
+      if (spec.rowLabels) {
+        spec.rowLabels.forEach(function (label, r) {
+          figure.text(x + left - 4, item.y + r * spec.cell + spec.cell * 0.75, label, { size: size, anchor: "end" });
+        });
+      }
+      spec.colLabels.forEach(function (label, c) {
+        figure.text(item.x + c * spec.cell + spec.cell * 0.75, item.y - 4, label, { size: size, rotate: true });
+      });
+    }
+    const legendY = item.y + spec.rows * spec.cell + 10;
+    const width = Math.max(120, Math.min(spec.cols * spec.cell, 240));
+    for (let i = 0; i < 64; i++) {
+      const t = i / 63;
+      const colours = spec.scale === "sequential" ? SEQUENTIAL_HEX : DIVERGING_HEX;
+      figure.rect(item.x + t * (width - width / 64), legendY, width / 64 + 0.5, 8, colours[Math.round(t * 255)]);
+    }
+    const low = spec.scale === "sequential" ? 0 : -spec.vmax;
+    figure.text(item.x, legendY + 20, fmt(low), { size: 10 });
+    figure.text(item.x + width, legendY + 20, fmt(spec.vmax), { size: 10, anchor: "end" });
+    const titleWidth = spec.title.length * 7.2;
+    return { item: item, width: left + Math.max(spec.cols * spec.cell, width, titleWidth), height: legendY + 24 - y };
+  }
+
+  // ------------------------------------------------------------------ state and the URL hash
+  const state = { kind: data.check.head.kind, layer: data.check.head.layer, head: data.check.head.head, grad: "dP",
+    token: 0, row: 0 };
+  function readHash() {
+    const params = new URLSearchParams(location.hash.replace(/^#/, ""));
+    const kind = params.get("kind");
+    if (KINDS.indexOf(kind) >= 0) state.kind = kind;
+    const info = data.kinds[state.kind];
+    const whole = function (name, low, high) {
+      const v = Number(params.get(name));
+      return params.has(name) && Number.isInteger(v) && v >= low && v <= high ? v : null;
+    };
+    state.layer = whole("layer", 1, info.layers) || Math.min(state.layer, info.layers);
+    state.head = whole("head", 1, info.heads) || Math.min(state.head, info.heads);
+    if (GRADS[params.get("grad")]) state.grad = params.get("grad");
+    state.token = params.get("token") === "all" ? 0 : whole("token", 1, outputs.length) || state.token;
+    state.row = whole("row", 1, info.rows) || 0;
+  }
+  function writeHash() {
+    const text = "kind=" + state.kind + "&layer=" + state.layer + "&head=" + state.head + "&grad=" + state.grad +
+      (state.token ? "&token=" + state.token : "") + (state.row ? "&row=" + state.row : "");
+    try {
+      history.replaceState(null, "", "#" + text);
+    } catch (error) {
+      location.hash = text;
+    }
+  }
+  function select(changes) {
+    Object.assign(state, changes);
+    const info = data.kinds[state.kind];
+    state.layer = Math.min(state.layer, info.layers);
+    state.head = Math.min(state.head, info.heads);
+    if (state.row > info.rows) state.row = 0;
+    writeHash();
+    update();
+  }
+
+  // The gradient `grad` ("dP" or "dS") of the current source (whole loss or token) at (kind, layer, head),
+  // or null when the page does not hold that token's own gradients.
+  function gradient(grad, kind, layer, head, token) {
+    if (!token) return block(grad + "." + kind, [layer - 1, head - 1]);
+    if (!(token in tokenIndex)) return null;
+    return block("token." + grad + "." + kind, [tokenIndex[token], layer - 1, head - 1]);
+  }
+  function probabilities(kind, layer, head) { return block("P." + kind, [layer - 1, head - 1]); }
+  function sourceName(token) {
+    return token ? "ℓ" + token + " (the loss of y" + token + " = " + outputs[token - 1] + ")" : "the whole loss L";
+  }
+
+  // ------------------------------------------------------------------ header and controls
+  function header() {
+    document.getElementById("target-label").textContent = data.target.given;
+    const m = data.model;
+    document.getElementById("summary").textContent = "Model: " + m.layers + " layers, d_model " + m.d_model +
+      ", " + m.heads + " heads (d_k " + m.d_k + "), d_ff " + m.d_ff + ", vocabulary " + m.vocabulary + ", " +
+      m.parameters.toLocaleString("en") + " parameters. Target " + (data.target.decoding ?
+      "translated by the model (" + data.target.decoding + ")" : "given as a reference") +
+      ", teacher-forced: L = Σₜ −log p(yₜ | y₍<t₎, x) = " + fmt(data.loss.total) + " over " + outputs.length +
+      " target tokens (no label smoothing).";
+    document.getElementById("about").textContent = data.generator + " · data schema " + data.schema + " version " +
+      data.version + " (the JSON in the element explain-data; arrays are little-endian float32 in base64) · " +
+      "offline by construction: its Content-Security-Policy forbids every request.";
+    const buttons = document.getElementById("kind-buttons");
+    KINDS.forEach(function (kind) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "kind";
+      button.dataset.kind = kind;
+      button.textContent = data.kinds[kind].name;
+      button.addEventListener("click", function () { select({ kind: kind }); });
+      buttons.appendChild(button);
+    });
+    document.getElementById("layer-select").addEventListener("change", function (e) {
+      select({ layer: Number(e.target.value) });
+    });
+    document.getElementById("head-select").addEventListener("change", function (e) {
+      select({ head: Number(e.target.value) });
+    });
+    document.querySelectorAll('input[name="grad"]').forEach(function (input) {
+      input.addEventListener("change", function () { select({ grad: input.value }); });
+    });
+    document.getElementById("export-svg").addEventListener("click", function () {
+      download(new Blob([exportSVG()], { type: "image/svg+xml" }), exportName("svg"));
+    });
+    document.getElementById("export-png").addEventListener("click", function () {
+      exportCanvas().toBlob(function (blob) { download(blob, exportName("png")); }, "image/png");
+    });
+  }
+  function controls() {
+    document.querySelectorAll("button.kind").forEach(function (b) {
+      b.setAttribute("aria-pressed", String(b.dataset.kind === state.kind));
+    });
+    const info = data.kinds[state.kind];
+    [["layer-select", info.layers, state.layer], ["head-select", info.heads, state.head]].forEach(function (s) {
+      const element = document.getElementById(s[0]);
+      if (element.options.length !== s[1]) {
+        element.textContent = "";
+        for (let i = 1; i <= s[1]; i++) element.add(new Option(String(i), String(i)));
+      }
+      element.value = String(s[2]);
+    });
+    document.querySelectorAll('input[name="grad"]').forEach(function (input) { input.checked = input.value === state.grad; });
+  }
+
+  // ------------------------------------------------------------------ 1. overview
+  function overview() {
+    const container = document.getElementById("overview");
+    KINDS.forEach(function (kind) {
+      const info = data.kinds[kind];
+      const section = document.createElement("div");
+      section.className = "kind-block";
+      const title = document.createElement("h3");
+      title.textContent = info.name + ": " + info.layers + " layers × " + info.heads + " heads, " + info.rows +
+        " queries (" + info.queries + ") × " + info.cols + " keys (" + info.keys + ")";
+      section.appendChild(title);
+      const grid = document.createElement("div");
+      grid.className = "grid";
+      grid.style.gridTemplateColumns = "repeat(" + info.heads + ", max-content)";
+      const cell = Math.max(1, Math.min(6, Math.floor(120 / Math.max(info.rows, info.cols))));
+      for (let layer = 1; layer <= info.layers; layer++) {
+        for (let head = 1; head <= info.heads; head++) {
+          const wrap = document.createElement("div");
+          wrap.className = "thumb-wrap";
+          Object.assign(wrap.dataset, { kind: kind, layer: layer, head: head });
+          const figure = new Figure(info.cols * cell, info.rows * cell);
+          figure.heatmap(0, 0, cell, { rows: info.rows, cols: info.cols, values: probabilities(kind, layer, head),
+            scale: "sequential", vmax: 1, quantity: "P" });
+          const holder = document.createElement("div");
+          const element = place(holder, figure, isLarge(info.rows, info.cols), "");
+          element.classList.add("thumb");
+          Object.assign(element.dataset, { kind: kind, layer: layer, head: head, rows: info.rows, cols: info.cols });
+          wrap.appendChild(element);
+          const caption = document.createElement("span");
+          caption.textContent = "layer " + layer + ", head " + head;
+          wrap.appendChild(caption);
+          wrap.addEventListener("click", function () { select({ kind: kind, layer: layer, head: head }); });
+          wrap.addEventListener("mousemove", function (event) {
+            const box = element.getBoundingClientRect();
+            const hit = figure.hit(event.clientX - box.left, event.clientY - box.top);
+            if (hit) showTip(event, cellText(kind, layer, head, hit.r, hit.c));
+          });
+          wrap.addEventListener("mouseleave", hideTip);
+          grid.appendChild(wrap);
+        }
+      }
+      section.appendChild(grid);
+      container.appendChild(section);
+    });
+  }
+  function markOverview() {
+    document.querySelectorAll(".thumb-wrap").forEach(function (wrap) {
+      const on = wrap.dataset.kind === state.kind && Number(wrap.dataset.layer) === state.layer &&
+        Number(wrap.dataset.head) === state.head;
+      wrap.classList.toggle("selected", on);
+    });
+  }
+
+  // ------------------------------------------------------------------ tooltip
+  const tip = document.getElementById("tooltip");
+  function showTip(event, text) {
+    tip.textContent = text;
+    tip.hidden = false;
+    tip.style.left = (event.pageX + 14) + "px";
+    tip.style.top = (event.pageY + 14) + "px";
+  }
+  function hideTip() { tip.hidden = true; }
+  function cellText(kind, layer, head, r, c) {
+    const i = r * data.kinds[kind].cols + c;
+    const lines = [data.kinds[kind].name + ", layer " + layer + ", head " + head,
+      "query " + (r + 1) + " " + JSON.stringify(rowLabels(kind)[r]) + " → key " + (c + 1) + " " +
+      JSON.stringify(colLabels(kind)[c]), "P = " + fmt(probabilities(kind, layer, head)[i])];
+    ["dP", "dS"].forEach(function (grad) {
+      const values = gradient(grad, kind, layer, head, state.token);
+      lines.push(GRADS[grad] + " = " + (values ? fmt(values[i]) : "not in this page") +
+        (state.token ? " (of ℓ" + state.token + ")" : ""));
+    });
+    return lines.join("\n");
+  }
+
+  // ------------------------------------------------------------------ 2. one head
+  let detailFigure = null;
+  function detailLayout(forExport) {
+    const kind = state.kind, info = data.kinds[kind];
+    const cell = Math.max(3, Math.min(22, Math.floor(360 / Math.max(info.rows, info.cols))));
+    const probs = probabilities(kind, state.layer, state.head);
+    const grads = gradient(state.grad, kind, state.layer, state.head, state.token);
+    const figure = new Figure(1, 1);
+    const name = info.name + ", layer " + state.layer + ", head " + state.head;
+    if (forExport) figure.text(4, 14, name + "; gradient of " + sourceName(state.token), { size: 12 });
+    const top = forExport ? 22 : 0;
+    const first = labelledHeatmap(figure, 4, top, { title: "P", rows: info.rows, cols: info.cols, values: probs,
+      scale: "sequential", vmax: 1, quantity: "P", cell: cell, rowLabels: rowLabels(kind), colLabels: colLabels(kind) });
+    let width = 4 + first.width, height = top + first.height;
+    const heatmaps = [first.item];
+    if (grads) {
+      const vmax = maxAbs(grads) || 1;
+      const second = labelledHeatmap(figure, width + 28, top, { title: GRADS[state.grad] + " of " +
+        (state.token ? "ℓ" + state.token : "L") + " (±" + fmt(vmax) + ")", rows: info.rows, cols: info.cols,
+        values: grads, scale: "diverging", vmax: vmax, quantity: "grad", cell: cell, rowLabels: null,
+        colLabels: colLabels(kind) });
+      width += 28 + second.width;
+      height = Math.max(height, top + second.height);
+      heatmaps.push(second.item);
+    }
+    if (state.row) { // the derivation's query row
+      heatmaps.forEach(function (item) {
+        figure.outline(item.x - 1, item.y + (state.row - 1) * cell - 1, item.cols * cell + 2, cell + 2, "#f28e2b");
+      });
+    }
+    figure.width = Math.ceil(width + 8);
+    figure.height = Math.ceil(height + 4);
+    return figure;
+  }
+  function detail() {
+    const info = data.kinds[state.kind];
+    const grads = gradient(state.grad, state.kind, state.layer, state.head, state.token);
+    document.getElementById("detail-note").textContent = info.name + ", layer " + state.layer + ", head " +
+      state.head + ": rows are the queries (" + info.queries + "), columns the keys (" + info.keys + "). Left P; right " +
+      GRADS[state.grad] + " of " + sourceName(state.token) + " on a diverging scale (blue negative, red positive)" +
+      (state.grad === "dS" ? ", the softmax's backward dS = P∘(dP − rowsum(P∘dP)) from the hook point's P and dP;" +
+        " every row sums to 0." : ", the gradient at the keep_attention hook point, dP = dO·Vᵀ.") +
+      (grads ? "" : " The page does not hold this token's own dL/dP and dL/dS (see section 3).");
+    const container = document.getElementById("detail");
+    detailFigure = detailLayout(false);
+    const element = place(container, detailFigure, isLarge(info.rows, info.cols), "");
+    element.id = "detail-view";
+    Object.assign(element.dataset, { kind: state.kind, layer: state.layer, head: state.head, grad: state.grad,
+      token: state.token, rows: info.rows, cols: info.cols });
+  }
+  function detailEvents() {
+    const container = document.getElementById("detail");
+    function hitOf(event) {
+      const view = document.getElementById("detail-view");
+      if (!view || !detailFigure) return null;
+      const box = view.getBoundingClientRect();
+      return detailFigure.hit(event.clientX - box.left, event.clientY - box.top);
+    }
+    container.addEventListener("mousemove", function (event) {
+      const hit = hitOf(event);
+      if (hit) showTip(event, cellText(state.kind, state.layer, state.head, hit.r, hit.c));
+      else hideTip();
+    });
+    container.addEventListener("mouseleave", hideTip);
+    container.addEventListener("click", function (event) {
+      const hit = hitOf(event);
+      if (hit) select({ row: hit.r + 1 });
+    });
+  }
+
+  // ------------------------------------------------------------------ 3. target tokens
+  function tokens() {
+    const container = document.getElementById("tokens");
+    if (!container.childElementCount) {
+      const add = function (t, label, loss) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.className = "token" + (t && !(t in tokenIndex) ? " missing" : "");
+        button.dataset.token = t;
+        const name = document.createElement("span");
+        name.textContent = label;
+        const small = document.createElement("small");
+        small.textContent = fmt(loss);
+        button.append(name, small);
+        if (t && !(t in tokenIndex)) button.title = "saliency and sensitivity only: this page does not hold this token's own dL/dP and dL/dS";
+        button.addEventListener("click", function () { select({ token: t }); });
+        container.appendChild(button);
+      };
+      add(0, "L (all)", data.loss.total);
+      outputs.forEach(function (piece, i) { add(i + 1, piece, data.loss.tokens[i]); });
+    }
+    container.querySelectorAll("button.token").forEach(function (b) {
+      b.setAttribute("aria-pressed", String(Number(b.dataset.token) === state.token));
+    });
+    const tg = data.token_gradients, check = tg.sum_check;
+    const worst = Object.keys(check).reduce(function (m, k) {
+      return Math.max(m, check[k].max_abs_difference / Math.max(check[k].max_abs, 1e-300));
+    }, 0);
+    document.getElementById("sum-check").textContent = "Σₜ ∂ℓₜ/∂X = ∂L/∂X for X = P, S of every head and the " +
+      "embeddings, computed over all " + outputs.length + " tokens in float64: largest difference " +
+      fmt(worst) + " of the largest |∂L/∂X|. " + (tg.complete ? "The page holds every token's dL/dP and dL/dS; " +
+      "its self-test sums them again." : "The page holds the dL/dP and dL/dS of tokens " + tg.positions.join(", ") +
+      " (of " + outputs.length + ": " + tg.values_per_token.toLocaleString("en") + " numbers each, at most " +
+      tg.limit.toLocaleString("en") + " in all; tinyformer explain --tokens picks others).");
+  }
+
+  // ------------------------------------------------------------------ 4. saliency
+  function saliency() {
+    const container = document.getElementById("saliency");
+    container.textContent = "";
+    ["source", "target"].forEach(function (side) {
+      const labels = side === "source" ? pieces.source : pieces.target;
+      const norm = state.token ? block("token.saliency." + side + ".norm", [state.token - 1])
+        : block("saliency." + side + ".norm", []);
+      const gxi = state.token ? block("token.saliency." + side + ".gxi", [state.token - 1])
+        : block("saliency." + side + ".gxi", []);
+      const step = Math.max(4, Math.min(24, Math.floor(900 / labels.length)));
+      const left = 110, barHeight = 46, figure = new Figure(left + labels.length * step + 10, 2 * barHeight + 100);
+      figure.text(0, 12, side + " tokens (" + (side === "source" ? "encoder input" : "decoder input") + ")",
+        { size: 12, bold: true });
+      const nmax = maxAbs(norm) || 1, gmax = maxAbs(gxi) || 1;
+      figure.text(left - 6, 24 + barHeight / 2, "‖g‖ (max " + fmt(nmax) + ")", { size: 10, anchor: "end" });
+      figure.text(left - 6, 30 + barHeight * 1.5, "g·e (±" + fmt(gmax) + ")", { size: 10, anchor: "end" });
+      labels.forEach(function (label, i) {
+        const x = left + i * step, h = norm[i] / nmax * barHeight;
+        figure.rect(x + 1, 20 + barHeight - h, step - 2, h, "#5b4fa8", 'class="bar" data-side="' + side +
+          '" data-measure="norm" data-i="' + i + '" data-v="' + norm[i] + '"');
+        const g = gxi[i] / gmax * barHeight / 2, middle = 26 + barHeight * 1.5;
+        figure.rect(x + 1, g >= 0 ? middle - g : middle, step - 2, Math.abs(g), g >= 0 ? "#b2182b" : "#2166ac",
+          'class="bar" data-side="' + side + '" data-measure="gxi" data-i="' + i + '" data-v="' + gxi[i] + '"');
+        if (step >= 7) figure.text(x + step * 0.7, 32 + 2 * barHeight, label, { size: Math.min(11, step - 1), rotate: true, anchor: "end" });
+      });
+      figure.rect(left, 26 + barHeight * 1.5, labels.length * step, 0.6, "#9aa3b5");
+      const holder = document.createElement("div");
+      holder.className = "figure";
+      holder.innerHTML = figure.toSVG('class="saliency" data-side="' + side + '"');
+      holder.addEventListener("mousemove", function (event) {
+        const bar = event.target.closest("rect.bar");
+        if (!bar) return hideTip();
+        const i = Number(bar.dataset.i);
+        showTip(event, side + " token " + (i + 1) + " " + JSON.stringify(labels[i]) + "\n‖g‖ = " + fmt(norm[i]) +
+          "\ng·e = " + fmt(gxi[i]) + "\nof " + sourceName(state.token));
+      });
+      holder.addEventListener("mouseleave", hideTip);
+      container.appendChild(holder);
+    });
+  }
+
+  // ------------------------------------------------------------------ 5. sensitivity and rollout
+  function sensitivities(token) {
+    const rows = [];
+    KINDS.forEach(function (kind) {
+      const info = data.kinds[kind];
+      const values = token ? block("token.sensitivity." + kind, [token - 1]) : block("sensitivity." + kind, []);
+      for (let layer = 1; layer <= info.layers; layer++) {
+        for (let head = 1; head <= info.heads; head++) {
+          rows.push({ kind: kind, layer: layer, head: head, value: values[(layer - 1) * info.heads + head - 1] });
+        }
+      }
+    });
+    return rows.sort(function (a, b) { return Math.abs(b.value) - Math.abs(a.value); });
+  }
+  function sensitivity() {
+    const rows = sensitivities(state.token);
+    const largest = Math.abs(rows[0].value) || 1;
+    const table = document.createElement("table");
+    table.id = "sensitivity-table";
+    table.innerHTML = "<thead><tr><th>rank</th><th class=\"text\">attention</th><th>layer</th><th>head</th>" +
+      "<th>Σ P∘∂" + (state.token ? "ℓ" + state.token : "L") + "/∂P</th><th class=\"text\"></th></tr></thead>";
+    const body = document.createElement("tbody");
+    rows.forEach(function (row, rank) {
+      const tr = document.createElement("tr");
+      tr.className = "clickable" + (row.kind === state.kind && row.layer === state.layer && row.head === state.head ?
+        " current" : "");
+      Object.assign(tr.dataset, { kind: row.kind, layer: row.layer, head: row.head, v: row.value });
+      const width = Math.max(1, Math.round(Math.abs(row.value) / largest * 160));
+      tr.innerHTML = "<td>" + (rank + 1) + "</td><td class=\"text\">" + escapeText(data.kinds[row.kind].name) +
+        "</td><td>" + row.layer + "</td><td>" + row.head + "</td><td>" + fmt(row.value) + "</td><td class=\"text\">" +
+        '<svg width="162" height="10"><rect x="0" y="1" width="' + width + '" height="8" class="' +
+        (row.value >= 0 ? "bar-pos" : "bar-neg") + '"></rect></svg></td>';
+      tr.addEventListener("click", function () { select({ kind: row.kind, layer: row.layer, head: row.head }); });
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+    const container = document.getElementById("sensitivity");
+    container.textContent = "";
+    container.appendChild(table);
+  }
+  function rolloutPanel() {
+    const container = document.getElementById("rollout");
+    [["enc", "encoder rollout (source × source)"], ["dec", "decoder self-attention rollout (target × target)"],
+      ["cross", "cross rollout (target × source)"]].forEach(function (entry) {
+      const kind = entry[0], info = data.kinds[kind];
+      const values = block("rollout." + kind, []);
+      const cell = Math.max(2, Math.min(16, Math.floor(260 / Math.max(info.rows, info.cols))));
+      const figure = new Figure(1, 1);
+      const placed = labelledHeatmap(figure, 4, 0, { title: entry[1], rows: info.rows, cols: info.cols, values: values,
+        scale: "sequential", vmax: maxAbs(values) || 1, quantity: "rollout", cell: cell, rowLabels: rowLabels(kind),
+        colLabels: colLabels(kind) });
+      figure.width = Math.ceil(placed.width + 12);
+      figure.height = Math.ceil(placed.height + 4);
+      const holder = document.createElement("div");
+      holder.className = "figure";
+      const element = place(holder, figure, isLarge(info.rows, info.cols), 'data-rollout="' + kind + '"');
+      element.dataset.rollout = kind;
+      holder.addEventListener("mousemove", function (event) {
+        const box = element.getBoundingClientRect();
+        const hit = figure.hit(event.clientX - box.left, event.clientY - box.top);
+        if (!hit) return hideTip();
+        showTip(event, entry[1] + "\n" + JSON.stringify(rowLabels(kind)[hit.r]) + " → " +
+          JSON.stringify(colLabels(kind)[hit.c]) + ": " + fmt(values[hit.r * info.cols + hit.c]));
+      });
+      holder.addEventListener("mouseleave", hideTip);
+      container.appendChild(holder);
+    });
+  }
+
+  // ------------------------------------------------------------------ 6. gradient check
+  function verdicts() {
+    const c = data.check;
+    return c.rows.map(function (row) {
+      return Math.abs(row.analytic - row.numeric) <= c.atol + c.rtol * Math.abs(row.numeric);
+    });
+  }
+  function gradientCheck() {
+    const c = data.check, passed = verdicts();
+    const all = passed.every(Boolean);
+    const badge = document.getElementById("gradcheck-badge");
+    badge.dataset.status = all ? "pass" : "fail";
+    badge.textContent = all ? "PASS" : "FAIL: " + passed.filter(function (p) { return !p; }).length + " of " +
+      passed.length;
+    document.getElementById("check-note").textContent = "Central differences (L(x + ε) − L(x − ε)) / 2ε with ε = " +
+      c.eps + " in float64, on this sentence: for each kind of attention two entries of P and two of S in its most " +
+      "sensitive head (the largest |gradient| and a random one); the gate of the most sensitive head of all (" +
+      data.kinds[c.head.kind].name + ", layer " + c.head.layer + ", head " + c.head.head + ") and two elements of " +
+      "each of its W_Q, W_K and W_V rows. Moving P_ij by ε moves row i of the head's output O = P·V by ε·V_j; moving " +
+      "S_ij by ε moves it by (softmax(S_i + ε e_j) − P_i)·V. Pass when |analytic − numeric| ≤ " + c.atol + " + " +
+      c.rtol + "·|numeric| (tinyformer.gradcheck's rule).";
+    const table = document.createElement("table");
+    table.id = "check-table";
+    table.innerHTML = "<thead><tr><th class=\"text\">what</th><th class=\"text\">attention</th><th>layer</th>" +
+      "<th>head</th><th class=\"text\">index</th><th>analytic</th><th>numeric</th><th>abs error</th>" +
+      "<th>rel error</th><th class=\"text\">result</th></tr></thead>";
+    const body = document.createElement("tbody");
+    c.rows.forEach(function (row, i) {
+      const tr = document.createElement("tr");
+      tr.className = passed[i] ? "" : "fail";
+      tr.dataset.passed = String(passed[i]);
+      tr.innerHTML = "<td class=\"text\">" + escapeText(row.what) + "</td><td class=\"text\">" +
+        escapeText(data.kinds[row.kind].name) + "</td><td>" + row.layer + "</td><td>" + row.head +
+        "</td><td class=\"text\">" + (row.index.length ? "[" + row.index.join(", ") + "]" : "ξ") + "</td><td>" +
+        row.analytic.toExponential(9) + "</td><td>" + row.numeric.toExponential(9) + "</td><td>" +
+        row.abs_error.toExponential(2) + "</td><td>" + row.rel_error.toExponential(2) + "</td><td class=\"text\">" +
+        (passed[i] ? "pass" : "FAIL") + "</td>";
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+    document.getElementById("check").appendChild(table);
+  }
+
+  // ------------------------------------------------------------------ 7. the derivation
+  function norm(values) {
+    let s = 0;
+    for (let i = 0; i < values.length; i++) s += values[i] * values[i];
+    return Math.sqrt(s);
+  }
+  function vector(values) {
+    return "[" + Array.prototype.map.call(values, fmt).join(", ") + "]";
+  }
+  function derivation() {
+    const kind = state.kind, info = data.kinds[kind], l = state.layer - 1, h = state.head - 1;
+    const dk = data.model.d_k;
+    const dO = block("dO." + kind, [l, h]), V = block("V." + kind, [l, h]), Q = block("Q." + kind, [l, h]);
+    const dQ = block("dQ." + kind, [l, h]), dK = block("dK." + kind, [l, h]), dV = block("dV." + kind, [l, h]);
+    const P = probabilities(kind, state.layer, state.head);
+    const dP = block("dP." + kind, [l, h]), dS = block("dS." + kind, [l, h]);
+    const cols = info.cols, scale = 1 / Math.sqrt(dk);
+    let row = state.row - 1;
+    if (row < 0) { // the query whose scores get the most gradient
+      let best = -1;
+      for (let i = 0; i < info.rows; i++) {
+        let n = 0;
+        for (let j = 0; j < cols; j++) n += Math.abs(dS[i * cols + j]);
+        if (n > best) { best = n; row = i; }
+      }
+    }
+    let rowsum = 0;
+    for (let j = 0; j < cols; j++) rowsum += P[row * cols + j] * dP[row * cols + j];
+    const gaps = block("derivation." + kind, []);
+    const gap = function (q) { return gaps[(q * info.layers + l) * info.heads + h]; };
+    const keys = colLabels(kind);
+    const visible = info.causal ? row + 1 : cols; // a causal row's later keys are masked: P = 0, so dS = 0
+    const order = Array.from({ length: visible }, function (_, j) { return j; });
+    const shown = visible > 24 ? order.sort(function (a, b) {
+      return Math.abs(dS[row * cols + b]) - Math.abs(dS[row * cols + a]);
+    }).slice(0, 24).sort(function (a, b) { return a - b; }) : order;
+    let table = "<table id=\"derivation-table\"><thead><tr><th>j</th><th class=\"text\">key</th><th>P_ij</th>" +
+      "<th>dP_ij = dO_i·V_j</th><th>P_ij·dP_ij</th><th>dS_ij = P_ij (dP_ij − r_i)</th><th>row i's share of " +
+      "‖dV_j‖: ‖P_ij dO_i‖</th><th>of ‖dK_j‖: ‖dS_ij Q_i‖/√d_k</th></tr></thead><tbody>";
+    let dsum = 0, qnorm = 0, onorm = 0;
+    for (let d = 0; d < dk; d++) { qnorm += Q[row * dk + d] ** 2; onorm += dO[row * dk + d] ** 2; }
+    for (let j = 0; j < cols; j++) dsum += dS[row * cols + j];
+    shown.forEach(function (j) {
+      const i = row * cols + j;
+      table += "<tr data-j=\"" + (j + 1) + "\"><td>" + (j + 1) + "</td><td class=\"text\">" + escapeText(keys[j]) +
+        "</td><td>" + fmt(P[i]) + "</td><td>" + fmt(dP[i]) + "</td><td>" + fmt(P[i] * dP[i]) + "</td><td>" +
+        fmt(dS[i]) + "</td><td>" + fmt(Math.abs(P[i]) * Math.sqrt(onorm)) + "</td><td>" +
+        fmt(Math.abs(dS[i]) * Math.sqrt(qnorm) * scale) + "</td></tr>";
+    });
+    table += "</tbody></table>";
+    const name = info.name + ", layer " + state.layer + ", head " + state.head;
+    const steps = [
+      "<p class=\"derivation-step\">" + escapeText(name) + ", query row i = " + (row + 1) + " " +
+        escapeText(JSON.stringify(rowLabels(kind)[row])) + ", the whole loss L" +
+        (state.row ? "" : " (the row whose scores get the most gradient, Σ_j |dS_ij|; click a row of the heatmaps " +
+        "for another)") + ".</p>",
+      "<p class=\"derivation-step\"><span class=\"formula\">dO_i</span> = ∂L/∂O_i, the gradient at this row of the " +
+        "head's output O = P·V (d_k = " + dk + "): <span class=\"vector\" id=\"derivation-dO\">" + vector(dO.subarray(row * dk, (row + 1) * dk)) + "</span></p>",
+      "<p class=\"derivation-step\"><span class=\"formula\">r_i = Σ_j P_ij·dP_ij = " + fmt(rowsum) + "</span>; " +
+        "<span class=\"formula\">Σ_j dS_ij = " + fmt(dsum) + "</span> (a softmax row's gradient sums to 0)" +
+        (info.causal && visible < cols ? "; keys after i are masked (P_ij = 0, so dS_ij = 0 whatever dP_ij)" : "") +
+        (shown.length < visible ? "; the " + shown.length + " keys of largest |dS_ij| of " + visible + ":" : ":") +
+        "</p>",
+      table,
+      "<p class=\"derivation-step\"><span class=\"formula\">dQ_i = Σ_j dS_ij K_j / √d_k</span> = " +
+        "<span class=\"vector\" id=\"derivation-dQ\">" + vector(dQ.subarray(row * dk, (row + 1) * dk)) + "</span></p>",
+      "<p class=\"derivation-step\"><span class=\"formula\">dK = dSᵀ·Q/√d_k</span> and <span class=\"formula\">" +
+        "dV = Pᵀ·dO</span> sum every query row's share: ‖dK‖ = " + fmt(norm(dK)) + ", ‖dV‖ = " +
+        fmt(norm(dV)) + " for this head.</p>",
+      "<p class=\"derivation-step\" id=\"derivation-gaps\">The engine's dQ, dK, dV (autograd through the fused " +
+        "attention backward) against the formulas from the hook point's P and dP, largest difference over this head " +
+        "(float64, in Python): dV " + fmt(gap(0)) + ", dP = dO·Vᵀ " + fmt(gap(1)) + ", dQ " + fmt(gap(2)) + ", dK " +
+        fmt(gap(3)) + ".</p>",
+    ];
+    document.getElementById("derivation").innerHTML = steps.join("");
+  }
+
+  // ------------------------------------------------------------------ export of the current view
+  function exportName(suffix) {
+    return "tinyformer-explain-" + state.kind + "-layer" + state.layer + "-head" + state.head + "-" + state.grad +
+      (state.token ? "-token" + state.token : "") + "." + suffix;
+  }
+  function exportSVG() {
+    const holder = document.createElement("div");
+    holder.innerHTML = detailLayout(true).toSVG('class="heatmap export"');
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + new XMLSerializer().serializeToString(holder.firstElementChild);
+  }
+  function exportCanvas() {
+    const canvas = document.createElement("canvas");
+    detailLayout(true).draw(canvas);
+    return canvas;
+  }
+  function download(blob, name) {
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(blob);
+    link.download = name;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(function () { URL.revokeObjectURL(link.href); }, 1000);
+  }
+
+  // ------------------------------------------------------------------ self-test
+  function selfTest() {
+    const checks = [];
+    const check = function (name, passed, detail) { checks.push({ name: name, passed: Boolean(passed), detail: detail }); };
+    check("schema", data.schema === "tinyformer-explain" && data.version === 1, data.schema + " " + data.version);
+    let rowSum = 0, scoreSum = 0, above = 0, cellsOk = true;
+    const cells = {};
+    KINDS.forEach(function (kind) {
+      const info = data.kinds[kind], n = info.rows * info.cols;
+      const testRows = function (values, onRow) {
+        for (let start = 0; start < values.length; start += info.cols) onRow(values.subarray(start, start + info.cols), (start / info.cols) % info.rows);
+      };
+      testRows(arrays["P." + kind].values, function (row, r) {
+        let s = 0;
+        for (let j = 0; j < row.length; j++) {
+          s += row[j];
+          if (info.causal && j > r && row[j] !== 0) above++;
+        }
+        rowSum = Math.max(rowSum, Math.abs(s - 1));
+      });
+      ["dS." + kind, "token.dS." + kind].forEach(function (name) {
+        testRows(arrays[name].values, function (row, r) {
+          let s = 0, a = 0;
+          for (let j = 0; j < row.length; j++) {
+            s += row[j];
+            a += Math.abs(row[j]);
+            if (info.causal && j > r && row[j] !== 0) above++;
+          }
+          scoreSum = Math.max(scoreSum, Math.abs(s) / (a + 1e-30));
+        });
+      });
+      const thumbs = document.querySelectorAll('.thumb[data-kind="' + kind + '"]');
+      let count = 0;
+      thumbs.forEach(function (t) {
+        count += t.tagName.toLowerCase() === "svg" ? t.querySelectorAll("rect.cell").length : Number(t.dataset.rows) * Number(t.dataset.cols);
+      });
+      cells[kind] = count;
+      cellsOk = cellsOk && thumbs.length === info.layers * info.heads && count === info.layers * info.heads * n;
+    });
+    check("P rows sum to 1", rowSum <= 1e-5, "largest |Σ_j P_ij − 1| = " + fmt(rowSum));
+    check("dL/dS rows sum to 0", scoreSum <= 1e-5, "largest |Σ_j dS_ij| / Σ_j |dS_ij| = " + fmt(scoreSum));
+    check("causal: decoder self-attention P and dL/dS are 0 above the diagonal", above === 0, above + " entries");
+    check("every layer and head drawn", cellsOk, JSON.stringify(cells));
+    const tg = data.token_gradients;
+    if (tg.complete) {
+      let worst = 0;
+      KINDS.forEach(function (kind) {
+        ["dP", "dS"].forEach(function (grad) {
+          const whole = arrays[grad + "." + kind].values, parts = arrays["token." + grad + "." + kind].values;
+          const n = whole.length, scale = maxAbs(whole) || 1;
+          for (let i = 0; i < n; i++) {
+            let s = 0;
+            for (let t = 0; t < tg.positions.length; t++) s += parts[t * n + i];
+            worst = Math.max(worst, Math.abs(s - whole[i]) / scale);
+          }
+        });
+      });
+      check("Σ over tokens of the per-token dL/dP, dL/dS = the whole loss's", worst <= 1e-4, "largest difference " +
+        fmt(worst) + " of the largest |value| (float32 storage)");
+    }
+    const python = Object.keys(tg.sum_check).every(function (k) {
+      return tg.sum_check[k].max_abs_difference <= 1e-8 * Math.max(1, tg.sum_check[k].max_abs);
+    });
+    check("Python's float64 Σₜ check over all tokens", python, JSON.stringify(tg.sum_check));
+    const passed = verdicts();
+    check("gradient-check verdicts agree with the Python side", passed.every(function (p, i) {
+      return p === data.check.rows[i].passed;
+    }) && passed.every(Boolean) === data.check.passed, "");
+    const svg = exportSVG();
+    const info = data.kinds[state.kind];
+    const expected = info.rows * info.cols * (gradient(state.grad, state.kind, state.layer, state.head, state.token) ? 2 : 1);
+    const exported = (svg.match(/class="cell"/g) || []).length;
+    check("SVG export of this view", svg.indexOf("<svg") >= 0 && svg.indexOf("xmlns=") >= 0 && exported === expected,
+      exported + " cells, " + svg.length + " characters");
+    const png = exportCanvas().toDataURL("image/png");
+    check("PNG export of this view", png.indexOf("data:image/png;base64,") === 0 && png.length > 100, png.length + " characters");
+    const digest = {};
+    Object.keys(arrays).forEach(function (name) {
+      let s = 0, a = 0;
+      const values = arrays[name].values;
+      for (let i = 0; i < values.length; i++) { s += values[i]; a += Math.abs(values[i]); }
+      digest[name] = [s, a];
+    });
+    const errors = window.explainErrors || [];
+    const ok = checks.every(function (c) { return c.passed; }) && errors.length === 0;
+    const status = document.getElementById("self-test");
+    status.setAttribute("data-checks", JSON.stringify(checks));
+    status.setAttribute("data-errors", JSON.stringify(errors));
+    status.setAttribute("data-digest", JSON.stringify(digest));
+    status.setAttribute("data-cells", JSON.stringify(cells));
+    status.setAttribute("data-ms", String(Math.round(performance.now() - started)));
+    status.setAttribute("data-status", ok ? "pass" : "fail");
+    status.textContent = ok ? "pass (" + checks.length + " checks)" : "failed: " + checks.filter(function (c) {
+      return !c.passed;
+    }).map(function (c) { return c.name + " (" + c.detail + ")"; }).concat(errors).join("; ");
+  }
+
+  // ------------------------------------------------------------------ start
+  function update() {
+    controls();
+    markOverview();
+    detail();
+    tokens();
+    saliency();
+    sensitivity();
+    derivation();
+  }
+  readHash();
+  header();
+  overview();
+  rolloutPanel();
+  gradientCheck();
+  detailEvents();
+  update();
+  window.addEventListener("hashchange", function () { readHash(); update(); });
+  selfTest();
+})();
