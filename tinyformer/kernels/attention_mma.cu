@@ -136,6 +136,55 @@ __device__ __forceinline__ void store_rows(T* out, long long row, const float (&
     }
 }
 
+// x += A·Bᵀ and y += A'·B'ᵀ over the head dimension, for a warp's 16 rows: A, A' rows
+// [row0, row0 + 16) of a_s, a2_s; B, B' the TILE rows of b_s, b2_s (an (n, k) layout each).
+template <typename T, int D, int TILE>
+__device__ __forceinline__ void two_products(float (&x)[TILE / 8][4], float (&y)[TILE / 8][4], const T* a_s,
+                                             const T* a2_s, int row0, const T* b_s, const T* b2_s, int lane) {
+    zero(x);
+    zero(y);
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned a[4], a2[4];
+        load_a<T, D>(a, a_s, row0, 16 * kk, lane);
+        load_a<T, D>(a2, a2_s, row0, 16 * kk, lane);
+    #pragma unroll
+        for (int n2 = 0; n2 < TILE / 16; ++n2) {
+            unsigned b[4], b2[4];
+            load_b_transposed<T, D>(b, b_s, 16 * n2, 16 * kk, lane);
+            load_b_transposed<T, D>(b2, b2_s, 16 * n2, 16 * kk, lane);
+            mma_pair<T>(x, n2, a, b);
+            mma_pair<T>(y, n2, a2, b2);
+        }
+    }
+}
+
+// acc (16 × D) += M·B: M a warp's 16 × TILE accumulators (P or dS), rounded to T on the way into
+// the A fragment; B the TILE × D rows of b_s.
+template <typename T, int D, int TILE>
+__device__ __forceinline__ void accumulate_product(float (&acc)[D / 8][4], const float (&m)[TILE / 8][4],
+                                                   const T* b_s, int lane) {
+    #pragma unroll
+    for (int kk = 0; kk < TILE / 16; ++kk) {
+        unsigned a[4];
+        to_a<T>(a, m[2 * kk], m[2 * kk + 1]);
+    #pragma unroll
+        for (int n2 = 0; n2 < D / 16; ++n2) {
+            unsigned b[4];
+            load_b<T, D>(b, b_s, 16 * kk, 16 * n2, lane);
+            mma_pair<T>(acc, n2, a, b);
+        }
+    }
+}
+
+// Issues the copies of key tile `tile` (K, then V kTile elements after it) into `stage`.
+template <typename T, int D, int TILE>
+__device__ __forceinline__ void load_key_tile(T* stage, const T* k, long long k_row, const T* v, long long v_row,
+                                              int tile, int len_k) {
+    load_rows_async<T, D>(stage, k, k_row, tile * TILE, TILE, len_k);
+    load_rows_async<T, D>(stage + kStride<D> * TILE, v, v_row, tile * TILE, TILE, len_k);
+}
+
 }  // namespace tf_mma_attention
 
 // o = softmax(q kᵀ · scale + mask) v and lse. grid (batch·heads, ceil(Lq / block rows)),
@@ -165,10 +214,7 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
 
     load_rows_async<T, D>(q_s, q + b * q_batch + h * q_head, q_row, first_row, kBlockRows, len_q);
     tf::cp_async_commit();
-    if (tiles > 0) {
-        load_rows_async<T, D>(kv_s, kb, k_row, 0, TILE, len_k);
-        load_rows_async<T, D>(kv_s + kTile, vb, v_row, 0, TILE, len_k);
-    }
+    if (tiles > 0) load_key_tile<T, D, TILE>(kv_s, kb, k_row, vb, v_row, 0, len_k);
     tf::cp_async_commit();
 
     unsigned qf[D / 16][4];
@@ -176,11 +222,8 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
     zero(acc);
     const float scale_log2 = scale * kLog2e;
     for (int tile = 0; tile < tiles; ++tile) {
-        if (tile + 1 < tiles) {
-            T* next = kv_s + 2 * ((tile + 1) % 2) * kTile;
-            load_rows_async<T, D>(next, kb, k_row, (tile + 1) * TILE, TILE, len_k);
-            load_rows_async<T, D>(next + kTile, vb, v_row, (tile + 1) * TILE, TILE, len_k);
-        }
+        if (tile + 1 < tiles) load_key_tile<T, D, TILE>(kv_s + 2 * ((tile + 1) % 2) * kTile, kb, k_row, vb, v_row,
+                                                        tile + 1, len_k);
         tf::cp_async_commit();
         tf::cp_async_wait<1>();  // everything but the tile just issued has landed
         __syncthreads();
@@ -234,17 +277,7 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
                 acc[n][2 * half + 1] *= correction;
             }
         }
-        #pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
-            unsigned pf[4];
-            to_a<T>(pf, s[2 * kk], s[2 * kk + 1]);
-            #pragma unroll
-            for (int n2 = 0; n2 < D / 16; ++n2) {
-                unsigned vf[4];
-                load_b<T, D>(vf, v_s, 16 * kk, 16 * n2, l.lane);
-                mma_pair<T>(acc, n2, pf, vf);
-            }
-        }
+        accumulate_product<T, D, TILE>(acc, s, v_s, l.lane);
         __syncthreads();  // this stage is read: the next iteration's copies may overwrite it
     }
     float inverse[2];
@@ -289,10 +322,7 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
     load_rows_async<T, D>(q_s, q + b * q_batch + h * q_head, q_row, first_row, kBlockRows, len_q);
     load_rows_async<T, D>(go_s, grad_o + canonical, canonical_row, first_row, kBlockRows, len_q);
     tf::cp_async_commit();
-    if (tiles > 0) {
-        load_rows_async<T, D>(kv_s, kb, k_row, 0, TILE, len_k);
-        load_rows_async<T, D>(kv_s + kTile, vb, v_row, 0, TILE, len_k);
-    }
+    if (tiles > 0) load_key_tile<T, D, TILE>(kv_s, kb, k_row, vb, v_row, 0, len_k);
     tf::cp_async_commit();
 
     float row_lse[2], row_delta[2], dq[D / 8][4];
@@ -305,34 +335,15 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
     zero(dq);
     const float scale_log2 = scale * kLog2e;
     for (int tile = 0; tile < tiles; ++tile) {
-        if (tile + 1 < tiles) {
-            T* next = kv_s + 2 * ((tile + 1) % 2) * kTile;
-            load_rows_async<T, D>(next, kb, k_row, (tile + 1) * TILE, TILE, len_k);
-            load_rows_async<T, D>(next + kTile, vb, v_row, (tile + 1) * TILE, TILE, len_k);
-        }
+        if (tile + 1 < tiles) load_key_tile<T, D, TILE>(kv_s + 2 * ((tile + 1) % 2) * kTile, kb, k_row, vb, v_row,
+                                                        tile + 1, len_k);
         tf::cp_async_commit();
         tf::cp_async_wait<1>();
         __syncthreads();
         const T* k_s = kv_s + 2 * (tile % 2) * kTile;
         const T* v_s = k_s + kTile;
-
-        float s[TILE / 8][4], dp[TILE / 8][4];
-        zero(s);
-        zero(dp);
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned qf[4], gf[4];
-            load_a<T, D>(qf, q_s, warp * kRows, 16 * kk, l.lane);
-            load_a<T, D>(gf, go_s, warp * kRows, 16 * kk, l.lane);
-            #pragma unroll
-            for (int n2 = 0; n2 < TILE / 16; ++n2) {
-                unsigned kf[4], vf[4];
-                load_b_transposed<T, D>(kf, k_s, 16 * n2, 16 * kk, l.lane);
-                load_b_transposed<T, D>(vf, v_s, 16 * n2, 16 * kk, l.lane);
-                mma_pair<T>(s, n2, qf, kf);
-                mma_pair<T>(dp, n2, gf, vf);
-            }
-        }
+        float s[TILE / 8][4], dp[TILE / 8][4];  // S = Q·Kᵀ and dP = dO·Vᵀ
+        two_products<T, D, TILE>(s, dp, q_s, go_s, warp * kRows, k_s, v_s, l.lane);
         #pragma unroll
         for (int n = 0; n < TILE / 8; ++n)
             #pragma unroll
@@ -345,17 +356,7 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
                 }
                 s[n][c] = ds;
             }
-        #pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
-            unsigned sf[4];
-            to_a<T>(sf, s[2 * kk], s[2 * kk + 1]);
-            #pragma unroll
-            for (int n2 = 0; n2 < D / 16; ++n2) {
-                unsigned kf[4];
-                load_b<T, D>(kf, k_s, 16 * kk, 16 * n2, l.lane);
-                mma_pair<T>(dq, n2, sf, kf);
-            }
-        }
+        accumulate_product<T, D, TILE>(dq, s, k_s, l.lane);
         __syncthreads();
     }
     const float factor[2] = {scale, scale};
@@ -426,24 +427,8 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
         const T* go_s = q_s + kTile;
         const float* lse_s = stats_s + 2 * stage * TILE;
         const float* delta_s = lse_s + TILE;
-
         float st[TILE / 8][4], dpt[TILE / 8][4];  // Sᵀ and dPᵀ: this warp's keys × the tile's queries
-        zero(st);
-        zero(dpt);
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned kf[4], vf[4];
-            load_a<T, D>(kf, k_s, warp * kRows, 16 * kk, l.lane);
-            load_a<T, D>(vf, v_s, warp * kRows, 16 * kk, l.lane);
-            #pragma unroll
-            for (int n2 = 0; n2 < TILE / 16; ++n2) {
-                unsigned qf[4], gf[4];
-                load_b_transposed<T, D>(qf, q_s, 16 * n2, 16 * kk, l.lane);
-                load_b_transposed<T, D>(gf, go_s, 16 * n2, 16 * kk, l.lane);
-                mma_pair<T>(st, n2, kf, qf);
-                mma_pair<T>(dpt, n2, vf, gf);
-            }
-        }
+        two_products<T, D, TILE>(st, dpt, k_s, v_s, warp * kRows, q_s, go_s, l.lane);
         #pragma unroll
         for (int n = 0; n < TILE / 8; ++n)
             #pragma unroll
@@ -459,20 +444,8 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
                 st[n][c] = p;
                 dpt[n][c] = ds;
             }
-        #pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
-            unsigned pf[4], sf[4];
-            to_a<T>(pf, st[2 * kk], st[2 * kk + 1]);
-            to_a<T>(sf, dpt[2 * kk], dpt[2 * kk + 1]);
-            #pragma unroll
-            for (int n2 = 0; n2 < D / 16; ++n2) {
-                unsigned gf[4], qf[4];
-                load_b<T, D>(gf, go_s, 16 * kk, 16 * n2, l.lane);
-                load_b<T, D>(qf, q_s, 16 * kk, 16 * n2, l.lane);
-                mma_pair<T>(dv, n2, pf, gf);
-                mma_pair<T>(dk, n2, sf, qf);
-            }
-        }
+        accumulate_product<T, D, TILE>(dv, st, go_s, l.lane);
+        accumulate_product<T, D, TILE>(dk, dpt, q_s, l.lane);
         __syncthreads();
     }
     const long long k_base = ((long long)b * len_k * heads + h) * D;
