@@ -52,6 +52,8 @@ def test_the_mpiexec_command_and_a_missing_mpiexec(monkeypatch, tmp_path):
     fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("TINYFORMER_MPIEXEC", str(fake))
+    for name in launch.ROOT_CONSENT:
+        monkeypatch.setenv(name, "1")
     assert launch.find_mpiexec() == str(fake)
     assert launch.mpiexec_command(3, ["python", "x.py"]) == [
         str(fake), "-n", "3", "--enable-recovery", "--oversubscribe", "--bind-to", "none", "python", "x.py"]
@@ -60,6 +62,19 @@ def test_the_mpiexec_command_and_a_missing_mpiexec(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "find_mpiexec", lambda: None)
     with pytest.raises(FileNotFoundError, match=r"--nproc needs mpiexec: install the mpi extra"):
         launch.mpiexec_command(2, ["a"])
+
+
+def test_as_root_open_mpi_needs_its_consent_and_is_told_so_in_one_line(monkeypatch, tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 0)
+    for name in launch.ROOT_CONSENT:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(PermissionError, match="OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"):
+        launch.mpiexec_command(2, ["a"], mpiexec=str(fake))
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 1000)  # not root: nothing to allow
+    assert launch.mpiexec_command(2, ["a"], mpiexec=str(fake))[:3] == [str(fake), "-n", "2"]
 
 
 def test_rank_seeds_keep_rank_0_on_the_one_process_stream():

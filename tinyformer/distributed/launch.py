@@ -50,6 +50,10 @@ def _is_open_mpi(mpiexec):
     return "Open MPI" in result.stdout or "OpenRTE" in result.stdout
 
 
+ROOT_CONSENT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+"""What Open MPI wants set to 1 before it runs as root (its own guard; tinyformer does not set it)."""
+
+
 def mpiexec_command(nproc, command, mpiexec=None):
     """The argv that runs ``command`` as ``nproc`` ranks on this machine. With Open MPI: a rank
     that dies does not take the others down unannounced (``--enable-recovery``: they notice, say
@@ -59,7 +63,11 @@ def mpiexec_command(nproc, command, mpiexec=None):
     if mpiexec is None:
         raise FileNotFoundError("--nproc needs mpiexec: install the mpi extra (pip install -e \".[mpi]\", which "
                                 "brings mpi4py and Open MPI) or put a system MPI's mpiexec on PATH")
-    options = ["--enable-recovery", "--oversubscribe", "--bind-to", "none"] if _is_open_mpi(mpiexec) else []
+    open_mpi = _is_open_mpi(mpiexec)
+    if open_mpi and os.geteuid() == 0 and not all(os.environ.get(name) == "1" for name in ROOT_CONSENT):
+        raise PermissionError("--nproc: Open MPI's mpiexec refuses to run as root unless allowed: set "
+                              + " ".join(f"{name}=1" for name in ROOT_CONSENT))
+    options = ["--enable-recovery", "--oversubscribe", "--bind-to", "none"] if open_mpi else []
     return [mpiexec, "-n", str(nproc), *options, *command]
 
 
