@@ -114,6 +114,22 @@ def parse_ptxas(log):
     return {k: tuple(v) for k, v in stats.items()}
 
 
+_COMPILED = {}
+
+
+def _compiled(nvrtc, source, expressions, options):
+    """``nvrtc.compile``'s (log, lowered names), once per process for the same compiler, sources
+    (the file and every header beside it) and options: the tests and the command ask for the same
+    compilations, which take a minute."""
+    text = registry.read_source(source)
+    headers = tuple(p.read_bytes() for p in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(
+        registry.KERNEL_DIR.glob("*.h")))
+    key = (nvrtc.path, nvrtc.version, source, text, hash(headers), expressions, options)
+    if key not in _COMPILED:
+        _COMPILED[key] = nvrtc.compile(text, source, list(expressions), list(options))
+    return _COMPILED[key]
+
+
 def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None):
     """Compile each source for each architecture; returns the per-kernel reports."""
     nvrtc = nvrtc or Nvrtc()
@@ -123,7 +139,7 @@ def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None):
         expressions = registry.instantiations(source)
         for arch in archs:
             options = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
-            log, lowered = nvrtc.compile(registry.read_source(source), source, expressions, options)
+            log, lowered = _compiled(nvrtc, source, tuple(expressions), tuple(options))
             stats = parse_ptxas(log)
             for expression in expressions:
                 regs, stores, loads, smem = stats.get(lowered[expression], (0, 0, 0, 0))
