@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinyformer.data import BOS_ID, EOS_ID, PAD_ID
-from tinyformer.data.batching import ParallelData, batch_indices, make_batch, pad
+from tinyformer.data.batching import ParallelData, ShapeBuckets, batch_indices, make_batch, pad
 
 lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=200)
 
@@ -79,3 +79,60 @@ def test_parallel_data_drops_overlong_pairs_and_counts_them():
 def test_pad_handles_empty_sequences():
     np.testing.assert_array_equal(pad([[], [1, 2]]), [[PAD_ID, PAD_ID], [1, 2]])
     assert pad([]).shape == (0, 0)
+
+
+# ------------------------------------------------------------------ shape buckets (few shapes, one graph each)
+@settings(max_examples=40, deadline=None)
+@given(pairs=lengths, max_tokens=st.integers(40, 400), multiple=st.sampled_from([1, 4, 8]))
+def test_shape_buckets_bound_the_shapes_and_keep_the_pairs(pairs, max_tokens, multiple):
+    data = ParallelData([[5] * s for s, _ in pairs], [[6] * t for _, t in pairs])
+    buckets = ShapeBuckets(max_tokens, multiple, max_len=44)
+    padded = [buckets.pad(b) for b in data.batches(max_tokens, seed=1)]
+    for batch in padded:
+        rows, src_len, tgt_len = batch.shape
+        assert (src_len % multiple == 0 or src_len == 44) and (tgt_len % multiple == 0 or tgt_len == 44)
+        real_rows = int((batch.indices >= 0).sum())
+        assert rows * max(src_len, tgt_len) <= max_tokens or rows == real_rows  # over budget: no rows added
+    real = np.concatenate([b.indices[b.indices >= 0] for b in padded])
+    assert sorted(real.tolist()) == list(range(len(pairs)))
+    assert sum(b.num_tokens for b in padded) == data.num_target_tokens
+    lengths_per_side = -(-44 // multiple)
+    assert len(buckets.seen) <= lengths_per_side ** 2
+    assert len(buckets.seen) == len({b.shape for b in padded})
+
+
+def test_shape_buckets_round_lengths_and_fill_rows_to_the_budget():
+    buckets = ShapeBuckets(max_tokens=100, length_multiple=8, max_len=20)
+    assert [buckets.length(n) for n in (1, 8, 9, 17, 20)] == [8, 8, 16, 20, 20]  # capped at the positions
+    batch = make_batch([[4, 5, 6]], [[7, 8, 9, 10, 11, 12, 13, 14, 15]])  # src 4 tokens, tgt 10
+    assert buckets.shape(batch) == (6, 8, 16)  # 100 // 16 rows
+    padded = buckets.pad(batch)
+    assert padded.shape == (6, 8, 16) and padded.indices.tolist() == [0, -1, -1, -1, -1, -1]
+    assert not padded.src_mask[1:].any() and padded.num_tokens == batch.num_tokens
+    np.testing.assert_array_equal(padded.tgt_out[0, :10], batch.tgt_out[0])
+    with pytest.raises(ValueError, match=r"\(1, 8, 16\) is smaller than the batch's shape \(6, 8, 16\)"):
+        padded.padded_to(1, 8, 16)
+    with pytest.raises(ValueError, match="length_multiple"):
+        ShapeBuckets(100, 0)
+
+
+def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
+    """Padding rows and columns is masked everywhere: source keys, causal target positions and
+    ignored loss targets (float64, dropout off: the same up to summation order)."""
+    import tinyformer as tf
+    from tinyformer.train.evaluation import batch_loss
+
+    model = tf.nn.Transformer(30, d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=4).to(dtype=np.float64)
+    batch = make_batch([[4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17, 18, 19], [20]])
+    padded = ShapeBuckets(max_tokens=80, length_multiple=8).pad(batch)
+    assert padded.shape == (10, 8, 8)
+    results = []
+    for b in (batch, padded):
+        model.zero_grad()
+        loss, nll = batch_loss(model, b, 0.1)
+        (loss / b.num_tokens).backward()
+        results.append((loss.item(), nll.item(), {n: p.grad.copy() for n, p in model.named_parameters()}))
+    (loss, nll, grads), (loss_padded, nll_padded, grads_padded) = results
+    assert loss_padded == pytest.approx(loss, rel=1e-12) and nll_padded == pytest.approx(nll, rel=1e-12)
+    for name in grads:
+        np.testing.assert_allclose(grads_padded[name], grads[name], rtol=1e-9, atol=1e-12, err_msg=name)

@@ -6,6 +6,11 @@ cut into batches that keep the ``max_tokens`` budget, and the batch order is
 shuffled with a generator seeded by (seed, epoch). Every kept pair appears in
 exactly one batch per epoch; a single pair longer than the budget gets a batch of
 its own; pairs longer than ``max_len`` are dropped and counted.
+
+``ShapeBuckets`` bounds how many different batch shapes there are (one compiled or captured
+step per shape, as a CUDA graph needs): lengths padded up to a multiple, rows up to the most a
+padded length holds within the budget. Padding is masked everywhere (source keys, causal target
+positions, ignored loss targets), so a padded batch has the unpadded batch's loss and gradients.
 """
 
 import numpy
@@ -13,7 +18,7 @@ import numpy
 from .special import BOS_ID, EOS_ID, PAD_ID
 from ..validation import check_int
 
-__all__ = ["Batch", "ParallelData", "batch_indices", "make_batch", "pad"]
+__all__ = ["Batch", "ParallelData", "ShapeBuckets", "batch_indices", "make_batch", "pad"]
 
 
 def pad(sequences, pad_id=PAD_ID, dtype=numpy.int64):
@@ -41,10 +46,10 @@ class Batch:
     denominator), ``indices`` the pairs' positions in the dataset.
     """
 
-    __slots__ = ("src", "tgt_in", "tgt_out", "src_mask", "indices", "num_tokens", "num_src_tokens")
+    __slots__ = ("src", "tgt_in", "tgt_out", "src_mask", "indices", "num_tokens", "num_src_tokens", "pad_id")
 
     def __init__(self, src, tgt_in, tgt_out, indices, pad_id=PAD_ID):
-        self.src, self.tgt_in, self.tgt_out = src, tgt_in, tgt_out
+        self.src, self.tgt_in, self.tgt_out, self.pad_id = src, tgt_in, tgt_out, pad_id
         self.src_mask = (src != pad_id)[:, None, None, :]
         self.indices = indices
         self.num_tokens = int((tgt_out != pad_id).sum())
@@ -61,6 +66,27 @@ class Batch:
     def __repr__(self):
         return (f"Batch({len(self)} pairs, src {self.src.shape}, tgt {self.tgt_in.shape}, "
                 f"{self.num_tokens} target tokens)")
+
+    @property
+    def shape(self):
+        """(rows, source length, target length)."""
+        return (len(self.src), self.src.shape[1], self.tgt_in.shape[1])
+
+    def padded_to(self, rows, src_len, tgt_len):
+        """This batch with padding rows and columns up to (rows, src_len, tgt_len); the added rows
+        index -1 (no pair). Its real tokens, and so its loss and gradients, are this batch's."""
+        if rows < len(self) or src_len < self.src.shape[1] or tgt_len < self.tgt_in.shape[1]:
+            raise ValueError(f"Batch.padded_to: {(rows, src_len, tgt_len)} is smaller than the batch's shape "
+                             f"{self.shape}")
+
+        def grown(ids, width):
+            out = numpy.full((rows, width), self.pad_id, dtype=ids.dtype)
+            out[: ids.shape[0], : ids.shape[1]] = ids
+            return out
+
+        indices = numpy.concatenate([self.indices, numpy.full(rows - len(self), -1, dtype=numpy.int64)])
+        return Batch(grown(self.src, src_len), grown(self.tgt_in, tgt_len), grown(self.tgt_out, tgt_len), indices,
+                     self.pad_id)
 
 
 def make_batch(src_ids, tgt_ids, indices=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
@@ -105,6 +131,36 @@ def batch_indices(src_lengths, tgt_lengths, max_tokens, seed=0, epoch=0, shuffle
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
     return [numpy.asarray(b, dtype=numpy.int64) for b in batches]
+
+
+class ShapeBuckets:
+    """Few batch shapes for a token budget: each length is padded up to a multiple of
+    ``length_multiple`` (at most ``max_len``, the positions the model has), and the rows up to the
+    most the bucket's longer side holds within ``max_tokens`` (at least the batch's own rows). The
+    number of shapes is then bounded by the number of (source, target) length buckets."""
+
+    def __init__(self, max_tokens, length_multiple=8, max_len=None):
+        self.max_tokens = check_int("ShapeBuckets: max_tokens", max_tokens, 1)
+        self.length_multiple = check_int("ShapeBuckets: length_multiple", length_multiple, 1)
+        self.max_len = None if max_len is None else check_int("ShapeBuckets: max_len", max_len, 1)
+        self.seen = set()
+
+    def length(self, n):
+        """``n`` rounded up to the multiple, but not past max_len (nor below n)."""
+        padded = -(-n // self.length_multiple) * self.length_multiple
+        return max(n, padded if self.max_len is None else min(padded, self.max_len))
+
+    def shape(self, batch):
+        """The bucket's (rows, source length, target length) for ``batch``."""
+        rows, src_len, tgt_len = batch.shape
+        src_len, tgt_len = self.length(src_len), self.length(tgt_len)
+        return (max(rows, self.max_tokens // max(src_len, tgt_len)), src_len, tgt_len)
+
+    def pad(self, batch):
+        """``batch`` padded to its bucket's shape (recorded in ``seen``)."""
+        shape = self.shape(batch)
+        self.seen.add(shape)
+        return batch if shape == batch.shape else batch.padded_to(*shape)
 
 
 class ParallelData:
