@@ -99,6 +99,19 @@ def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     return (x * keep * x.dtype.type(scale)).astype(x.dtype), keep
 
 
+def residual_layer_norm_forward(x, y, weight, bias, p=0.0, seed=0, offset=0, scale=None, eps=1e-5, dtype=None):
+    keep = philox_keep(seed, offset, y.shape, p) if p else np.ones(y.shape, bool)
+    scale = 1.0 / (1.0 - p) if scale is None else scale
+    h = (x + (y * keep * y.dtype.type(scale) if p else y)).astype(x.dtype)
+    out, mean, rstd = layer_norm_forward(h, weight, bias, eps)
+    return out, h, keep, mean, rstd
+
+
+def residual_layer_norm_backward(h, weight, grad_out, mean, rstd, keep, scale=1.0, need_params=True, dtype=None):
+    grad_h, grad_w, grad_b = layer_norm_backward(h, weight, grad_out, mean, rstd, need_params=need_params)
+    return grad_h, (grad_h * keep * h.dtype.type(scale)).astype(h.dtype), grad_w, grad_b
+
+
 def _attention_probabilities(q, k, heads, key_lengths, causal, scale, dropout_p, seed, offset):
     """P (rows with no key: zeros) and the dropout factor D of (batch·heads, len_q, len_k) attention."""
     bh, len_q, dim = q.shape
@@ -172,7 +185,8 @@ def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dty
 
 
 STAND_INS = [softmax_forward, softmax_backward, layer_norm_forward, layer_norm_backward, cross_entropy_forward,
-             cross_entropy_backward, dropout_forward, attention_forward, attention_backward, attention_mma_forward,
+             cross_entropy_backward, dropout_forward, residual_layer_norm_forward, residual_layer_norm_backward,
+             attention_forward, attention_backward, attention_mma_forward,
              attention_mma_backward, adam_update]
 
 
@@ -248,6 +262,11 @@ CASES = {
     "cross_entropy-none": (lambda x: F.cross_entropy(x, TARGET, reduction="none"), [X],
                            (["cross_entropy_forward"], ["cross_entropy_backward"]), True),
     "dropout": (lambda x: F.dropout(x, 0.3, True, generator()), [X], (["dropout_forward"], []), True),
+    "residual_layer_norm": (lambda x, y, w, b: F.residual_dropout_layer_norm(x, y, w, b, 0.3, True, generator()),
+                            [X, X[::-1] * 0.5, W, B], (["residual_layer_norm_forward"], ["residual_layer_norm_backward"]),
+                            True),
+    "residual_layer_norm-eval": (lambda x, y, w, b: F.residual_dropout_layer_norm(x, y, w, b, 0.3, False), [X, X, W, B],
+                                 (["residual_layer_norm_forward"], ["residual_layer_norm_backward"]), True),
     "attention": (attend(), [X, X[::-1], X * 2], ATTENTION, True),
     "attention-padding-causal": (attend(PADDING, causal=True), [X[:, :2], X[:, 1:], X[:, :2]], ATTENTION, True),
     "attention-dropout": (attend(PADDING, dropout_p=0.3), [X[:, :2], X[:, 1:], X[:, :2]], ATTENTION, True),
@@ -346,7 +365,8 @@ def test_adam_takes_its_fused_step_exactly_when_the_rule_says_so(name, condition
 # ------------------------------------------------------------------ the pattern
 def test_every_op_with_a_kernel_follows_the_pattern():
     """Each Function of functional that calls a kernel is a KernelFunction with all four paths."""
-    with_kernels = {F.Softmax, F.LogSoftmax, F.LayerNorm, F.CrossEntropy, F.Dropout, F.ScaledDotProductAttention}
+    with_kernels = {F.Softmax, F.LogSoftmax, F.LayerNorm, F.CrossEntropy, F.Dropout, F.ScaledDotProductAttention,
+                    F.ResidualDropoutLayerNorm}
     for op in with_kernels:
         assert issubclass(op, F.KernelFunction), op
         for path in ("kernel_applies", "forward_cpu", "forward_gpu", "backward_cpu", "backward_gpu"):

@@ -26,7 +26,7 @@ def test_every_instantiation_compiles_for_sm80_and_sm90(reports):
     expected = {(arch, e) for arch in ("sm_80", "sm_90") for s in registry.KERNELS for e in registry.instantiations(s)}
     assert {(r.arch, r.expression) for r in reports} == expected
     # arch × dtype × (kernel [× head dim]); the tensor-core attention and its probes in 2 dtypes
-    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 1 + 1 + 4 * 3) + 2 * (3 * 3 + 4))
+    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 1 + 1 + 2 + 4 * 3) + 2 * (3 * 3 + 4))
     assert all(r.registers > 0 for r in reports), "ptxas -v statistics were not parsed"
 
 
@@ -62,7 +62,8 @@ def _expected_shared_bytes(expression):
         words = {"ldmatrix_probe": 32, "mma_probe": 48, "cp_async_probe": 64}.get(name, 0) * 4
     else:  # the row kernels' reduction scratch: one float (or max-sum pair) per warp of the row block
         words = {"softmax_forward": 2, "softmax_backward": 1, "cross_entropy_forward": 3, "layer_norm_forward": 1,
-                 "layer_norm_backward_input": 1}.get(name, 0) * row_warps
+                 "layer_norm_backward_input": 1, "residual_layer_norm_forward": 1,
+                 "residual_layer_norm_backward": 1}.get(name, 0) * row_warps
     return 4 * words
 
 

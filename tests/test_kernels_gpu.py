@@ -38,6 +38,13 @@ def test_layer_norm_kernel(dtype, cols):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", LENGTHS)
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_residual_layer_norm_kernel(dtype, cols, p):
+    cases.residual_layer_norm(Device("cuda", dtype), 300, cols, p, seed=cols, rng_seed=cols).check()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", [7, 1000, 8000])
 @pytest.mark.parametrize("smoothing,ignore_index", [(0.0, None), (0.1, 0)])
 def test_cross_entropy_kernel(dtype, vocab, smoothing, ignore_index):

@@ -122,6 +122,14 @@ def _layer_norm(mode, device):
     return F.layer_norm, [x, _leaf(device, (6,), 4, shift=1.0), _leaf(device, (6,), 5)]
 
 
+@_register(CASES, "residual_layer_norm", "F.residual_dropout_layer_norm: LayerNorm(x + dropout(y)), p 0.3")
+def _residual_layer_norm(mode, device):
+    x, y = _leaf(device, (2, 3, 6), 7, scale=2.0, shift=1.0), _leaf(device, (2, 3, 6), 8)
+    # a generator of one seed per call: every evaluation drops the same elements
+    return (lambda x, y, w, b: F.residual_dropout_layer_norm(x, y, w, b, 0.3, True, numpy.random.default_rng(3)),
+            [x, y, _leaf(device, (6,), 9, shift=1.0), _leaf(device, (6,), 10)])
+
+
 @_register(CASES, "embedding", "F.embedding with repeated ids (their gradients add up)")
 def _embedding(mode, device):
     ids = numpy.array([[1, 3, 3], [0, 6, 1]])
@@ -349,6 +357,12 @@ def _kernel_attention_causal(device):
 def _kernel_attention_tensor_cores(device):
     return kernel_cases.attention_mma(kernel_cases.Device(device, "bfloat16"), 2, 2, 37, 40, 64, lengths=[40, 9],
                                       causal=True, rng_seed=48)
+
+
+@_register(KERNEL_CASES, "kernel_residual_layer_norm",
+           "residual_layer_norm.cu: LayerNorm(x + dropout(y)) forward and backward, p 0.3")
+def _kernel_residual_layer_norm(device):
+    return kernel_cases.residual_layer_norm(_float32(device), 7, 40, 0.3, seed=2 ** 40 + 49, rng_seed=49)
 
 
 @_register(KERNEL_CASES, "kernel_dropout",

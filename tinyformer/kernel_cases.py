@@ -284,6 +284,31 @@ def dropout(dev, shape, p, seed, offset=0, rng_seed=0):
                      {"keep": backend.to_numpy(kernel_keep)})
 
 
+# ------------------------------------------------------------------------ residual + dropout + layer norm
+def residual_layer_norm(dev, rows, cols, p, seed=0, rng_seed=0):
+    """residual_layer_norm.cu against F.layer_norm(x + y ∘ Z) in float64, Z = keep/(1 − p) with
+    dropout.cu's Philox mask keep = philox_uniform(seed, 0, e) >= p (compared exactly); outputs and
+    the gradients of x, y, w, b for a random upstream gradient, with layer norm's tolerances."""
+    rng = numpy.random.default_rng(rng_seed)
+    x, y = dev.round(rand(rng, rows, cols, scale=2.0) + 1.5), dev.round(rand(rng, rows, cols))
+    w, b, g = dev.round(rand(rng, cols)), dev.round(rand(rng, cols)), dev.round(rand(rng, rows, cols))
+    keep = philox_uniform(seed, 0, numpy.arange(x.size)).reshape(x.shape) >= numpy.float32(p)
+    scale = float(dev.round(numpy.array([1.0 / (1.0 - p)], numpy.float32))[0])  # in the element type, as F passes it
+    kept = Tensor(keep * scale)
+    (expected,), (gx, gy, gw, gb) = reference(lambda x, y, w, b: F.layer_norm(x + y * kept, w, b, 1e-5),
+                                              [x, y, w, b], [g])
+    out, h, kernel_keep, mean, rstd = ops.residual_layer_norm_forward(
+        dev.put(x), dev.put(y), dev.put(w), dev.put(b), p, seed, scale=scale, dtype=dev.kernel_dtype)
+    kx, ky, kw, kb = ops.residual_layer_norm_backward(h, dev.put(w), dev.put(g), mean, rstd, kernel_keep, scale,
+                                                      dtype=dev.kernel_dtype)
+    sums = 1e-5 * max(1, rows / 16)
+    return KernelRun(f"x,y {_shape(x)} w,b {_shape(w)} p {p:g}",
+                     [compared("keep", kernel_keep, keep, 0.0, 0.0), dev.output("output", out, expected, atol=1e-5),
+                      dev.gradient("grad x", kx, gx, atol=1e-5), dev.gradient("grad y", ky, gy, atol=1e-5),
+                      dev.gradient("grad w", kw, gw, atol=sums), dev.gradient("grad b", kb, gb, atol=sums)],
+                     {"keep": backend.to_numpy(kernel_keep)})
+
+
 # ------------------------------------------------------------------------ attention
 def _attention_reference(dev, batch, heads, len_q, len_k, dim, lengths, causal, dropout_p, seed, rng_seed):
     """Rounded (batch, heads, len, dim) q, k, v, an upstream gradient g, and F's float64 output and

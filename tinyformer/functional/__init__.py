@@ -9,7 +9,8 @@ family per module, each beside its CUDA twin in ``kernels/``:
     layer_norm.py     LayerNorm                        kernels/layer_norm.cu
     cross_entropy.py  CrossEntropy (and nll_loss)      kernels/cross_entropy.cu
     dropout.py        Dropout                          kernels/dropout.cu
-    attention.py      ScaledDotProductAttention        kernels/attention.cu
+    residual.py       ResidualDropoutLayerNorm         kernels/residual_layer_norm.cu
+    attention.py      ScaledDotProductAttention        kernels/attention_mma.cu, attention.cu
     linear.py         Linear, LinearRelu
     embedding.py      Embedding
     masks.py          causal_mask, padding_mask, sinusoid_table
@@ -40,6 +41,7 @@ from .embedding import Embedding, embedding
 from .layer_norm import LayerNorm, layer_norm
 from .linear import Linear, LinearRelu, linear, linear_relu
 from .masks import causal_mask, padding_mask, sinusoid_table
+from .residual import ResidualDropoutLayerNorm, residual_dropout_layer_norm
 from .softmax import LogSoftmax, Softmax, log_softmax, softmax
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "log_softmax",
     "layer_norm",
     "dropout",
+    "residual_dropout_layer_norm",
     "embedding",
     "linear",
     "linear_relu",
@@ -60,6 +63,7 @@ __all__ = [
     "LogSoftmax",
     "LayerNorm",
     "Dropout",
+    "ResidualDropoutLayerNorm",
     "Embedding",
     "Linear",
     "LinearRelu",

@@ -221,6 +221,46 @@ def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     return y, keep
 
 
+# ------------------------------------------------------------------------ residual + dropout + layer norm
+def residual_layer_norm_forward(x, y, weight, bias, p=0.0, seed=0, offset=0, scale=None, eps=1e-5, dtype=None):
+    """out = layer_norm(x + dropout(y)) over the last axis in one kernel: returns (out, h, keep, mean,
+    rstd) with h = x + y ∘ keep · scale (what the backward normalises again), keep a bool array of
+    y's shape (all True at p = 0) drawn as ``dropout_forward`` draws it, mean/rstd float32 per row."""
+    x, y, weight, bias = _contiguous(x, y, weight, bias)
+    if x.shape != y.shape:
+        raise ValueError(f"residual_layer_norm: x {x.shape} and y {y.shape} must have the same shape")
+    name = _element_dtype(x, dtype)
+    xp, cols = _xp(x), x.shape[-1]
+    rows = _rows(x, cols)
+    scale = 1.0 / (1.0 - p) if scale is None else scale
+    h, out = xp.empty_like(x), xp.empty_like(x)
+    keep = xp.empty(x.shape, dtype=numpy.bool_)
+    mean = xp.empty(rows, dtype=numpy.float32)
+    rstd = xp.empty(rows, dtype=numpy.float32)
+    if rows and cols:
+        _launch.launch("residual_layer_norm_forward", name, (rows,), (registry.row_threads(cols),),
+                       (x, y, weight, bias, h, out, keep, mean, rstd, _i32(cols), _f32(p), _f32(scale), _f32(eps),
+                        numpy.uint64(seed), numpy.uint64(offset)))
+    return out, h, keep, mean, rstd
+
+
+def residual_layer_norm_backward(h, weight, grad_out, mean, rstd, keep, scale=1.0, need_params=True, dtype=None):
+    """(grad_x, grad_y, grad_weight, grad_bias) of ``residual_layer_norm_forward``; the parameter
+    gradients (None unless ``need_params``) by layer norm's two-stage reduction on h."""
+    h, weight, grad_out, keep = _contiguous(h, weight, grad_out, keep)
+    name = _element_dtype(h, dtype)
+    xp, cols = _xp(h), h.shape[-1]
+    rows = _rows(h, cols)
+    grad_x, grad_y = xp.empty_like(h), xp.empty_like(h)
+    if rows and cols:
+        _launch.launch("residual_layer_norm_backward", name, (rows,), (registry.row_threads(cols),),
+                       (h, weight, grad_out, mean, rstd, keep, grad_x, grad_y, _i32(cols), _f32(scale)))
+    grad_w = grad_b = None
+    if need_params:
+        _, grad_w, grad_b = layer_norm_backward(h, weight, grad_out, mean, rstd, need_input=False, dtype=dtype)
+    return grad_x, grad_y, grad_w, grad_b
+
+
 # ------------------------------------------------------------------------ attention
 def _check_attention(q, k, v, key_lengths):
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:

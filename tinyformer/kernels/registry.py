@@ -159,6 +159,7 @@ KERNELS = {
     "cross_entropy.cu": {"cross_entropy_forward": ("T",), "cross_entropy_backward": ("T",)},
     "adam.cu": {"adam_update": ("T",)},
     "dropout.cu": {"dropout_forward": ("T",)},
+    "residual_layer_norm.cu": {"residual_layer_norm_forward": ("T",), "residual_layer_norm_backward": ("T",)},
     "attention.cu": {
         "attention_forward": ("T", "HEAD_DIM", "ROWS_PER_WARP"),
         "attention_backward_delta": ("T", "HEAD_DIM"),

@@ -23,7 +23,9 @@ class _Residual(Module):
     def forward(self, x, sublayer):
         if self.norm_first:
             return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+        # = self.norm(x + self.dropout(sublayer(x))), one node (one kernel on the GPU)
+        return F.residual_dropout_layer_norm(x, sublayer(x), self.norm.weight, self.norm.bias, self.dropout.p,
+                                             self.training, self.dropout.generator, self.norm.eps)
 
 
 class EncoderLayer(Module):
