@@ -99,6 +99,19 @@ def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     return (x * keep * x.dtype.type(scale)).astype(x.dtype), keep
 
 
+def bias_relu_dropout_forward(y, bias, p=0.0, seed=0, offset=0, scale=None, dtype=None):
+    keep = philox_keep(seed, offset, y.shape, p) if p else np.ones(y.shape, bool)
+    scale = 1.0 / (1.0 - p) if scale is None else scale
+    pre = (y + bias).astype(y.dtype)
+    mask = (pre > 0) & keep
+    y[...] = np.where(mask, pre * y.dtype.type(scale) if p else pre, 0)
+    return y, mask
+
+
+def bias_relu_dropout_backward(grad_z, mask, scale=1.0, dtype=None):
+    return (grad_z * mask * grad_z.dtype.type(scale)).astype(grad_z.dtype)
+
+
 def residual_layer_norm_forward(x, y, weight, bias, p=0.0, seed=0, offset=0, scale=None, eps=1e-5, dtype=None):
     keep = philox_keep(seed, offset, y.shape, p) if p else np.ones(y.shape, bool)
     scale = 1.0 / (1.0 - p) if scale is None else scale
@@ -186,6 +199,7 @@ def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dty
 
 STAND_INS = [softmax_forward, softmax_backward, layer_norm_forward, layer_norm_backward, cross_entropy_forward,
              cross_entropy_backward, dropout_forward, residual_layer_norm_forward, residual_layer_norm_backward,
+             bias_relu_dropout_forward, bias_relu_dropout_backward,
              attention_forward, attention_backward, attention_mma_forward,
              attention_mma_backward, adam_update]
 
@@ -265,6 +279,11 @@ CASES = {
     "residual_layer_norm": (lambda x, y, w, b: F.residual_dropout_layer_norm(x, y, w, b, 0.3, True, generator()),
                             [X, X[::-1] * 0.5, W, B], (["residual_layer_norm_forward"], ["residual_layer_norm_backward"]),
                             True),
+    "linear_relu_dropout": (lambda x, w, b: F.linear_relu_dropout(x, w, b, 0.3, True, generator()),
+                            [X, np.ones((24, 32), np.float32) * 0.1, B[:24]],
+                            (["bias_relu_dropout_forward"], ["bias_relu_dropout_backward"]), True),
+    "linear_relu_dropout-no-bias": (lambda x, w: F.linear_relu_dropout(x, w, None, 0.3, True, generator()),
+                                    [X, np.ones((24, 32), np.float32) * 0.1], ([], []), False),
     "residual_layer_norm-eval": (lambda x, y, w, b: F.residual_dropout_layer_norm(x, y, w, b, 0.3, False), [X, X, W, B],
                                  (["residual_layer_norm_forward"], ["residual_layer_norm_backward"]), True),
     "attention": (attend(), [X, X[::-1], X * 2], ATTENTION, True),
@@ -366,7 +385,7 @@ def test_adam_takes_its_fused_step_exactly_when_the_rule_says_so(name, condition
 def test_every_op_with_a_kernel_follows_the_pattern():
     """Each Function of functional that calls a kernel is a KernelFunction with all four paths."""
     with_kernels = {F.Softmax, F.LogSoftmax, F.LayerNorm, F.CrossEntropy, F.Dropout, F.ScaledDotProductAttention,
-                    F.ResidualDropoutLayerNorm}
+                    F.ResidualDropoutLayerNorm, F.LinearReluDropout}
     for op in with_kernels:
         assert issubclass(op, F.KernelFunction), op
         for path in ("kernel_applies", "forward_cpu", "forward_gpu", "backward_cpu", "backward_gpu"):

@@ -55,3 +55,38 @@ def test_linear_relu_is_linear_then_relu_bit_for_bit(threads, monkeypatch, set_t
 def test_linear_feature_mismatch():
     with pytest.raises(ValueError, match="input has 3 features but weight expects 4"):
         F.linear(leaf(np.ones((2, 3))), leaf(np.ones((5, 4))))
+
+
+
+@pytest.mark.parametrize("p,training", [(0.3, True), (0.3, False), (0.0, True)])
+def test_linear_relu_dropout_equals_dropout_of_linear_relu_bit_for_bit(p, training):
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((2, 5, 8), (12, 8), (12,), (2, 5, 12))]
+    results = []
+    for fused in (True, False):
+        x, w, b = (Tensor(a, requires_grad=True) for a in arrays[:3])
+        generator = np.random.default_rng(4)
+        if fused:
+            z = F.linear_relu_dropout(x, w, b, p, training, generator)
+        else:
+            z = F.dropout(F.linear_relu(x, w, b), p, training, generator)
+        z.backward(Tensor(arrays[3]))
+        results.append([z.data, x.grad, w.grad, b.grad, generator.random()])
+    for fused_value, unfused_value in zip(*results):
+        np.testing.assert_array_equal(fused_value, unfused_value)
+
+
+def test_linear_relu_dropout_gradients_pass_central_differences():
+    from tinyformer.gradcheck import gradcheck
+
+    rng = np.random.default_rng(5)
+    x, w, b = (Tensor(rng.standard_normal(s), requires_grad=True) for s in ((3, 6), (5, 6), (5,)))
+    assert gradcheck(lambda x, w, b: F.linear_relu_dropout(x, w, b, 0.4, True, np.random.default_rng(1)), [x, w, b])
+
+
+def test_linear_relu_dropout_names_bad_input():
+    x, w = Tensor(np.zeros((2, 6), np.float32)), Tensor(np.zeros((5, 7), np.float32))
+    with pytest.raises(ValueError, match="input has 6 features but weight expects 7"):
+        F.linear_relu_dropout(x, w, None, 0.1)
+    with pytest.raises(ValueError, match="linear_relu_dropout: p"):
+        F.linear_relu_dropout(x, Tensor(np.zeros((5, 6), np.float32)), None, -0.1)

@@ -26,7 +26,7 @@ def test_every_instantiation_compiles_for_sm80_and_sm90(reports):
     expected = {(arch, e) for arch in ("sm_80", "sm_90") for s in registry.KERNELS for e in registry.instantiations(s)}
     assert {(r.arch, r.expression) for r in reports} == expected
     # arch × dtype × (kernel [× head dim]); the tensor-core attention and its probes in 2 dtypes
-    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 1 + 1 + 2 + 4 * 3) + 2 * (3 * 3 + 4))
+    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 1 + 1 + 2 + 2 + 4 * 3) + 2 * (3 * 3 + 4))
     assert all(r.registers > 0 for r in reports), "ptxas -v statistics were not parsed"
 
 

@@ -55,6 +55,17 @@ def test_layer_norm_kernel_rescales_rows_whose_float32_statistics_overflow(cols)
     assert np.abs(results["y"][[1, 3, 4, 5]]).max(axis=-1).min() > 0.5  # normalised rows, not the bias alone
 
 
+@pytest.mark.parametrize("rows,cols", [(3, 1), (5, 7), (9, 129), (2, 1001)])
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_bias_relu_dropout_kernel_matches_reference(rows, cols, p):
+    cases.bias_relu_dropout(CPU, rows, cols, p, seed=7, rng_seed=cols).check()
+
+
+def test_bias_relu_dropout_kernel_grid_stride(monkeypatch):
+    monkeypatch.setattr(registry, "DROPOUT_MAX_BLOCKS", 2)
+    cases.bias_relu_dropout(CPU, 33, 129, 0.2, seed=3).check()
+
+
 @pytest.mark.parametrize("rows,cols", [(3, 1), (5, 7), (9, 129), (2, 1000)])
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_residual_layer_norm_kernel_matches_reference(rows, cols, p):
@@ -296,7 +307,7 @@ def test_emulation_under_address_sanitizer():
         pytest.skip("the C++ compiler has no AddressSanitizer runtime")
     env = dict(TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
     selection = ("attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or "
-                 "residual_layer_norm_kernel or "
+                 "residual_layer_norm_kernel or bias_relu_dropout_kernel or "
                  "dropout_kernel or registry_geometry or training_step")
     tensor_cores = os.path.join(os.path.dirname(__file__), "test_kernels_mma.py")
     result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, tensor_cores,

@@ -40,6 +40,13 @@ def test_layer_norm_kernel(dtype, cols):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", LENGTHS)
 @pytest.mark.parametrize("p", [0.0, 0.1])
+def test_bias_relu_dropout_kernel(dtype, cols, p):
+    cases.bias_relu_dropout(Device("cuda", dtype), 300, cols, p, seed=cols, rng_seed=cols).check()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", LENGTHS)
+@pytest.mark.parametrize("p", [0.0, 0.1])
 def test_residual_layer_norm_kernel(dtype, cols, p):
     cases.residual_layer_norm(Device("cuda", dtype), 300, cols, p, seed=cols, rng_seed=cols).check()
 

@@ -359,6 +359,12 @@ def _kernel_attention_tensor_cores(device):
                                       causal=True, rng_seed=48)
 
 
+@_register(KERNEL_CASES, "kernel_bias_relu_dropout",
+           "bias_relu_dropout.cu: dropout(max(0, y + b)) and its backward, p 0.3")
+def _kernel_bias_relu_dropout(device):
+    return kernel_cases.bias_relu_dropout(_float32(device), 9, 70, 0.3, seed=2 ** 33 + 50, rng_seed=50)
+
+
 @_register(KERNEL_CASES, "kernel_residual_layer_norm",
            "residual_layer_norm.cu: LayerNorm(x + dropout(y)) forward and backward, p 0.3")
 def _kernel_residual_layer_norm(device):

@@ -11,7 +11,7 @@ family per module, each beside its CUDA twin in ``kernels/``:
     dropout.py        Dropout                          kernels/dropout.cu
     residual.py       ResidualDropoutLayerNorm         kernels/residual_layer_norm.cu
     attention.py      ScaledDotProductAttention        kernels/attention_mma.cu, attention.cu
-    linear.py         Linear, LinearRelu
+    linear.py         Linear, LinearRelu, LinearReluDropout  kernels/bias_relu_dropout.cu
     embedding.py      Embedding
     masks.py          causal_mask, padding_mask, sinusoid_table
 
@@ -39,7 +39,7 @@ from .cross_entropy import CrossEntropy, cross_entropy, nll_loss
 from .dropout import Dropout, dropout
 from .embedding import Embedding, embedding
 from .layer_norm import LayerNorm, layer_norm
-from .linear import Linear, LinearRelu, linear, linear_relu
+from .linear import Linear, LinearRelu, LinearReluDropout, linear, linear_relu, linear_relu_dropout
 from .masks import causal_mask, padding_mask, sinusoid_table
 from .residual import ResidualDropoutLayerNorm, residual_dropout_layer_norm
 from .softmax import LogSoftmax, Softmax, log_softmax, softmax
@@ -53,6 +53,7 @@ __all__ = [
     "embedding",
     "linear",
     "linear_relu",
+    "linear_relu_dropout",
     "cross_entropy",
     "nll_loss",
     "scaled_dot_product_attention",
@@ -64,6 +65,7 @@ __all__ = [
     "LayerNorm",
     "Dropout",
     "ResidualDropoutLayerNorm",
+    "LinearReluDropout",
     "Embedding",
     "Linear",
     "LinearRelu",

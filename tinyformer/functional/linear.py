@@ -1,9 +1,38 @@
-"""The affine map of a linear layer, and the feed-forward net's first layer fused with its ReLU (§3.3)."""
+"""The affine map of a linear layer, and the feed-forward net's first layer fused with its ReLU
+(§3.3) and, for activation dropout, with its dropout too (kernels/bias_relu_dropout.cu on the GPU)."""
 
-from .. import backend
+from .. import backend, kernels
+from ..kernels import ops as kernel_ops
 from ..tensor import Function
+from ..validation import check_probability
+from ._dispatch import KernelFunction
+from .dropout import _check_generator, _dropped, _kernel_seed, _scale, _scaled_by_mask
 
 _xp = backend.get_array_module
+
+
+def _check_linear(x, weight, bias):
+    if weight.ndim != 2:
+        raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {weight.shape}")
+    if x.ndim == 0:
+        raise ValueError("input needs a feature axis, got a 0-d array")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"input has {x.shape[-1]} features but weight expects {weight.shape[1]}"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},) for {weight.shape[0]} output "
+                         f"features, got {bias.shape}")
+
+
+def _linear_grads(g, x, weight, needs):
+    """(dx, dW, db) of y = x Wᵀ + b for the upstream g, each only where ``needs`` says."""
+    need_x, need_w, need_b = (tuple(needs) + (False,))[:3]
+    g2 = g.reshape(-1, g.shape[-1])
+    grad_x = (g2 @ weight).reshape(x.shape) if need_x else None
+    grad_w = g2.T @ x.reshape(-1, x.shape[-1]) if need_w else None
+    grad_b = g2.sum(axis=0) if need_b else None
+    return grad_x, grad_w, grad_b
 
 
 class Linear(Function):
@@ -13,17 +42,7 @@ class Linear(Function):
     """
 
     def forward(self, x, weight, bias=None):
-        if weight.ndim != 2:
-            raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {weight.shape}")
-        if x.ndim == 0:
-            raise ValueError("input needs a feature axis, got a 0-d array")
-        if x.shape[-1] != weight.shape[1]:
-            raise ValueError(
-                f"input has {x.shape[-1]} features but weight expects {weight.shape[1]}"
-            )
-        if bias is not None and bias.shape != (weight.shape[0],):
-            raise ValueError(f"bias must have shape ({weight.shape[0]},) for {weight.shape[0]} output "
-                             f"features, got {bias.shape}")
+        _check_linear(x, weight, bias)
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
         y = x.reshape(-1, x.shape[-1]) @ weight.T
@@ -39,12 +58,7 @@ class Linear(Function):
             backend.map_row_blocks(add_bias, len(y), y, row_size=y.shape[1])
 
     def backward(self, g):
-        need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
-        g2 = g.reshape(-1, g.shape[-1])
-        grad_x = (g2 @ self.weight).reshape(self.x.shape) if need_x else None
-        grad_w = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need_w else None
-        grad_b = g2.sum(axis=0) if need_b else None
-        return grad_x, grad_w, grad_b
+        return _linear_grads(g, self.x, self.weight, self.needs_input_grad)
 
 
 class LinearRelu(Linear):
@@ -69,6 +83,51 @@ class LinearRelu(Linear):
         return super().backward(backend.blockwise(_xp(g).multiply, g, positive))
 
 
+class LinearReluDropout(KernelFunction):
+    """z = dropout(max(0, x Wᵀ + b)): the feed-forward net's first layer with activation dropout,
+    as one node. The same values, gradients and generator draws as ``dropout(linear_relu(x, W, b),
+    p)``: the reference is ``LinearRelu`` then the dropout of ``Dropout``; dz/d(xWᵀ + b) =
+    [xWᵀ + b > 0] ∘ m / (1 − p), then Linear's backward. On the GPU the product is one matmul and
+    bias, ReLU and dropout one kernel after it (kernels/bias_relu_dropout.cu; dropout.cu's mask for
+    the seed drawn from ``generator``), their backward one more.
+    """
+
+    def check_forward(self, x, weight, bias, p, generator):
+        _check_linear(x, weight, bias)
+
+    def kernel_applies(self, x, weight, bias, p, generator):
+        return (bias is not None and kernels.use_kernels(x, weight, bias)
+                and len({x.dtype, weight.dtype, bias.dtype}) == 1)
+
+    def forward_cpu(self, x, weight, bias, p, generator):
+        self.relu = LinearRelu()
+        self.relu.needs_input_grad = self.needs_input_grad[:3]
+        z = self.relu.forward(x, weight, bias)
+        self.p = p
+        if p:
+            self.scale = _scale(z, p)
+            z, self.keep = _dropped(z, p, generator)
+        return z
+
+    def backward_cpu(self, g):
+        if self.p:
+            g = _scaled_by_mask(g, self.keep, self.scale)
+        return (*self.relu.backward(g), None, None)
+
+    def forward_gpu(self, x, weight, bias, p, generator):
+        self.x, self.weight = x, weight
+        self.scale = float(_scale(x, p)) if p else 1.0
+        y = x.reshape(-1, x.shape[-1]) @ weight.T
+        z, self.mask = kernel_ops.bias_relu_dropout_forward(y, bias, p, _kernel_seed(generator) if p else 0,
+                                                            scale=self.scale)
+        return z.reshape(x.shape[:-1] + (weight.shape[0],))
+
+    def backward_gpu(self, g):
+        grad_y = kernel_ops.bias_relu_dropout_backward(g.astype(self.x.dtype, copy=False), self.mask.reshape(g.shape),
+                                                       self.scale)
+        return (*_linear_grads(grad_y, self.x, self.weight, self.needs_input_grad), None, None)
+
+
 def linear(x, weight, bias=None):
     """x Wᵀ + b: the affine map of a linear layer, weight stored (out_features, in_features)."""
     return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
@@ -78,3 +137,11 @@ def linear_relu(x, weight, bias=None):
     """max(0, x Wᵀ + b) in one node (see LinearRelu): the same values and gradients as
     ``linear(x, weight, bias).relu()`` without the second (batch, out) array."""
     return LinearRelu.apply(x, weight) if bias is None else LinearRelu.apply(x, weight, bias)
+
+
+def linear_relu_dropout(x, weight, bias=None, p=0.0, training=True, generator=None):
+    """dropout(max(0, x Wᵀ + b), p) in one node (see LinearReluDropout): the feed-forward net's first
+    layer with activation dropout; ``linear_relu`` when not training or p = 0."""
+    p = check_probability("linear_relu_dropout: p", p)
+    _check_generator(generator, "linear_relu_dropout: generator")
+    return LinearReluDropout.apply(x, weight, bias, p if training else 0.0, generator)

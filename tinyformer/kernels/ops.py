@@ -199,6 +199,13 @@ def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dty
 
 
 # ------------------------------------------------------------------------ dropout
+def _elementwise_grid(n, per_thread=1):
+    """(blocks, threads) of a grid-stride launch over n elements, ``per_thread`` each."""
+    items = math.ceil(n / per_thread)
+    threads = registry.row_threads(items)
+    return min(registry.DROPOUT_MAX_BLOCKS, math.ceil(items / threads)), threads
+
+
 def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     """Inverted dropout with the mask from Philox: returns (y, keep), keep a bool array of x's shape.
 
@@ -211,14 +218,44 @@ def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     scale = 1.0 / (1.0 - p) if scale is None else scale
     y = xp.empty_like(x)
     keep = xp.empty(x.shape, dtype=numpy.bool_)
-    groups = math.ceil(x.size / 4)  # one thread per 4 elements: one Philox block
-    if groups:
-        threads = registry.row_threads(groups)  # fewer for a small array
-        blocks = min(registry.DROPOUT_MAX_BLOCKS, math.ceil(groups / threads))
+    if x.size:
+        blocks, threads = _elementwise_grid(x.size, 4)  # one thread per 4 elements: one Philox block
         _launch.launch("dropout_forward", name, (blocks,), (threads,),
                        (x, y, keep, numpy.int64(x.size), _f32(p), _f32(scale), numpy.uint64(seed),
                         numpy.uint64(offset)))
     return y, keep
+
+
+# ------------------------------------------------------------------------ bias + ReLU + dropout
+def bias_relu_dropout_forward(y, bias, p=0.0, seed=0, offset=0, scale=None, dtype=None):
+    """z = dropout(max(0, y + bias)) in place on y (rows of len(bias)); returns (z, mask) with
+    mask = [y + bias > 0] ∧ keep, keep drawn as ``dropout_forward`` draws it (all True at p = 0)."""
+    if not y.flags.c_contiguous:
+        raise ValueError("bias_relu_dropout: y must be C-contiguous (it is updated in place)")
+    (bias,) = _contiguous(bias)
+    if bias.shape != (y.shape[-1],):
+        raise ValueError(f"bias_relu_dropout: bias must have shape ({y.shape[-1]},), got {tuple(bias.shape)}")
+    name = _element_dtype(y, dtype)
+    scale = 1.0 / (1.0 - p) if scale is None else scale
+    mask = _xp(y).empty(y.shape, dtype=numpy.bool_)
+    if y.size:
+        blocks, threads = _elementwise_grid(y.size, 4)  # one Philox block per 4 elements
+        _launch.launch("bias_relu_dropout_forward", name, (blocks,), (threads,),
+                       (y, bias, mask, numpy.int64(y.size), _i32(y.shape[-1]), _f32(p), _f32(scale),
+                        numpy.uint64(seed), numpy.uint64(offset)))
+    return y, mask
+
+
+def bias_relu_dropout_backward(grad_z, mask, scale=1.0, dtype=None):
+    """dy = dz ∘ mask · scale."""
+    grad_z, mask = _contiguous(grad_z, mask)
+    name = _element_dtype(grad_z, dtype)
+    grad_y = _xp(grad_z).empty_like(grad_z)
+    if grad_z.size:
+        blocks, threads = _elementwise_grid(grad_z.size)
+        _launch.launch("bias_relu_dropout_backward", name, (blocks,), (threads,),
+                       (grad_z, mask, grad_y, numpy.int64(grad_z.size), _f32(scale)))
+    return grad_y
 
 
 # ------------------------------------------------------------------------ residual + dropout + layer norm

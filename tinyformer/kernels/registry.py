@@ -159,6 +159,7 @@ KERNELS = {
     "cross_entropy.cu": {"cross_entropy_forward": ("T",), "cross_entropy_backward": ("T",)},
     "adam.cu": {"adam_update": ("T",)},
     "dropout.cu": {"dropout_forward": ("T",)},
+    "bias_relu_dropout.cu": {"bias_relu_dropout_forward": ("T",), "bias_relu_dropout_backward": ("T",)},
     "residual_layer_norm.cu": {"residual_layer_norm_forward": ("T",), "residual_layer_norm_backward": ("T",)},
     "attention.cu": {
         "attention_forward": ("T", "HEAD_DIM", "ROWS_PER_WARP"),

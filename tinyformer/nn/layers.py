@@ -170,8 +170,10 @@ class PositionwiseFeedForward(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x):
-        hidden = F.linear_relu(x, self.linear1.weight, self.linear1.bias)  # = self.linear1(x).relu()
-        return self.linear2(self.dropout(hidden))
+        # = self.dropout(self.linear1(x).relu()), one node (on the GPU one matmul and one kernel)
+        hidden = F.linear_relu_dropout(x, self.linear1.weight, self.linear1.bias, self.dropout.p, self.training,
+                                       self.dropout.generator)
+        return self.linear2(hidden)
 
 
 def scale_embedding(x, d_model):
