@@ -308,7 +308,7 @@ def test_emulation_under_address_sanitizer():
     env = dict(TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
     selection = ("attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or "
                  "residual_layer_norm_kernel or bias_relu_dropout_kernel or "
-                 "dropout_kernel or registry_geometry or training_step")
+                 "dropout_kernel or kernels_follow_a_changed_registry_geometry or training_step")
     tensor_cores = os.path.join(os.path.dirname(__file__), "test_kernels_mma.py")
     result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, tensor_cores,
                            "-k", f"({selection}) or {TENSOR_CORE_SELECTION}"], env=env, timeout=1200)
