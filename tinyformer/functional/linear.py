@@ -1,6 +1,8 @@
 """The affine map of a linear layer, and the feed-forward net's first layer fused with its ReLU (§3.3)."""
 
-from .. import backend
+import numpy
+
+from .. import amp, backend
 from ..tensor import Function
 
 _xp = backend.get_array_module
@@ -10,6 +12,8 @@ class Linear(Function):
     """y = x Wᵀ + b with W of shape (out, in);  dx = dy W, dW = dyᵀ x, db = Σ dy.
 
     dW and db are single products over the flattened batch (no per-example temporaries).
+    Half-precision operands without a native product (``backend.has_half_matmul``: NumPy) are
+    multiplied in float32 and the result rounded once, as a float32 accumulator would.
     """
 
     def forward(self, x, weight, bias=None):
@@ -24,11 +28,15 @@ class Linear(Function):
         if bias is not None and bias.shape != (weight.shape[0],):
             raise ValueError(f"bias must have shape ({weight.shape[0]},) for {weight.shape[0]} output "
                              f"features, got {bias.shape}")
+        self.half = x.dtype if backend.is_half(x.dtype) and not backend.has_half_matmul(x) else None
+        if self.half is not None:
+            x, weight, bias = (None if a is None else a.astype(numpy.float32) for a in (x, weight, bias))
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
         y = x.reshape(-1, x.shape[-1]) @ weight.T
         self._epilogue(y, bias)
-        return y.reshape(x.shape[:-1] + (weight.shape[0],))
+        y = y.reshape(x.shape[:-1] + (weight.shape[0],))
+        return y if self.half is None else y.astype(self.half)
 
     def _epilogue(self, y, bias):
         """Adds the bias in place (y is ours: no second (batch, out) array), in row blocks."""
@@ -40,6 +48,8 @@ class Linear(Function):
 
     def backward(self, g):
         need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
+        if self.half is not None:
+            g = g.astype(numpy.float32)
         g2 = g.reshape(-1, g.shape[-1])
         grad_x = (g2 @ self.weight).reshape(self.x.shape) if need_x else None
         grad_w = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need_w else None
@@ -66,15 +76,20 @@ class LinearRelu(Linear):
 
     def backward(self, g):
         positive = self.positive.reshape(g.shape)
+        if self.half is not None:
+            g = g.astype(numpy.float32)
         return super().backward(backend.blockwise(_xp(g).multiply, g, positive))
 
 
 def linear(x, weight, bias=None):
-    """x Wᵀ + b: the affine map of a linear layer, weight stored (out_features, in_features)."""
+    """x Wᵀ + b: the affine map of a linear layer, weight stored (out_features, in_features);
+    in the half type under ``amp.autocast``."""
+    x, weight, bias = amp.half_args(x, weight, bias)
     return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 
 def linear_relu(x, weight, bias=None):
     """max(0, x Wᵀ + b) in one node (see LinearRelu): the same values and gradients as
     ``linear(x, weight, bias).relu()`` without the second (batch, out) array."""
+    x, weight, bias = amp.half_args(x, weight, bias)
     return LinearRelu.apply(x, weight) if bias is None else LinearRelu.apply(x, weight, bias)

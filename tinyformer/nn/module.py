@@ -131,7 +131,7 @@ class Module:
         def convert(array):
             if device is not None:
                 array = backend.to_device(array, device)
-            if dtype is not None and array.dtype.kind == "f" and array.dtype != dtype:
+            if dtype is not None and backend.is_floating(array.dtype) and array.dtype != dtype:
                 array = array.astype(dtype)
             return array
 
