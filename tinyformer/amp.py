@@ -88,13 +88,17 @@ def autocast(precision="bf16"):
 
 # ------------------------------------------------------------------ casts that autograd sees
 class Cast(Function):
-    """y = x rounded to ``dtype``;  dx = dy in x's dtype (the engine casts it back)."""
+    """y = x rounded to ``dtype``;  dx = dy rounded to x's dtype. A float16 overflow becomes inf
+    without a warning: the loss scaler looks for it."""
 
     def forward(self, x, dtype):
-        return x.astype(dtype)
+        self.source = x.dtype
+        with numpy.errstate(over="ignore"):
+            return x.astype(dtype)
 
     def backward(self, g):
-        return g, None
+        with numpy.errstate(over="ignore", invalid="ignore"):
+            return g.astype(self.source, copy=False), None
 
 
 class CastWeight(Function):

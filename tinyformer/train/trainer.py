@@ -229,7 +229,7 @@ class Trainer:
             for i, batch in enumerate(mine):
                 if self.buckets is not None and i == len(mine) - 1:
                     self.buckets.arm()  # the last backward pass all-reduces the buckets as they fill
-                with amp.autocast(self.precision):
+                with amp.autocast(self.precision), self._overflow_quietly():
                     loss, nll = batch_loss(self.model, batch, self.config.label_smoothing)
                     (loss * (backward_scale / tokens)).backward()
                 total_loss += loss.item()
@@ -251,6 +251,11 @@ class Trainer:
                                        "--lr-factor in a new run") from None
         self.position.advance(len(batches), tokens, applied=grad_norm is not None and math.isfinite(grad_norm))
         return loss, nll, tokens, grad_norm
+
+    def _overflow_quietly(self):
+        """fp16: a scaled gradient that overflows is the scaler's business (the step is skipped and
+        logged), not a warning for every op it passes through."""
+        return numpy.errstate(over="ignore", invalid="ignore") if self.scaler.enabled else contextlib.nullcontext()
 
     def log(self, record):
         if self.lead:
