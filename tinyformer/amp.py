@@ -94,11 +94,11 @@ class Cast(Function):
     def forward(self, x, dtype):
         self.source = x.dtype
         with numpy.errstate(over="ignore"):
-            return x.astype(dtype)
+            return backend.cast(x, dtype)
 
     def backward(self, g):
         with numpy.errstate(over="ignore", invalid="ignore"):
-            return g.astype(self.source, copy=False), None
+            return backend.cast(g, self.source), None
 
 
 class CastWeight(Function):
@@ -136,7 +136,7 @@ def compute_copy(param, dtype):
     makes a new copy on the next use."""
     entry = _entry(param)
     if entry is None or entry[2].dtype != dtype:
-        _keep(param, param.data.astype(dtype))
+        _keep(param, backend.cast(param.data, dtype))
         entry = _entry(param)
     return entry[2]
 
@@ -149,7 +149,7 @@ def compute_copies(params):
 def refresh_compute_copy(param, copy):
     """Round ``param.data`` into ``copy`` (the optimiser's reference path; the fused Adam kernel
     writes the copy itself), and keep the copy tied to the current ``param.data``."""
-    copy[...] = param.data.astype(copy.dtype)
+    copy[...] = backend.cast(param.data, copy.dtype)
     _keep(param, copy)
 
 

@@ -211,6 +211,34 @@ def is_half(dtype):
     return numpy.dtype(dtype) in HALF_DTYPES
 
 
+def to_bfloat16(x):
+    """float32 (or any float) -> ``bfloat16`` (round to nearest even) by integer arithmetic on the
+    bits: the same on NumPy and on a CuPy that cannot cast to bfloat16 itself."""
+    xp = get_array_module(x)
+    bits = xp.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
+    rounded = bits + numpy.uint32(0x7FFF) + ((bits >> numpy.uint32(16)) & numpy.uint32(1))
+    return (rounded >> numpy.uint32(16)).astype(numpy.uint16).view(bfloat16)
+
+
+def from_bfloat16(x):
+    """A ``bfloat16`` array -> float32 (exact), by a shift of the bits."""
+    xp = get_array_module(x)
+    return (xp.ascontiguousarray(x).view(numpy.uint16).astype(numpy.uint32) << numpy.uint32(16)).view(numpy.float32)
+
+
+def cast(array, dtype):
+    """``array.astype(dtype)``; to or from bfloat16 on CuPy through the bits (CuPy before 14 has no
+    bfloat16 casts: the documented fallback), elsewhere the library's own cast."""
+    dtype = numpy.dtype(dtype)
+    if array.dtype == dtype:
+        return array
+    if is_cupy_array(array) and bfloat16 in (dtype, array.dtype):
+        if dtype == bfloat16:
+            return to_bfloat16(array)
+        return from_bfloat16(array).astype(dtype, copy=False)
+    return array.astype(dtype)
+
+
 _native_half_matmul = {}
 
 

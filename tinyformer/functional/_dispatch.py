@@ -64,11 +64,11 @@ class KernelFunction(Function):
 
 def _float32(array):
     """A half-precision array as float32; anything else as it is."""
-    return array.astype(numpy.float32) if hasattr(array, "dtype") and backend.is_half(array.dtype) else array
+    return backend.cast(array, numpy.float32) if hasattr(array, "dtype") and backend.is_half(array.dtype) else array
 
 
 def _round(array, dtype):
     """A floating result rounded to the half type of the inputs; others (masks, None) as they are."""
     if hasattr(array, "dtype") and backend.is_floating(array.dtype) and array.dtype != dtype:
-        return array.astype(dtype)
+        return backend.cast(array, dtype)
     return array

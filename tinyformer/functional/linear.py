@@ -30,13 +30,13 @@ class Linear(Function):
                              f"features, got {bias.shape}")
         self.half = x.dtype if backend.is_half(x.dtype) and not backend.has_half_matmul(x) else None
         if self.half is not None:
-            x, weight, bias = (None if a is None else a.astype(numpy.float32) for a in (x, weight, bias))
+            x, weight, bias = (None if a is None else backend.cast(a, numpy.float32) for a in (x, weight, bias))
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
         y = x.reshape(-1, x.shape[-1]) @ weight.T
         self._epilogue(y, bias)
         y = y.reshape(x.shape[:-1] + (weight.shape[0],))
-        return y if self.half is None else y.astype(self.half)
+        return y if self.half is None else backend.cast(y, self.half)
 
     def _epilogue(self, y, bias):
         """Adds the bias in place (y is ours: no second (batch, out) array), in row blocks."""
@@ -49,7 +49,7 @@ class Linear(Function):
     def backward(self, g):
         need_x, need_w, need_b = (tuple(self.needs_input_grad) + (False,))[:3]
         if self.half is not None:
-            g = g.astype(numpy.float32)
+            g = backend.cast(g, numpy.float32)
         g2 = g.reshape(-1, g.shape[-1])
         grad_x = (g2 @ self.weight).reshape(self.x.shape) if need_x else None
         grad_w = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need_w else None
@@ -77,7 +77,7 @@ class LinearRelu(Linear):
     def backward(self, g):
         positive = self.positive.reshape(g.shape)
         if self.half is not None:
-            g = g.astype(numpy.float32)
+            g = backend.cast(g, numpy.float32)
         return super().backward(backend.blockwise(_xp(g).multiply, g, positive))
 
 

@@ -426,15 +426,5 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
 
 
 # ------------------------------------------------------------------------ bfloat16
-def to_bfloat16(x):
-    """float32 -> a ``backend.bfloat16`` array (round to nearest even), on x's device; integer
-    arithmetic on the bits, so it needs no bfloat16 cast from the array library."""
-    xp = _xp(x)
-    bits = xp.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
-    rounded = bits + numpy.uint32(0x7FFF) + ((bits >> numpy.uint32(16)) & numpy.uint32(1))
-    return (rounded >> numpy.uint32(16)).astype(numpy.uint16).view(backend.bfloat16)
-
-
-def from_bfloat16(x):
-    """A ``backend.bfloat16`` array -> float32 (exact), on x's device."""
-    return (_xp(x).ascontiguousarray(x).view(numpy.uint16).astype(numpy.uint32) << numpy.uint32(16)).view(numpy.float32)
+to_bfloat16 = backend.to_bfloat16  # float32 -> backend.bfloat16, round to nearest even, on x's device
+from_bfloat16 = backend.from_bfloat16  # backend.bfloat16 -> float32, exact
