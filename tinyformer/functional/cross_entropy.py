@@ -103,7 +103,8 @@ class CrossEntropy(KernelFunction):
         flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
         loss, nll, self.lse = kernel_ops.cross_entropy_forward(flat, t, smoothing, ignore_index)
         self.flat, self.t, self.ignore_index = flat, t, ignore_index
-        return self._reduce(loss, nll, keep, target.shape, flat.dtype, weight_dtype=numpy.float32)
+        out_dtype = numpy.float32 if backend.is_half(flat.dtype) else flat.dtype  # as float32_outputs
+        return self._reduce(loss, nll, keep, target.shape, out_dtype, weight_dtype=numpy.float32)
 
     def backward_gpu(self, g_loss, g_nll):
         xp, rows = _xp(self.flat), len(self.t)
