@@ -118,7 +118,7 @@ def test_a_model_under_autocast_gives_float32_gradients_close_to_fp32():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_adam_keeps_float32_masters_and_refreshes_the_compute_copy(precision):
     w = nn.Parameter(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
-    x = tf.Tensor(np.ones((2, 4), np.float32))
+    x = tf.Tensor(np.ones((2, 4), np.float32), requires_grad=True)
     adam = Adam([w], lr=0.1)
     with amp.autocast(precision):
         F.linear(x, w).sum().backward()
@@ -127,6 +127,7 @@ def test_adam_keeps_float32_masters_and_refreshes_the_compute_copy(precision):
     assert copy.dtype == half and np.array_equal(copy, w.data.astype(half))
     adam.step()
     assert w.data.dtype == adam.m[0].dtype == adam.v[0].dtype == np.float32
+    assert amp.compute_copies([x]) == [None]  # a plain tensor is cast at each use, never cached
     (after,) = amp.compute_copies([w])
     assert after is copy and np.array_equal(copy, w.data.astype(half))  # refreshed in place, same array
     with amp.autocast(precision):

@@ -162,7 +162,7 @@ def keep_compute_copy(param, copy):
 def _half(x, dtype):
     if not isinstance(x, Tensor) or not backend.is_floating(x.dtype) or x.dtype == dtype:
         return x
-    if getattr(x, "is_leaf", False) and x.requires_grad:  # a parameter: its cached compute copy
+    if getattr(x, "keeps_compute_copy", False):  # an nn.Parameter: its cached compute copy
         return CastWeight.apply(x, compute_copy(x, dtype))
     return Cast.apply(x, dtype=dtype)
 

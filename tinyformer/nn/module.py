@@ -19,6 +19,7 @@ class Parameter(Tensor):
     """A Tensor that is a learnable weight of a Module (always requires grad)."""
 
     __slots__ = ()
+    keeps_compute_copy = True  # amp: products read it through a cached half copy the optimiser refreshes
 
     def __init__(self, data):
         super().__init__(data, requires_grad=True)
