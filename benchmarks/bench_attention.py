@@ -63,7 +63,7 @@ def attention_flops(batch, seq_len, heads, head_dim, causal=False, backward=Fals
 
 
 def itemsize(dtype):
-    """Bytes per element of a kernel dtype name (bfloat16 travels as uint16)."""
+    """Bytes per element of a kernel dtype name."""
     return 2 if dtype == "bfloat16" else numpy.dtype(dtype).itemsize
 
 
@@ -112,8 +112,9 @@ def as_kernel_dtype(x, dtype):
 
 
 def kernel_dtype_arg(dtype):
-    """The ``dtype=`` argument of ``kernels.ops``: named only when it is not the array's own."""
-    return "bfloat16" if dtype == "bfloat16" else None
+    """The ``dtype=`` argument of ``kernels.ops``: every array carries its own dtype (bfloat16 is
+    ml_dtypes' dtype on both backends), so none is named."""
+    return None
 
 
 # ----------------------------------------------------------------------------- timing
@@ -252,7 +253,7 @@ def attention_inputs(case, seed):
 
 class TensorCoreAttention:
     """The tensor-core kernels on (B, H, S, D) views of (B, S, H, D) arrays: the layout the Q/K/V
-    projections produce (fp16; bf16 as uint16 storage)."""
+    projections produce (fp16 and bf16 arrays)."""
 
     def __init__(self, case, inputs):
         from tinyformer.kernels import ops
@@ -685,7 +686,7 @@ def run_attention(args, torch_ok, failures):
         table.add(measure_attention(case, args, torch_ok, failures))
     print()
     print("kernel: fp16/bf16 kernels.ops.attention_mma_forward/backward (tensor cores, q/k/v as (B, S, H, D) "
-          "views), fp32 kernels.ops.attention_forward/backward (CUDA cores, (B·H, S, D)); bf16 as uint16 storage. "
+          "views), fp32 kernels.ops.attention_forward/backward (CUDA cores, (B·H, S, D)); bf16 as ml_dtypes bfloat16 arrays. "
           "cuda-core: the CUDA-core kernel in the 16-bit types. unfused: functional.scaled_dot_product_attention "
           "with TINYFORMER_KERNELS=0 (CuPy ops through the autograd engine; n/a for bf16, which CuPy lacks). "
           "flash, cudnn, efficient: torch.nn.functional.scaled_dot_product_attention with that backend forced "

@@ -155,12 +155,12 @@ def torch_cuda_growth(step):
 
 # ----------------------------------------------------------------------------- tinyformer
 class TinyformerRunner:
-    def __init__(self, preset, vocab, batch, device, seed):
+    def __init__(self, preset, vocab, batch, device, seed, precision="fp32"):
         import tinyformer as tf
-        from tinyformer import backend, functional as F, optim
+        from tinyformer import amp, backend, functional as F, optim
         from tinyformer.nn import Transformer
 
-        self.F, self.tf = F, tf
+        self.F, self.tf, self.amp, self.precision = F, tf, amp, precision
         tf.manual_seed(seed)
         self.model = Transformer.from_preset(preset, vocab_size=vocab, pad_id=PAD, seed=seed)
         self.config = self.model.config
@@ -173,16 +173,18 @@ class TinyformerRunner:
         self.src, self.tgt_in, self.tgt_out = (move(batch[k]) for k in ("src", "tgt_in", "tgt_out"))
         self.device = device
         self.smoothing = LABEL_SMOOTHING
+        self.scaler = optim.GradScaler(enabled=amp.get_precision(precision).loss_scaling)
 
     def num_parameters(self):
         return self.model.num_parameters()
 
     def step(self):
         self.optimizer.zero_grad()
-        logits = self.model(self.src, self.tgt_in)
-        loss = self.F.cross_entropy(logits, self.tgt_out, label_smoothing=self.smoothing, ignore_index=PAD)
-        loss.backward()
-        self.optimizer.step()
+        with self.amp.autocast(self.precision):
+            logits = self.model(self.src, self.tgt_in)
+            loss = self.F.cross_entropy(logits, self.tgt_out, label_smoothing=self.smoothing, ignore_index=PAD)
+            self.scaler.scale_loss(loss).backward()
+        self.scaler.step(self.optimizer)
         value = loss.item()
         synchronize(self.device)
         return value
@@ -190,7 +192,7 @@ class TinyformerRunner:
     def eval_loss(self, rows):
         self.model.eval()
         try:
-            with self.tf.no_grad():
+            with self.tf.no_grad(), self.amp.autocast(self.precision):
                 logits = self.model(self.src[:rows], self.tgt_in[:rows])
                 loss = self.F.cross_entropy(logits, self.tgt_out[:rows], label_smoothing=self.smoothing,
                                             ignore_index=PAD)
@@ -301,14 +303,22 @@ def copy_weights(tiny, model):
             norm(ours.ff_block.norm, theirs.norm3)
 
 
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
 class TorchRunner:
-    def __init__(self, config, batch, device, seed):
+    """PyTorch's step on the same model; in bf16/fp16 under ``torch.autocast`` (with its GradScaler
+    for fp16): fp32 weights and Adam, the products in the half type, as tinyformer's amp."""
+
+    def __init__(self, config, batch, device, seed, precision="fp32"):
         import torch
         from torch.nn import functional as TF
 
         from tinyformer.optim import NoamSchedule
 
         self.torch, self.TF = torch, TF
+        self.half = getattr(torch, TORCH_DTYPES[precision]) if precision in TORCH_DTYPES else None
+        self.scaler = torch.amp.GradScaler(device, enabled=precision == "fp16")
         torch.manual_seed(seed)
         self.device = device
         self.model = build_torch_model(config, device)
@@ -329,11 +339,16 @@ class TorchRunner:
         return self.TF.cross_entropy(logits.reshape(-1, self.vocab), target.reshape(-1), ignore_index=PAD,
                                      label_smoothing=self.smoothing)
 
+    def _autocast(self):
+        return self.torch.autocast(self.device, dtype=self.half, enabled=self.half is not None)
+
     def step(self):
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._loss(self.model(self.src, self.tgt_in), self.tgt_out)
-        loss.backward()
-        self.optimizer.step()
+        with self._autocast():
+            loss = self._loss(self.model(self.src, self.tgt_in), self.tgt_out)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.scheduler.step()
         value = loss.item()
         synchronize(self.device)
@@ -343,7 +358,8 @@ class TorchRunner:
         # Grad stays enabled so that PyTorch takes its ordinary path, not the inference fast path.
         self.model.eval()
         try:
-            loss = self._loss(self.model(self.src[:rows], self.tgt_in[:rows]), self.tgt_out[:rows])
+            with self._autocast():
+                loss = self._loss(self.model(self.src[:rows], self.tgt_in[:rows]), self.tgt_out[:rows])
             return loss.item()
         finally:
             self.model.train()
@@ -461,12 +477,12 @@ def parse_presets(values):
 
 
 def measure(preset, args, batch, lines):
-    tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed)
+    tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed, args.precision)
     torch_runner = None
     result = {"preset": preset, "params": tiny.num_parameters()}
     result["flops"] = model_flops(tiny.config, result["params"], batch)
     if args.vs_torch:
-        torch_runner = TorchRunner(tiny.config, batch, args.device, args.seed)
+        torch_runner = TorchRunner(tiny.config, batch, args.device, args.seed, args.precision)
         result["torch_params"] = torch_runner.num_parameters()
         copy_weights(tiny.model, torch_runner.model)
         rows = min(CHECK_ROWS, len(batch["src"]))
@@ -534,6 +550,8 @@ def main(argv=None):
     parser.add_argument("--order", choices=("interleaved", "blocks"), default="interleaved",
                         help="with --vs-torch: alternate tinyformer and PyTorch steps (default), or run "
                         "all of one framework's steps, then all of the other's")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                        help="tinyformer.amp's precision; PyTorch under torch.autocast of the same type (default fp32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args(argv)
@@ -576,6 +594,9 @@ def main(argv=None):
         versions += f", cupy {cupy.__version__} on {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}"
     print(f"versions: {versions}")
     print(f"numpy BLAS: {blas_info()}")
+    print(f"precision: {args.precision}" + ("" if args.precision == "fp32" else
+          " (fp32 master weights and Adam; products and attention in the half type; PyTorch under torch.autocast"
+          + (" with GradScaler)" if args.precision == "fp16" else ")")))
     print(f"device: {args.device}; median and fastest of {args.repeats} timed steps after {args.warmup} "
           f"warm-up step(s)" + ("" if torch is None else ", tinyformer and PyTorch steps interleaved"
                                   if args.order == "interleaved" else ", all tinyformer steps, then all PyTorch steps"))

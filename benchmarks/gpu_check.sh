@@ -16,9 +16,11 @@
 #   bench_rows          benchmarks/bench_attention.py --skip-attention --quick (row kernels, GB/s)
 #   bench_step          benchmarks/bench_step.py --device cuda --preset small,base (--vs-torch when
 #                       PyTorch has CUDA)
+#   bench_step bf16     the same at 16,384 tokens in bf16 (tinyformer.amp; PyTorch under autocast(bfloat16))
 #   train cuda          the quick start's job on the GPU: tinyformer train --device cuda (synthetic task,
 #                       300 steps, then beam-search evaluation on its test split)
 #   multi30k cuda       200 steps of the Multi30k recipe on the GPU (only when TINYFORMER_DATA is set)
+#   multi30k bf16       the same 200 steps in bf16, to set its validation loss beside fp32's
 # A failing stage is recorded as FAIL and the next one runs; the exit status is 1 if any failed.
 # PYTHON names the interpreter (default: python, else python3); GPU_CHECK_BUDGET overrides the
 # overall budget in seconds (default 465, which keeps the whole run under 8 minutes).
@@ -138,12 +140,16 @@ run_stage "gpu tests" 120 "$PYTHON" -m pytest -m gpu -q -rf --durations=5 -p no:
 run_stage "gradcheck cuda" 45 "$PYTHON" -m tinyformer.cli gradcheck --device cuda
 run_stage "bench_rows" 30 "$PYTHON" benchmarks/bench_attention.py --skip-attention --quick
 run_stage "bench_step" 100 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}"
+run_stage "bench_step bf16" 75 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}" --precision bf16 --tokens 16384 \
+    --repeats 3
 scratch=$(mktemp -d) && trap 'rm -rf "$scratch"' EXIT
 run_stage "train cuda" 90 "$PYTHON" -m tinyformer.cli train --device cuda --max-steps 300 --no-progress \
     --save-dir "$scratch/synthetic"
 if [[ -n ${TINYFORMER_DATA:-} ]]; then
     run_stage "multi30k cuda" 90 "$PYTHON" -m tinyformer.cli train --data multi30k --device cuda --max-steps 200 \
         --eval-every 100 --no-test --no-progress --save-dir "$scratch/multi30k"
+    run_stage "multi30k bf16" 75 "$PYTHON" -m tinyformer.cli train --data multi30k --device cuda --max-steps 200 \
+        --eval-every 100 --no-test --no-progress --precision bf16 --save-dir "$scratch/multi30k-bf16"
 fi
 
 log ""

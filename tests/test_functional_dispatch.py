@@ -187,9 +187,10 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
     return tuple(_in_projection_layout(g, batch, heads) for g in grads)
 
 
-def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None):
-    for theta, g, m, v in zip(*plan.keep_alive):
-        g = g + weight_decay * theta
+def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None, grad_multiplier=1.0):
+    params, grads, m_all, v_all, _ = plan.keep_alive  # the compute copies (mixed precision) are not used here
+    for theta, g, m, v in zip(params, grads, m_all, v_all):
+        g = g * g.dtype.type(grad_multiplier) + weight_decay * theta
         m *= beta1
         m += (1 - beta1) * g
         v *= beta2

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tinyformer
-from tinyformer import Tensor, functional as F, kernels
+from tinyformer import Tensor, backend, functional as F, kernels
 from tinyformer import kernel_cases as cases
 from tinyformer.kernel_cases import Device, rand
 from tinyformer.kernels import launch, ops, registry
@@ -82,6 +82,23 @@ def test_cross_entropy_kernel_matches_reference(vocab, smoothing, ignore_index):
 def test_fused_adam_kernel_matches_reference_loop():
     plan = cases.adam(CPU, [(3, 5), (7,), (300,), (1,)], chunk_size=128).check()["plan"]
     assert plan.chunks == 6  # 300 elements in 3 chunks of 128
+
+
+@pytest.mark.parametrize("copy_dtype", ["float16", "bfloat16"])
+def test_fused_adam_kernel_refreshes_the_compute_copies_and_unscales(copy_dtype):
+    """Mixed precision: the kernel rounds the new float32 values into each parameter's half
+    compute copy in the same pass (the last parameter has none) and divides gradients of a loss
+    scaled by 2^10 by it."""
+    plan = cases.adam(CPU, [(3, 5), (300,), (7,)], chunk_size=128, copy_dtype=copy_dtype,
+                      grad_scale=1024.0).check()["plan"]
+    assert plan.copy_type == ops.AdamPlan.COPY_TYPES[copy_dtype]
+
+
+def test_adam_plan_refuses_compute_copies_of_two_dtypes():
+    p = [np.zeros(3, np.float32), np.zeros(3, np.float32)]
+    zeros = [np.zeros_like(a) for a in p]
+    with pytest.raises(TypeError, match="compute copies must share one dtype"):
+        ops.AdamPlan(p, zeros, zeros, zeros, copies=[np.zeros(3, np.float16), p[0].astype(backend.bfloat16)])
 
 
 def test_kernels_follow_a_changed_registry_geometry(monkeypatch):

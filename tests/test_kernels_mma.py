@@ -162,19 +162,19 @@ def _bfloat16():
     return pytest.importorskip("ml_dtypes", reason="ml_dtypes (the test extra) gives NumPy a bfloat16 dtype").bfloat16
 
 
-def test_a_bfloat16_dtype_is_the_same_kernel_as_uint16_storage():
-    """ml_dtypes' bfloat16 arrays (the dtype CuPy 14 takes) run the bf16 kernels as uint16 storage does."""
+def test_bfloat16_is_the_ml_dtypes_dtype_and_uint16_storage_is_refused():
+    """ml_dtypes' bfloat16 arrays (the dtype CuPy 14 takes) run the bf16 kernels and come back in
+    that dtype; uint16 storage, the old way, is refused naming the dtype."""
     bfloat16 = _bfloat16()
     rng = np.random.default_rng(2)
-    q, k, v, g = (rand(rng, 2, 3, 21, 32).astype(bfloat16) for _ in range(4))
-    typed = ops.attention_mma_forward(q, k, v, causal=True)
-    typed_grads = ops.attention_mma_backward(q, k, v, *typed, g, causal=True)
-    bits = [a.view(np.uint16) for a in (q, k, v, g)]
-    stored = ops.attention_mma_forward(*bits[:3], causal=True, dtype="bfloat16")
-    stored_grads = ops.attention_mma_backward(*bits[:3], *stored, bits[3], causal=True, dtype="bfloat16")
-    assert typed[0].dtype == bfloat16 and np.array_equal(typed[1], stored[1])
-    for a, b in zip((typed[0], *typed_grads), (stored[0], *stored_grads)):
-        assert np.array_equal(a.view(np.uint16), b)
+    q, k, v, g = (ops.to_bfloat16(rand(rng, 2, 3, 21, 32)) for _ in range(4))
+    assert q.dtype == bfloat16
+    o, lse = ops.attention_mma_forward(q, k, v, causal=True)
+    grads = ops.attention_mma_backward(q, k, v, o, lse, g, causal=True)
+    assert o.dtype == bfloat16 and all(a.dtype == bfloat16 for a in grads)
+    bits = [a.view(np.uint16) for a in (q, k, v)]
+    with pytest.raises(TypeError, match="uint16"):
+        ops.attention_mma_forward(*bits, causal=True, dtype="bfloat16")
 
 
 def test_the_dispatch_rule_takes_float16_float32_and_a_bfloat16_dtype(monkeypatch):

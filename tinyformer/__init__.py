@@ -5,7 +5,7 @@ the fused ops (``functional``), the layers (``nn``), ``optim`` and the array bac
 """
 
 from . import backend, ops
-from . import functional, nn, optim
+from . import amp, functional, nn, optim
 from .random import manual_seed
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck
 from .ops import (

@@ -8,6 +8,9 @@ CuPy code does, so the same op code runs on either device.
 import concurrent.futures
 import os
 
+import re
+
+import ml_dtypes
 import numpy
 
 from .validation import check_int
@@ -19,6 +22,12 @@ except Exception:  # ImportError, or a broken CUDA install raising at import tim
 
 DEFAULT_DTYPE = numpy.float32
 """Floating dtype given to data created from Python floats (as in PyTorch)."""
+
+bfloat16 = numpy.dtype(ml_dtypes.bfloat16)
+"""The one bfloat16 dtype of both backends: ``ml_dtypes.bfloat16`` (a NumPy dtype; CuPy 14 takes it too)."""
+
+HALF_DTYPES = (numpy.dtype(numpy.float16), bfloat16)
+"""The 16-bit floating dtypes of mixed precision (``tinyformer.amp``)."""
 
 DEVICES = ("cpu", "cuda")
 
@@ -192,4 +201,84 @@ def raw_module(code, options, name_expressions):
 
 
 def is_floating(dtype):
-    return numpy.issubdtype(dtype, numpy.floating)
+    """Floating point, bfloat16 included (ml_dtypes' dtype has kind 'V', not 'f')."""
+    dtype = numpy.dtype(dtype)
+    return dtype.kind == "f" or dtype == bfloat16
+
+
+def is_half(dtype):
+    """float16 or bfloat16."""
+    return numpy.dtype(dtype) in HALF_DTYPES
+
+
+def to_bfloat16(x):
+    """float32 (or any float) -> ``bfloat16`` (round to nearest even) by integer arithmetic on the
+    bits: the same on NumPy and on a CuPy that cannot cast to bfloat16 itself."""
+    xp = get_array_module(x)
+    bits = xp.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
+    rounded = bits + numpy.uint32(0x7FFF) + ((bits >> numpy.uint32(16)) & numpy.uint32(1))
+    return (rounded >> numpy.uint32(16)).astype(numpy.uint16).view(bfloat16)
+
+
+def from_bfloat16(x):
+    """A ``bfloat16`` array -> float32 (exact), by a shift of the bits."""
+    xp = get_array_module(x)
+    return (xp.ascontiguousarray(x).view(numpy.uint16).astype(numpy.uint32) << numpy.uint32(16)).view(numpy.float32)
+
+
+def cast(array, dtype):
+    """``array.astype(dtype)``; to or from bfloat16 on CuPy through the bits (CuPy before 14 has no
+    bfloat16 casts: the documented fallback), elsewhere the library's own cast."""
+    dtype = numpy.dtype(dtype)
+    if array.dtype == dtype:
+        return array
+    if is_cupy_array(array) and bfloat16 in (dtype, array.dtype):
+        if dtype == bfloat16:
+            return to_bfloat16(array)
+        return from_bfloat16(array).astype(dtype, copy=False)
+    return array.astype(dtype)
+
+
+_native_half_matmul = {}
+
+
+def has_half_matmul(array):
+    """Whether a matrix product of ``array``'s half dtype runs natively with float32 accumulation:
+    on CuPy (cuBLAS) for float16, and for bfloat16 where this CuPy takes it (CuPy 14 added it; a
+    tiny product is tried once). NumPy never: its float16 product has no BLAS and accumulates in
+    float16, so products there run in float32 and are rounded once."""
+    if not is_cupy_array(array):
+        return False
+    dtype = numpy.dtype(array.dtype)
+    if dtype not in _native_half_matmul:
+        try:
+            probe = _cupy.ones((2, 2), dtype=dtype)
+            _native_half_matmul[dtype] = (probe @ probe).dtype == dtype
+        except Exception:
+            _native_half_matmul[dtype] = False
+    return _native_half_matmul[dtype]
+
+
+# ------------------------------------------------------------------ running out of GPU memory
+_ASKED = re.compile(r"allocating ([\d,]+) bytes")
+
+
+def out_of_memory_errors():
+    """The exception types an allocation that does not fit raises (CuPy's), as a tuple for ``except``."""
+    if _cupy is None:
+        return ()
+    return (_cupy.cuda.memory.OutOfMemoryError,)
+
+
+def out_of_memory_report(error):
+    """(bytes asked for or None, bytes free on the device or None) for an out-of-memory ``error``;
+    CuPy's message says "Out of memory allocating 1,073,741,824 bytes (allocated so far: ...)"."""
+    found = _ASKED.search(str(error))
+    asked = int(found.group(1).replace(",", "")) if found else None
+    free = None
+    if _cupy is not None:
+        try:
+            free = int(_cupy.cuda.runtime.memGetInfo()[0])
+        except Exception:
+            free = None
+    return asked, free

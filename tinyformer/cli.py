@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy
 
-from . import __version__, backend
+from . import __version__, amp, backend
 from .validation import check_int, check_real
 
 
@@ -101,8 +101,9 @@ def _train(args):
     if args.no_test:
         return 0
     sources, references = load_corpus(trainer.config, "test")
-    result = evaluate(trainer.model, trainer.tokenizer, sources, references,
-                      trainer.config.beam_size, trainer.config.alpha)
+    with amp.autocast(trainer.config.precision):
+        result = evaluate(trainer.model, trainer.tokenizer, sources, references,
+                          trainer.config.beam_size, trainer.config.alpha)
     _print_evaluation(result, sources, references, "test")
     trainer.log({"step": trainer.step, "split": "test", **{k: v for k, v in result.items() if k != "hypotheses"}})
     return 0
@@ -279,9 +280,10 @@ def _translate(args):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InputWarning)
         try:
-            outputs = translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
-                                batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
-                                long_lines=args.long_lines)
+            with amp.autocast(args.precision):
+                outputs = translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
+                                    batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
+                                    long_lines=args.long_lines)
         except LongLineError as error:
             source = "<stdin>" if args.input in (None, "-") else args.input
             raise ValueError(f"{source}, line {error.line}: {error.tokens:,} tokens, more than "
@@ -340,7 +342,8 @@ def _eval(args):
     sources, references = load_corpus(config, args.split)
     if args.limit:
         sources, references = sources[:args.limit], references[:args.limit]
-    result = evaluate(model, tokenizer, sources, references, args.beam, args.alpha)
+    with amp.autocast(args.precision):
+        result = evaluate(model, tokenizer, sources, references, args.beam, args.alpha)
     _print_evaluation(result, sources, references, args.split)
     return 0
 
@@ -464,6 +467,12 @@ def _add_decoding_options(parser, beam=4):
     parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
 
 
+def _add_precision_option(parser):
+    parser.add_argument("--precision", default="fp32", choices=tuple(amp.PRECISIONS),
+                        help="arithmetic of the matrix products and attention (default fp32); a checkpoint of "
+                             "any precision loads in any other (its weights are float32)")
+
+
 def build_parser():
     parser = _Parser(prog="tinyformer", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"tinyformer {__version__}")
@@ -506,6 +515,7 @@ def build_parser():
     translate.add_argument("--plot-limit", type=_positive_int, default=1, metavar="N",
                            help="with --plot-attention, plot the first N non-empty lines (default 1)")
     _add_decoding_options(translate)
+    _add_precision_option(translate)
     translate.set_defaults(run=_translate)
 
     evaluate = commands.add_parser("eval", help="BLEU of a checkpoint on a split, or of two files",
@@ -519,6 +529,7 @@ def build_parser():
     evaluate.add_argument("--hypotheses", help="score this file of translations instead ...")
     evaluate.add_argument("--references", help="... against this file of references")
     _add_decoding_options(evaluate)
+    _add_precision_option(evaluate)
     evaluate.set_defaults(run=_eval)
 
     average = commands.add_parser("average", help="average checkpoints into one (§6.1)")

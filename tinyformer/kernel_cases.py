@@ -129,7 +129,7 @@ class Device:
         return ops.to_bfloat16(x) if self.dtype == "bfloat16" else x.astype(self.dtype)
 
     def get(self, x):
-        """An array of the element type (bfloat16: uint16 storage) as host float32."""
+        """An array of the element type as host float32."""
         x = ops.from_bfloat16(x) if self.dtype == "bfloat16" else x
         return backend.to_numpy(x).astype(numpy.float32)
 
@@ -241,10 +241,13 @@ def cross_entropy(dev, rows, vocab, smoothing, ignore_index, seed=0):
 
 
 # ------------------------------------------------------------------------ adam
-def adam(dev, shapes, chunk_size, steps=3, seed=0):
+def adam(dev, shapes, chunk_size, steps=3, seed=0, copy_dtype=None, grad_scale=None):
     """adam.cu's fused update against optim.Adam's loop (lr 0.01, betas (0.9, 0.98), eps 1e-9,
     weight decay 0.01), after every step; float32 parameters and moments round once a step:
-    rtol 1e-6, atol 1e-7."""
+    rtol 1e-6, atol 1e-7. Mixed precision: ``copy_dtype`` ("float16", "bfloat16") gives every
+    parameter but the last a compute copy, which must hold the updated values rounded to it (the
+    type's ``TOLERANCE``), the last none; ``grad_scale`` s: the gradients are s times larger and
+    the kernel multiplies them by 1/s (``Adam.step(grad_scale=s)`` in the reference)."""
     rng = numpy.random.default_rng(seed)
     start = [rand(rng, *s) for s in shapes]
     lr, betas, eps, decay = 0.01, (0.9, 0.98), 1e-9, 0.01
@@ -252,16 +255,24 @@ def adam(dev, shapes, chunk_size, steps=3, seed=0):
     reference_adam = Adam(expected, lr=lr, betas=betas, eps=eps, weight_decay=decay)
     params = [dev.put(a) for a in start]
     m, v = ([dev.put(numpy.zeros_like(a)) for a in start] for _ in range(2))
+    copies = [None] * len(start)
+    if copy_dtype is not None:
+        half = backend.bfloat16 if copy_dtype == "bfloat16" else numpy.dtype(copy_dtype)
+        copies = [backend.to_device(a.astype(half), dev.device) for a in start[:-1]] + [None]
     comparisons, plan = [], None
     for t in range(1, steps + 1):
-        grads = [rand(rng, *s) for s in shapes]
+        grads = [rand(rng, *s) * numpy.float32(grad_scale or 1.0) for s in shapes]
         for p, g in zip(expected, grads):
             p.grad = g.astype(numpy.float64)
-        reference_adam.step()
-        plan = ops.AdamPlan(params, [dev.put(g) for g in grads], m, v, chunk_size=chunk_size)
-        ops.adam_update(plan, lr / (1 - betas[0] ** t), *betas, 1 - betas[1] ** t, eps, decay)
+        reference_adam.step(grad_scale=grad_scale)
+        plan = ops.AdamPlan(params, [dev.put(g) for g in grads], m, v, chunk_size=chunk_size, copies=copies)
+        ops.adam_update(plan, lr / (1 - betas[0] ** t), *betas, 1 - betas[1] ** t, eps, decay,
+                        grad_multiplier=1.0 / (grad_scale or 1.0))
         comparisons += [compared(f"param {i}, step {t}", dev.get(p), r.data, 1e-6, 1e-7)
                         for i, (p, r) in enumerate(zip(params, expected))]
+        comparisons += [compared(f"compute copy {i} ({copy_dtype}), step {t}", dev.get(c).astype(numpy.float32),
+                                 r.data, *TOLERANCE[copy_dtype])
+                        for i, (c, r) in enumerate(zip(copies, expected)) if c is not None]
     return KernelRun(f"{len(shapes)} params ({', '.join(str(math.prod(s)) for s in shapes)})", comparisons,
                      {"plan": plan})
 
@@ -427,15 +438,14 @@ def attention_mma(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=Fal
 
 # ------------------------------------------------------------------------ the tensor-core instructions
 def _bits(dev, rng, *shape):
-    """Random 16-bit patterns as an array of the element type (float16, or bfloat16's uint16 storage)
-    on the device: ldmatrix moves bits, whatever they mean."""
+    """Random 16-bit patterns as an array of the element type (float16 or bfloat16) on the device:
+    ldmatrix moves bits, whatever they mean."""
     bits = rng.integers(0, 1 << 16, shape, dtype=numpy.uint16)
-    return backend.to_device(bits if dev.dtype == "bfloat16" else bits.view(numpy.float16), dev.device)
+    return backend.to_device(bits.view(backend.bfloat16 if dev.dtype == "bfloat16" else numpy.float16), dev.device)
 
 
 def _storage_bits(array):
-    host = backend.to_numpy(array)
-    return host if host.dtype == numpy.uint16 else host.view(numpy.uint16)
+    return backend.to_numpy(array).view(numpy.uint16)
 
 
 def ldmatrix_layout(matrices, count, trans):
@@ -501,11 +511,11 @@ def mma_instructions(dev, seed=0):
     x = numpy.concatenate([rand(rng, 200, scale=3.0), numpy.array(
         [0.0, -0.0, tiny, -tiny, tiny * 1.5, big, big * 1.0001, -big * 1.001, numpy.inf, -numpy.inf, 1 + 2 ** -11,
          1 + 3 * 2 ** -11, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 2 ** -15, 2 ** -24 * 2.5], numpy.float32)])
-    y = on_device(numpy.zeros(x.size, dtype=numpy.uint16 if dev.dtype == "bfloat16" else numpy.float16))
+    y = on_device(numpy.zeros(x.size, dtype=backend.bfloat16 if dev.dtype == "bfloat16" else numpy.float16))
     back = on_device(numpy.zeros(x.size, dtype=numpy.float32))
     launch.launch("convert_probe", kind, (1,), (32,), (on_device(x), y, back, numpy.int32(x.size)))
     with numpy.errstate(over="ignore"):  # the values beyond T's range round to inf on purpose
-        rounded = ops.to_bfloat16(x) if dev.dtype == "bfloat16" else x.astype(numpy.float16).view(numpy.uint16)
+        rounded = (ops.to_bfloat16(x) if dev.dtype == "bfloat16" else x.astype(numpy.float16)).view(numpy.uint16)
         widened = dev.round(x)
     comparisons.append(compared("float -> T (nearest even)", _storage_bits(y), rounded, 0.0, 0.0))
     comparisons.append(compared("T -> float (bits)", backend.to_numpy(back).view(numpy.uint32), widened.view(numpy.uint32),

@@ -92,7 +92,7 @@ def _as_array(data, dtype=None):
             array = array.astype(backend.DEFAULT_DTYPE)  # Python floats become float32
     if dtype is not None and array.dtype != dtype:
         array = array.astype(dtype)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biuf" and array.dtype != backend.bfloat16:
         raise TypeError(f"Tensor data must be boolean, integer or floating, got dtype {array.dtype}")
     return array
 
@@ -111,7 +111,7 @@ class Tensor:
 
     def __init__(self, data, requires_grad=False, dtype=None):
         self.data = _as_array(data, dtype)
-        if requires_grad and self.data.dtype.kind != "f":
+        if requires_grad and not backend.is_floating(self.data.dtype):
             raise TypeError(
                 f"only floating-point tensors can require grad, got dtype {self.data.dtype}"
             )
@@ -336,7 +336,7 @@ class Function:
 def _finish(out, fn, index):
     if isinstance(out, numpy.generic):  # numpy reductions return scalars, not 0-d arrays
         out = numpy.asarray(out)
-    if fn is None or out.dtype.kind != "f":
+    if fn is None or not backend.is_floating(out.dtype):
         return Tensor._make(out)
     return Tensor._make(out, True, fn, index)
 

@@ -1,5 +1,8 @@
 """The one pattern every fused op follows to choose between its CUDA kernel and its NumPy reference."""
 
+import numpy
+
+from .. import backend
 from ..tensor import Function
 
 
@@ -11,15 +14,32 @@ class KernelFunction(Function):
     ``forward`` checks the inputs (``check_forward``), then picks the path once:
     ``uses_kernel = kernel_applies(...)``, which is ``kernels.use_kernels`` on the op's arrays
     plus the op's own conditions. ``backward`` follows the forward's choice.
+
+    The reference on float16 or bfloat16 inputs runs in float32 (NumPy's half arithmetic would
+    round every partial sum; the kernels accumulate in float): half inputs are cast up, and the
+    outputs rounded to the half type, except those listed in ``float32_outputs`` (the loss).
+    The gradients reach the inputs in their own dtypes (the engine casts them).
     """
+
+    float32_outputs = ()
 
     def forward(self, *args, **params):
         self.check_forward(*args, **params)
         self.uses_kernel = bool(self.kernel_applies(*args, **params))
-        return (self.forward_gpu if self.uses_kernel else self.forward_cpu)(*args, **params)
+        if self.uses_kernel:
+            return self.forward_gpu(*args, **params)
+        half = next((a.dtype for a in args if hasattr(a, "dtype") and backend.is_half(a.dtype)), None)
+        if half is None:
+            return self.forward_cpu(*args, **params)
+        out = self.forward_cpu(*(_float32(a) for a in args), **params)
+        if type(out) is tuple:
+            return tuple(o if i in self.float32_outputs else _round(o, half) for i, o in enumerate(out))
+        return out if 0 in self.float32_outputs else _round(out, half)
 
     def backward(self, *grad_outputs):
-        return (self.backward_gpu if self.uses_kernel else self.backward_cpu)(*grad_outputs)
+        if self.uses_kernel:
+            return self.backward_gpu(*grad_outputs)
+        return self.backward_cpu(*(_float32(g) for g in grad_outputs))
 
     def check_forward(self, *args, **params):
         """Raise on inputs that neither path takes (Chainer's ``check_type_forward``); none by default."""
@@ -40,3 +60,15 @@ class KernelFunction(Function):
 
     def backward_gpu(self, *grad_outputs):
         raise NotImplementedError
+
+
+def _float32(array):
+    """A half-precision array as float32; anything else as it is."""
+    return backend.cast(array, numpy.float32) if hasattr(array, "dtype") and backend.is_half(array.dtype) else array
+
+
+def _round(array, dtype):
+    """A floating result rounded to the half type of the inputs; others (masks, None) as they are."""
+    if hasattr(array, "dtype") and backend.is_floating(array.dtype) and array.dtype != dtype:
+        return backend.cast(array, dtype)
+    return array

@@ -5,7 +5,7 @@ import math
 
 import numpy
 
-from .. import backend, kernels
+from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
 from ..kernels.registry import HEAD_DIMS, MMA_DTYPES
 from ..ops._helpers import sum_to_shape
@@ -294,5 +294,6 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, dropout_p=0.0
         ) from None
     if dropout_p:
         _check_generator(generator, "scaled_dot_product_attention: generator")
+    q, k, v = amp.half_args(q, k, v)
     return ScaledDotProductAttention.apply(q, k, v, _checked_mask(mask, q, k), bool(causal), float(dropout_p),
                                            generator, bool(return_weights))

@@ -2,7 +2,7 @@
 
 import numpy
 
-from .. import backend, kernels
+from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
 from ..tensor import Tensor
 from ..validation import check_real, rectangular_array
@@ -24,6 +24,7 @@ class CrossEntropy(KernelFunction):
     """
 
     materialize_grads = False
+    float32_outputs = (0, 1)  # the loss and the NLL stay float32 for half logits
 
     def kernel_applies(self, logits, target, smoothing, ignore_index, reduction):
         return kernels.use_kernels(logits)
@@ -102,7 +103,8 @@ class CrossEntropy(KernelFunction):
         flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
         loss, nll, self.lse = kernel_ops.cross_entropy_forward(flat, t, smoothing, ignore_index)
         self.flat, self.t, self.ignore_index = flat, t, ignore_index
-        return self._reduce(loss, nll, keep, target.shape, flat.dtype, weight_dtype=numpy.float32)
+        out_dtype = numpy.float32 if backend.is_half(flat.dtype) else flat.dtype  # as float32_outputs
+        return self._reduce(loss, nll, keep, target.shape, out_dtype, weight_dtype=numpy.float32)
 
     def backward_gpu(self, g_loss, g_nll):
         xp, rows = _xp(self.flat), len(self.t)
@@ -167,11 +169,12 @@ def cross_entropy(logits, target, label_smoothing=0.0, ignore_index=None, reduct
     label_smoothing = check_real("cross_entropy: label_smoothing", label_smoothing, 0, 1)
     if logits.ndim < 1:
         raise ValueError("cross_entropy: logits need a class axis")
-    if logits.dtype.kind != "f":
+    if not backend.is_floating(logits.dtype):
         raise TypeError(f"cross_entropy: logits must be floating point, got dtype {logits.dtype}")
     if logits.shape[-1] == 0:
         raise ValueError(f"cross_entropy: logits of shape {tuple(logits.shape)} have no classes")
     target = _check_target(logits, target, ignore_index)
+    (logits,) = amp.float32_args(logits)
     loss, nll = CrossEntropy.apply(logits, target, label_smoothing, ignore_index, reduction)
     return (loss, nll) if return_nll else loss
 

@@ -2,7 +2,7 @@
 
 import numpy
 
-from .. import backend, kernels
+from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
 from ..validation import check_real
 from ._dispatch import KernelFunction
@@ -27,7 +27,7 @@ class LayerNorm(KernelFunction):
             )
 
     def kernel_applies(self, x, weight, bias, eps):
-        return kernels.use_kernels(x, weight, bias)
+        return kernels.use_kernels(x, weight, bias) and x.dtype == weight.dtype == bias.dtype
 
     def forward_cpu(self, x, weight, bias, eps):
         self.weight = weight
@@ -111,4 +111,5 @@ def layer_norm(x, weight, bias, eps=1e-5):
     """Layer normalisation over the last axis (Ba et al., 2016), eps inside the square root."""
     if x.ndim == 0:
         raise ValueError("layer_norm: x needs a feature axis, got a 0-d tensor")
+    (x,) = amp.float32_args(x)  # the statistics in float32 under amp.autocast
     return LayerNorm.apply(x, weight, bias, check_real("layer_norm: eps", eps, 0))

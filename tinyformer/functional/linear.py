@@ -1,7 +1,9 @@
 """The affine map of a linear layer, and the feed-forward net's first layer fused with its ReLU
 (§3.3) and, for activation dropout, with its dropout too (kernels/bias_relu_dropout.cu on the GPU)."""
 
-from .. import backend, kernels
+import numpy
+
+from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
 from ..tensor import Function
 from ..validation import check_probability
@@ -39,15 +41,21 @@ class Linear(Function):
     """y = x Wᵀ + b with W of shape (out, in);  dx = dy W, dW = dyᵀ x, db = Σ dy.
 
     dW and db are single products over the flattened batch (no per-example temporaries).
+    Half-precision operands without a native product (``backend.has_half_matmul``: NumPy) are
+    multiplied in float32 and the result rounded once, as a float32 accumulator would.
     """
 
     def forward(self, x, weight, bias=None):
         _check_linear(x, weight, bias)
+        self.half = x.dtype if backend.is_half(x.dtype) and not backend.has_half_matmul(x) else None
+        if self.half is not None:
+            x, weight, bias = (None if a is None else backend.cast(a, numpy.float32) for a in (x, weight, bias))
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
         y = x.reshape(-1, x.shape[-1]) @ weight.T
         self._epilogue(y, bias)
-        return y.reshape(x.shape[:-1] + (weight.shape[0],))
+        y = y.reshape(x.shape[:-1] + (weight.shape[0],))
+        return y if self.half is None else backend.cast(y, self.half)
 
     def _epilogue(self, y, bias):
         """Adds the bias in place (y is ours: no second (batch, out) array), in row blocks."""
@@ -58,6 +66,8 @@ class Linear(Function):
             backend.map_row_blocks(add_bias, len(y), y, row_size=y.shape[1])
 
     def backward(self, g):
+        if self.half is not None:
+            g = backend.cast(g, numpy.float32)
         return _linear_grads(g, self.x, self.weight, self.needs_input_grad)
 
 
@@ -80,6 +90,8 @@ class LinearRelu(Linear):
 
     def backward(self, g):
         positive = self.positive.reshape(g.shape)
+        if self.half is not None:
+            g = backend.cast(g, numpy.float32)
         return super().backward(backend.blockwise(_xp(g).multiply, g, positive))
 
 
@@ -129,13 +141,16 @@ class LinearReluDropout(KernelFunction):
 
 
 def linear(x, weight, bias=None):
-    """x Wᵀ + b: the affine map of a linear layer, weight stored (out_features, in_features)."""
+    """x Wᵀ + b: the affine map of a linear layer, weight stored (out_features, in_features);
+    in the half type under ``amp.autocast``."""
+    x, weight, bias = amp.half_args(x, weight, bias)
     return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 
 def linear_relu(x, weight, bias=None):
     """max(0, x Wᵀ + b) in one node (see LinearRelu): the same values and gradients as
     ``linear(x, weight, bias).relu()`` without the second (batch, out) array."""
+    x, weight, bias = amp.half_args(x, weight, bias)
     return LinearRelu.apply(x, weight) if bias is None else LinearRelu.apply(x, weight, bias)
 
 
@@ -144,4 +159,5 @@ def linear_relu_dropout(x, weight, bias=None, p=0.0, training=True, generator=No
     layer with activation dropout; ``linear_relu`` when not training or p = 0."""
     p = check_probability("linear_relu_dropout: p", p)
     _check_generator(generator, "linear_relu_dropout: generator")
+    x, weight, bias = amp.half_args(x, weight, bias)
     return LinearReluDropout.apply(x, weight, bias, p if training else 0.0, generator)

@@ -1,7 +1,7 @@
 """The post-LN sublayer connection, LayerNorm(x + Dropout(y)) (§5.4), as one node;
 kernels/residual_layer_norm.cu on the GPU."""
 
-from .. import kernels
+from .. import amp, kernels
 from ..kernels import ops as kernel_ops
 from ..validation import check_probability, check_real
 from ._dispatch import KernelFunction
@@ -60,10 +60,12 @@ class ResidualDropoutLayerNorm(KernelFunction):
 
 def residual_dropout_layer_norm(x, y, weight, bias, p=0.0, training=True, generator=None, eps=1e-5):
     """layer_norm(x + dropout(y, p, training, generator), weight, bias, eps) as one op: the
-    post-LN residual connection of §5.4, x the sublayer's input and y its output."""
+    post-LN residual connection of §5.4, x the sublayer's input and y its output; in float32
+    under ``amp.autocast`` (layer norm's statistics, and the residual stream, stay float32)."""
     p = check_probability("residual_dropout_layer_norm: p", p)
     _check_generator(generator, "residual_dropout_layer_norm: generator")
     if x.ndim == 0:
         raise ValueError("residual_dropout_layer_norm: x needs a feature axis, got a 0-d tensor")
+    x, y = amp.float32_args(x, y)
     return ResidualDropoutLayerNorm.apply(x, y, weight, bias, p if training else 0.0, generator,
                                           eps=check_real("residual_dropout_layer_norm: eps", eps, 0))

@@ -1,6 +1,6 @@
 """Softmax and log-softmax along one axis; the last axis runs through kernels/softmax.cu on the GPU."""
 
-from .. import backend, kernels
+from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
 from ..ops._helpers import normalize_axes
 from ..validation import is_integer
@@ -77,10 +77,12 @@ class LogSoftmax(_RowSoftmax):
 
 
 def softmax(x, axis=-1):
-    """Softmax along ``axis``, max-subtracted (finite for |x| up to float range)."""
+    """Softmax along ``axis``, max-subtracted (finite for |x| up to float range); float32 under ``amp.autocast``."""
+    (x,) = amp.float32_args(x)
     return Softmax.apply(x, axis=axis)
 
 
 def log_softmax(x, axis=-1):
-    """log(softmax(x)) along ``axis``, computed without forming softmax (no log(0))."""
+    """log(softmax(x)) along ``axis``, computed without forming softmax (no log(0)); float32 under ``amp.autocast``."""
+    (x,) = amp.float32_args(x)
     return LogSoftmax.apply(x, axis=axis)

@@ -1,9 +1,9 @@
 """Python entry points of the CUDA kernels: shapes, grids, output buffers.
 
 Each function takes CuPy arrays (the GPU path) or NumPy float32 arrays (the same kernel
-through the CPU emulation, for tests) and returns arrays of the same kind. ``dtype`` names
-the element type when it is not the arrays' own: "bfloat16" for uint16 storage. Block sizes
-and grids come from ``registry`` (read at each launch).
+through the CPU emulation, for tests) and returns arrays of the same kind. bfloat16 arrays are
+``ml_dtypes.bfloat16`` (``backend.bfloat16``) on both backends; ``dtype``, where given, must name
+the arrays' own dtype. Block sizes and grids come from ``registry`` (read at each launch).
 """
 
 import math
@@ -23,9 +23,7 @@ def _xp(*arrays):
 def _element_dtype(array, dtype):
     name = dtype or array.dtype.name
     cuda_type(name)  # a clear TypeError for an unsupported dtype
-    if name == "bfloat16" and array.dtype != numpy.uint16 and array.dtype.name != "bfloat16":
-        raise TypeError(f"bfloat16 arrays are passed as uint16 storage (or a bfloat16 dtype), got dtype {array.dtype}")
-    if name != "bfloat16" and array.dtype.name != name:
+    if array.dtype.name != name:
         raise TypeError(f"array of dtype {array.dtype} passed as {name}")
     return name
 
@@ -160,8 +158,13 @@ def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0
 class AdamPlan:
     """Pointer tables and chunk lists for one fixed list of parameter/grad/moment arrays."""
 
-    def __init__(self, params, grads, m, v, chunk_size=None):
-        """``chunk_size`` elements per block (default ``registry.ADAM_CHUNK``)."""
+    #: the kernel's code of a compute copy's element type
+    COPY_TYPES = {"float16": 1, "bfloat16": 2}
+
+    def __init__(self, params, grads, m, v, chunk_size=None, copies=None):
+        """``chunk_size`` elements per block (default ``registry.ADAM_CHUNK``). ``copies``: per
+        parameter its half-precision compute copy or None (mixed precision; one half dtype for
+        all), which the update rounds the new values into."""
         chunk_size = chunk_size or registry.ADAM_CHUNK
         xp = _xp(*params)
         sizes = [p.size for p in params]
@@ -181,21 +184,34 @@ class AdamPlan:
         self.chunk_tensor = xp.asarray(numpy.array(chunk_tensor, dtype=numpy.int32))
         self.chunk_start = xp.asarray(numpy.array(chunk_start, dtype=numpy.int64))
         self.chunks, self.chunk_size = len(chunk_tensor), chunk_size
-        self.keep_alive = (params, grads, m, v)
+        self.copies, self.copy_type = numpy.uint64(0), 0  # a null table: no compute copies
+        present = [c for c in copies or () if c is not None]
+        if present:
+            names = {c.dtype.name for c in present}
+            if len(names) != 1 or not names <= set(self.COPY_TYPES):
+                raise TypeError(f"adam: compute copies must share one dtype of {', '.join(self.COPY_TYPES)}, "
+                                f"got {', '.join(sorted(names))}")
+            for i, (c, p) in enumerate(zip(copies, params)):
+                if c is not None and (c.shape != p.shape or not c.flags.c_contiguous):
+                    raise ValueError(f"adam: copies[{i}] must be a contiguous array of shape {p.shape}, got {c.shape}")
+            self.copies = xp.asarray(numpy.array([0 if c is None else _pointer(c) for c in copies], dtype=numpy.uint64))
+            self.copy_type = self.COPY_TYPES[names.pop()]
+        self.keep_alive = (params, grads, m, v, copies)
 
 
 def _pointer(array):
     return array.data.ptr if backend.is_cupy_array(array) else array.ctypes.data
 
 
-def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None):
-    """One fused Adam update of every array in ``plan`` (in place)."""
+def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None, grad_multiplier=1.0):
+    """One fused Adam update of every array in ``plan`` (in place), its compute copies included;
+    each gradient is multiplied by ``grad_multiplier`` first (the inverse loss scale, clipping)."""
     if not plan.chunks:
         return
     name = _element_dtype(plan.keep_alive[0][0], dtype)
     _launch.launch("adam_update", name, (plan.chunks,), (registry.ADAM_BLOCK,),
-                   (*plan.tables, plan.sizes, plan.chunk_tensor, plan.chunk_start, _i32(plan.chunk_size),
-                    _f32(step_size), _f32(beta1), _f32(beta2), _f32(bias2), _f32(eps), _f32(weight_decay)))
+                   (*plan.tables, plan.copies, _i32(plan.copy_type), plan.sizes, plan.chunk_tensor, plan.chunk_start,
+                    _i32(plan.chunk_size), _f32(grad_multiplier), _f32(step_size), _f32(beta1), _f32(beta2), _f32(bias2), _f32(eps), _f32(weight_decay)))
 
 
 # ------------------------------------------------------------------------ dropout
@@ -486,15 +502,6 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
     return grad_q, grad_k, grad_v
 
 
-# ------------------------------------------------------------------------ bfloat16 storage
-def to_bfloat16(x):
-    """float32 -> bfloat16 bits as uint16 (round to nearest even), on x's device."""
-    xp = _xp(x)
-    bits = xp.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
-    rounded = bits + numpy.uint32(0x7FFF) + ((bits >> numpy.uint32(16)) & numpy.uint32(1))
-    return (rounded >> numpy.uint32(16)).astype(numpy.uint16)
-
-
-def from_bfloat16(bits):
-    """bfloat16 bits (uint16) -> float32."""
-    return (bits.astype(numpy.uint32) << numpy.uint32(16)).view(numpy.float32)
+# ------------------------------------------------------------------------ bfloat16
+to_bfloat16 = backend.to_bfloat16  # float32 -> backend.bfloat16, round to nearest even, on x's device
+from_bfloat16 = backend.from_bfloat16  # backend.bfloat16 -> float32, exact

@@ -23,8 +23,8 @@ import numpy
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
-#: numpy dtype name -> CUDA element type. bfloat16 has no NumPy/CuPy dtype: its arrays are
-#: passed as uint16 storage with ``dtype="bfloat16"`` named explicitly.
+#: numpy dtype name -> CUDA element type; bfloat16 is ml_dtypes' NumPy dtype (``backend.bfloat16``),
+#: which CuPy 14 arrays take too: the ``__nv_bfloat16`` instantiations read those arrays directly.
 CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 # ------------------------------------------------------------------ launch geometry

@@ -19,6 +19,7 @@ class Parameter(Tensor):
     """A Tensor that is a learnable weight of a Module (always requires grad)."""
 
     __slots__ = ()
+    keeps_compute_copy = True  # amp: products read it through a cached half copy the optimiser refreshes
 
     def __init__(self, data):
         super().__init__(data, requires_grad=True)
@@ -131,7 +132,7 @@ class Module:
         def convert(array):
             if device is not None:
                 array = backend.to_device(array, device)
-            if dtype is not None and array.dtype.kind == "f" and array.dtype != dtype:
+            if dtype is not None and backend.is_floating(array.dtype) and array.dtype != dtype:
                 array = array.astype(dtype)
             return array
 

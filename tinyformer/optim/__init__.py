@@ -1,6 +1,7 @@
-"""Optimisers and learning-rate schedules (§5.3)."""
+"""Optimisers, learning-rate schedules (§5.3) and loss scaling for float16 training."""
 
 from .adam import Adam, clip_grad_norm
+from .grad_scaler import GradScaler, LossScaleTooSmall
 from .schedules import NoamSchedule
 
-__all__ = ["Adam", "NoamSchedule", "clip_grad_norm"]
+__all__ = ["Adam", "GradScaler", "LossScaleTooSmall", "NoamSchedule", "clip_grad_norm"]

@@ -4,7 +4,7 @@ import math
 
 import numpy
 
-from .. import backend, kernels
+from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
 
 __all__ = ["Adam", "clip_grad_norm"]
@@ -53,6 +53,11 @@ class Adam:
     such as ``NoamSchedule``. ``max_grad_norm`` clips the global gradient norm
     first; ``weight_decay`` adds λθ to the gradient (L2, as ``torch.optim.Adam``).
     Parameters without a gradient are skipped.
+
+    Mixed precision (``tinyformer.amp``): the parameters and moments stay float32 (the master
+    weights); a parameter's half-precision compute copy, once made, is refreshed by every step
+    (inside the fused kernel on the GPU). ``step(grad_scale=s)`` takes gradients of a loss scaled
+    by s (``GradScaler``) and divides them by s before clipping and the update.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
@@ -86,13 +91,18 @@ class Adam:
         for p in self.params:
             p.grad = None
 
-    def step(self, skip_nonfinite=False):
+    def step(self, skip_nonfinite=False, grad_scale=None):
         """One update from the parameters' current ``.grad``; returns the gradient norm.
 
         With ``skip_nonfinite``, a gradient holding NaN or Inf (its norm is not finite) changes
-        nothing: no update, no moment, no step counted.
+        nothing: no update, no moment, no step counted. ``grad_scale``: the gradients are those of
+        the loss times it; the norm returned and clipped is the unscaled one.
         """
-        self.last_grad_norm = clip_grad_norm(self.params, self.max_grad_norm)
+        multiplier = 1.0
+        if grad_scale is None:
+            self.last_grad_norm = clip_grad_norm(self.params, self.max_grad_norm)
+        else:
+            self.last_grad_norm, multiplier = self._unscaled_norm(grad_scale)
         if skip_nonfinite and not math.isfinite(self.last_grad_norm):
             return self.last_grad_norm
         self.step_count += 1
@@ -101,12 +111,15 @@ class Adam:
         beta1, beta2 = self.betas
         bias1, bias2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
         step_size = lr / bias1
-        if self._fused_step(step_size, bias2):
+        copies = amp.compute_copies(self.params)
+        if self._fused_step(step_size, bias2, multiplier, copies):
             return self.last_grad_norm
         for i, p in enumerate(self.params):
             g = p.grad
             if g is None:
                 continue
+            if multiplier != 1.0:
+                g = g * g.dtype.type(multiplier)
             if self.weight_decay:
                 g = g + self.weight_decay * p.data
             xp = backend.get_array_module(p.data)
@@ -131,7 +144,19 @@ class Adam:
                 theta[start:stop] -= t_
 
             backend.map_row_blocks(update, theta.size, theta)
+            if copies[i] is not None:
+                amp.refresh_compute_copy(p, copies[i])
         return self.last_grad_norm
+
+    def _unscaled_norm(self, grad_scale):
+        """(‖g‖ / s, the factor that unscales and clips) for gradients of a loss scaled by s; the
+        gradients are not touched (the update applies the factor)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = math.sqrt(_total_squared_norm(grads)) / grad_scale if grads else 0.0
+        multiplier = 1.0 / grad_scale
+        if self.max_grad_norm is not None and math.isfinite(norm) and norm > self.max_grad_norm:
+            multiplier *= self.max_grad_norm / (norm + 1e-12)
+        return norm, multiplier
 
     def _init_moments(self, i):
         """Zero moments for parameter ``i`` on its first update."""
@@ -150,9 +175,10 @@ class Adam:
             buffer = self._buffers[key] = xp.empty(max(p.data.size for p in self.params), dtype=like.dtype)
         return buffer[: like.size].reshape(like.shape)
 
-    def _fused_step(self, step_size, bias2):
+    def _fused_step(self, step_size, bias2, multiplier=1.0, copies=None):
         """kernels/adam.cu: every parameter with a gradient in one launch, where ``kernels.use_kernels``
-        says so for the parameters and gradients and they share one dtype.
+        says so for the parameters and gradients and they share one dtype; the compute copies
+        (``copies``, one half dtype) are written in the same pass.
 
         Returns False, doing nothing, when the reference loop above must run instead.
         """
@@ -160,15 +186,26 @@ class Adam:
         arrays = [a for i in active for a in (self.params[i].data, self.params[i].grad)]
         if not arrays or not kernels.use_kernels(*arrays) or len({a.dtype for a in arrays}) != 1:
             return False
+        copies = [None] * len(self.params) if copies is None else copies
+        active_copies = [copies[i] for i in active]
+        if len({c.dtype for c in active_copies if c is not None}) > 1 or not all(
+                c is None or (c.flags.c_contiguous and backend.is_cupy_array(c) == backend.is_cupy_array(arrays[0]))
+                for c in active_copies):
+            return False
         xp = backend.get_array_module(self.params[active[0]].data)
         for i in active:
             self._init_moments(i)
         # The pointer tables are rebuilt every step: gradients are new arrays each backward.
         plan = kernel_ops.AdamPlan([self.params[i].data for i in active],
                                    [xp.ascontiguousarray(self.params[i].grad) for i in active],
-                                   [self.m[i] for i in active], [self.v[i] for i in active])
+                                   [self.m[i] for i in active], [self.v[i] for i in active],
+                                   copies=active_copies)
         beta1, beta2 = self.betas
-        kernel_ops.adam_update(plan, step_size, beta1, beta2, bias2, self.eps, self.weight_decay)
+        kernel_ops.adam_update(plan, step_size, beta1, beta2, bias2, self.eps, self.weight_decay,
+                               grad_multiplier=multiplier)
+        for i in active:
+            if copies[i] is not None:
+                amp.keep_compute_copy(self.params[i], copies[i])  # the kernel wrote it
         return True
 
     def state_dict(self):

@@ -18,8 +18,8 @@ from .config import DATASETS, ConfigError, TrainConfig
 from .evaluation import evaluate
 from .metrics_log import LOG_FILE
 from .state import TOKENIZER_FILE, load_model
-from .trainer import Trainer, TrainingDiverged, TrainingInterrupted, blas_threads
+from .trainer import Trainer, TrainingDiverged, TrainingInterrupted, TrainingOutOfMemory, blas_threads
 
-__all__ = ["TrainConfig", "ConfigError", "Trainer", "TrainingDiverged", "TrainingInterrupted", "DATASETS",
+__all__ = ["TrainConfig", "ConfigError", "Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "DATASETS",
            "Parts", "build_parts", "load_corpus", "load_model", "evaluate", "blas_threads", "LOG_FILE",
            "TOKENIZER_FILE"]

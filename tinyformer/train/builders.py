@@ -20,13 +20,14 @@ from .. import random as tf_random
 from ..data import PAD_ID
 from ..data.batching import ParallelData
 from ..nn import Transformer
-from ..optim import Adam, NoamSchedule
+from ..amp import get_precision
+from ..optim import Adam, GradScaler, NoamSchedule
 from .config import check_languages, flag_of
 from .metrics_log import LOG_FILE, MetricsLog
 from .state import TOKENIZER_FILE, Position, restore_checkpoint
 
 __all__ = ["Parts", "build_parts", "prepare_save_dir", "load_corpus", "build_tokenizer", "build_data",
-           "build_model", "build_optimizer"]
+           "build_model", "build_optimizer", "build_scaler"]
 
 
 @dataclasses.dataclass
@@ -40,6 +41,7 @@ class Parts:
     model: Transformer
     adam: Adam                 # with the NoamSchedule as its lr
     position: Position         # step 0, or where the resumed checkpoint stood
+    scaler: GradScaler = None  # fp16's dynamic loss scale (disabled in fp32 and bf16); None: a new one
 
 
 def build_parts(config, resume=False, echo=print, comm=None):
@@ -64,9 +66,12 @@ def build_parts(config, resume=False, echo=print, comm=None):
         echo(f"dropped {train_data.num_dropped} training pairs longer than {config.max_len} tokens")
     model = build_model(config, tokenizer)
     adam = build_optimizer(config, model)
+    scaler = build_scaler(config)
     position, rng_states = Position(), None
     if resume and lead:
         position, meta = restore_checkpoint(newest, model, adam, tokenizer)
+        if scaler.enabled and "grad_scaler" in meta:
+            scaler.load_state_dict(meta["grad_scaler"])
         rng_states = meta.get("rng_states", [meta["rng_state"]])
         if len(rng_states) != comm.size:
             raise checkpoint.CheckpointError(f"{newest} holds the dropout state of {len(rng_states)} rank(s), but "
@@ -78,10 +83,11 @@ def build_parts(config, resume=False, echo=print, comm=None):
              f"batch {position.batch_in_epoch})")
     if comm.size > 1:
         position = _synchronise(comm, config, model, adam, position, rng_states)
+        scaler.load_state_dict(comm.broadcast_object(scaler.state_dict()))
     echo(f"model: {config.preset} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
          f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch"
          + (f"; {comm.size} ranks over {comm.name}" if comm.size > 1 else ""))
-    return Parts(tokenizer, train_data, val_data, val_text, model, adam, position)
+    return Parts(tokenizer, train_data, val_data, val_text, model, adam, position, scaler)
 
 
 def _run_facts(config, resume):
@@ -195,3 +201,10 @@ def build_optimizer(config, model):
     """Adam (β₁ 0.9, β₂ 0.98, ε 1e-9, §5.3) on the Noam schedule for ``model``'s d_model."""
     schedule = NoamSchedule(model.d_model, config.warmup_steps, config.lr_factor)
     return Adam(model.parameters(), lr=schedule, max_grad_norm=config.max_grad_norm)
+
+
+def build_scaler(config):
+    """fp16's dynamic loss scale (PyTorch GradScaler's defaults, ``loss_scale_window`` and
+    ``min_loss_scale`` from the config); disabled, a pass-through, in fp32 and bf16."""
+    return GradScaler(growth_interval=config.loss_scale_window, min_scale=config.min_loss_scale,
+                      enabled=get_precision(config.precision).loss_scaling)

@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 
 from .. import backend
+from ..amp import PRECISIONS
 from ..distributed import COMMS
 from ..data.multi30k import LANGUAGES as MULTI30K_LANGUAGES
 from ..nn import TransformerConfig
@@ -76,6 +77,12 @@ def _check_preset(name, value):
 
 def _check_device(name, value):
     return backend.check_device(value)
+
+
+def _check_precision(name, value):
+    if value not in PRECISIONS:
+        raise ValueError(f"{name} must be one of {tuple(PRECISIONS)}, got {value!r}")
+    return value
 
 
 def _check_comm(name, value):
@@ -153,6 +160,15 @@ class TrainConfig:
     threads: int = option(help="BLAS threads", per_data={"synthetic": 1, "multi30k": None}, unset="all",
                           kind=int, check=positive_int, resumable=True)
     device: str = option("cpu", help="where to train", choices=backend.DEVICES, check=_check_device, resumable=True)
+    # Mixed precision (README "Mixed precision"): the master weights and Adam's moments stay fp32.
+    precision: str = option("fp32", help="arithmetic of the matrix products and attention: fp32, or bf16/fp16 with "
+                            "fp32 master weights (fp16 with dynamic loss scaling)", choices=tuple(PRECISIONS),
+                            check=_check_precision)
+    # PyTorch GradScaler's growth interval; fairseq's --min-loss-scale floor.
+    loss_scale_window: int = option(2000, help="fp16: double the loss scale after this many steps without overflow",
+                                    kind=int, check=positive_int)
+    min_loss_scale: float = option(1e-4, help="fp16: stop the run when overflows push the loss scale below this",
+                                   kind=float, check=positive_real, resumable=True)
     # Data parallelism (README: "Several processes and GPUs"). nproc is the run's world size: it
     # sets how many batches a step takes, so --resume keeps it.
     nproc: int = option(help="data-parallel processes: run under mpiexec -n N (started for you when tinyformer "

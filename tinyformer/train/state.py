@@ -47,9 +47,10 @@ class Position:
                    meta.get("skipped_updates", 0))
 
 
-def run_metadata(config, model, tokenizer, position, rng_states=None):
+def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=None):
     """The JSON metadata of a checkpoint of this run at ``position``; with several ranks,
-    ``rng_states`` holds each rank's dropout generator state (``rng_state`` is rank 0's)."""
+    ``rng_states`` holds each rank's dropout generator state (``rng_state`` is rank 0's); an fp16
+    run's ``scaler`` (optim.GradScaler) its loss scale and counters as ``grad_scaler``."""
     return {
         "format": "tinyformer-checkpoint-1",
         "config": config.to_dict(),
@@ -60,6 +61,7 @@ def run_metadata(config, model, tokenizer, position, rng_states=None):
         "tokenizer_file": TOKENIZER_FILE,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         **({"rng_states": rng_states} if rng_states is not None and len(rng_states) > 1 else {}),
+        **({"grad_scaler": scaler.state_dict()} if scaler is not None and scaler.enabled else {}),
     }
 
 

@@ -12,6 +12,13 @@ by the target tokens of all of them (summed over the ranks), the gradients are s
 buckets while the backward pass goes on, and every rank applies the same update. Rank 0 alone
 writes (checkpoints, metrics.jsonl, the progress bar) and validates while the others wait; every
 ``check_every`` steps a checksum confirms that the ranks still hold the same parameters.
+
+Mixed precision (``precision`` bf16 or fp16): the forward and backward passes run under
+``amp.autocast``; the parameters and Adam's moments stay float32. In fp16 the loss is scaled
+(``optim.GradScaler``) and an update whose gradients overflowed is skipped, halving the scale: it
+is logged and counted (``overflow_skipped``), and is no bad step unless the scale falls below
+``min_loss_scale``, which stops the run. A batch that does not fit the GPU stops the run with one
+line naming ``--max-tokens`` and the memory asked for and free; the last checkpoint stays intact.
 """
 
 import contextlib
@@ -20,9 +27,10 @@ from pathlib import Path
 
 import numpy
 
-from .. import backend, checkpoint, distributed
+from .. import amp, backend, checkpoint, distributed
 from .. import random as tf_random
-from .builders import build_parts
+from ..optim import LossScaleTooSmall
+from .builders import build_parts, build_scaler
 from .config import ConfigError
 from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
 from .interrupts import InterruptGuard
@@ -30,11 +38,16 @@ from .metrics_log import LOG_FILE, MetricsLog, TokenRate
 from .progress import ProgressBar
 from .state import Position, run_metadata
 
-__all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "blas_threads"]
+__all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "blas_threads"]
 
 
 class TrainingDiverged(FloatingPointError):
-    """``max_bad_steps`` updates in a row had a non-finite loss or gradient; nothing bad was saved."""
+    """``max_bad_steps`` updates in a row had a non-finite loss or gradient, or fp16's loss scale fell
+    below its floor; nothing bad was saved."""
+
+
+class TrainingOutOfMemory(MemoryError):
+    """A step's batch did not fit the GPU; the message names --max-tokens and the memory asked for and free."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -92,6 +105,9 @@ class Trainer:
         self.save_dir = Path(self.config.save_dir)
         self.metrics = MetricsLog(self.save_dir / LOG_FILE)
         self.model = None
+        self.precision = amp.get_precision(c.precision)
+        self.scaler = build_scaler(c)  # fp16's loss scale; replaced by the resumed one in _take
+        self.last_overflow = False    # the last step was skipped for an fp16 gradient overflow
         self.buckets = None           # the gradient all-reduce, with several ranks
         self.position = Position()
         self.bad_in_a_row = 0         # skipped updates since the last applied one
@@ -112,6 +128,8 @@ class Trainer:
         self.tokenizer, self.model, self.adam = parts.tokenizer, parts.model, parts.adam
         self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
         self.position = parts.position
+        if parts.scaler is not None:
+            self.scaler = parts.scaler
         self._saved_step = self.position.step if self.resume else None
         if self.comm.size > 1:
             self.buckets = distributed.GradientBuckets(self.comm, self.model.parameters(), self.config.bucket_mb)
@@ -157,9 +175,9 @@ class Trainer:
             while at.batch_in_epoch < len(batches) and at.step < c.max_steps:
                 self._stop_if_asked()
                 step_before = at.step
-                loss, nll, tokens, grad_norm = self.train_step(batches[at.batch_in_epoch:][:c.accum * self.comm.size])
+                loss, nll, tokens, grad_norm = self._step_or_stop(batches[at.batch_in_epoch:][:c.accum * self.comm.size])
                 if at.step == step_before:
-                    self._skipped(loss, grad_norm, bar)
+                    (self._overflowed if self.last_overflow else self._skipped)(loss, grad_norm, bar)
                     continue
                 self.bad_in_a_row = 0
                 if self.comm.size > 1 and at.step % c.check_every == 0:
@@ -175,6 +193,18 @@ class Trainer:
             at.end_epoch_if_done(len(batches))
         return last_val
 
+    def _step_or_stop(self, batches):
+        """``train_step``, turning the allocator's out-of-memory error into one line."""
+        try:
+            return self.train_step(batches)
+        except backend.out_of_memory_errors() as error:
+            asked, free = backend.out_of_memory_report(error)
+            self.adam.zero_grad()
+            raise TrainingOutOfMemory(
+                f"out of GPU memory at step {self.step + 1}: a batch of --max-tokens {self.config.max_tokens} "
+                f"asked for {_mib(asked)} with {_mib(free)} free; lower --max-tokens (or raise --accum to keep the "
+                f"tokens per step); {_kept_note(self._newest_checkpoint())}") from None
+
     def train_step(self, batches):
         """One optimiser step over ``batches`` (gradient accumulation); returns (loss, nll, tokens, grad_norm).
 
@@ -185,20 +215,23 @@ class Trainer:
 
         The position in the data moves past ``batches`` in any case. The update is skipped
         (parameters, Adam's moments and the step count unchanged) when the loss is not finite
-        (``grad_norm`` is then None) or the gradient norm is not finite.
+        (``grad_norm`` is then None) or the gradient norm is not finite (in fp16: an overflow of the
+        scaled gradients, ``last_overflow``; the loss scale backs off).
         """
         part = -(-len(batches) // self.comm.size)
         mine = batches[self.comm.rank * part:(self.comm.rank + 1) * part]
         tokens = int(self.comm.all_reduce(numpy.array([sum(b.num_tokens for b in mine)], dtype=numpy.int64))[0])
         total_loss = total_nll = 0.0
+        backward_scale = self.scaler.scale if self.scaler.enabled else 1.0
         self._boundary_rng = tf_random.get_rng_state()
         with self.interrupts.cut_short_allowed():  # nothing of the run's state changes until the update below
             self.adam.zero_grad()
             for i, batch in enumerate(mine):
                 if self.buckets is not None and i == len(mine) - 1:
                     self.buckets.arm()  # the last backward pass all-reduces the buckets as they fill
-                loss, nll = batch_loss(self.model, batch, self.config.label_smoothing)
-                (loss * (1.0 / tokens)).backward()
+                with amp.autocast(self.precision), self._overflow_quietly():
+                    loss, nll = batch_loss(self.model, batch, self.config.label_smoothing)
+                    (loss * (backward_scale / tokens)).backward()
                 total_loss += loss.item()
                 total_nll += nll.item()
             if self.buckets is not None:
@@ -207,9 +240,22 @@ class Trainer:
         totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(self.interrupts.pending)]))
         self._stop_agreed = self.interrupts.deferred and totals[2] > 0
         loss, nll = float(totals[0]) / tokens, float(totals[1]) / tokens
-        grad_norm = self.adam.step(skip_nonfinite=True) if math.isfinite(loss) else None
+        grad_norm, self.last_overflow = None, False
+        if math.isfinite(loss):
+            try:
+                grad_norm, self.last_overflow = self.scaler.step(self.adam)
+            except LossScaleTooSmall as error:
+                raise TrainingDiverged(f"training stopped at step {self.step + 1}: {error} (--min-loss-scale "
+                                       f"{self.config.min_loss_scale:g}); no such update was applied or saved and "
+                                       f"{_kept_note(self._newest_checkpoint())}; try --precision bf16 or a lower "
+                                       "--lr-factor in a new run") from None
         self.position.advance(len(batches), tokens, applied=grad_norm is not None and math.isfinite(grad_norm))
         return loss, nll, tokens, grad_norm
+
+    def _overflow_quietly(self):
+        """fp16: a scaled gradient that overflows is the scaler's business (the step is skipped and
+        logged), not a warning for every op it passes through."""
+        return numpy.errstate(over="ignore", invalid="ignore") if self.scaler.enabled else contextlib.nullcontext()
 
     def log(self, record):
         if self.lead:
@@ -220,6 +266,8 @@ class Trainer:
                   "ppl": round(perplexity(nll), 4), "lr": self.adam.current_lr(self.step),
                   "grad_norm": round(grad_norm, 5), "tokens_per_s": round(tokens_per_s, 1),
                   "skipped_updates": self.skipped_updates}
+        if self.scaler.enabled:
+            record.update(loss_scale=self.scaler.scale, overflow_skipped=self.scaler.skipped_steps)
         if self.buckets is not None:
             hidden, seconds = self.buckets.take_timings()
             if hidden is not None:
@@ -246,6 +294,14 @@ class Trainer:
                 "try a lower --lr-factor or a --max-grad-norm in a new run"
             )
 
+    def _overflowed(self, loss, grad_norm, bar):
+        """Log an fp16 update skipped because the scaled gradients overflowed (the scale has halved);
+        not a bad step: the next one runs at the lower scale."""
+        note = f"fp16 gradient overflow, loss scale now {self.scaler.scale:g}"
+        self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": note, "loss_scale": self.scaler.scale,
+                  "overflow_skipped": self.scaler.skipped_steps})
+        bar.note(f"step {self.step + 1}: update skipped, {note} ({self.scaler.skipped_steps} in all)")
+
     # ------------------------------------------------------------------ validation
     def _validate_now(self):
         """Validation on rank 0, while the other ranks wait (as long as it takes)."""
@@ -259,10 +315,12 @@ class Trainer:
         return record
 
     def validate(self):
-        """Validation loss, perplexity, greedy BLEU and exact match (of ``bleu_samples`` sentences), logged."""
-        loss, nll = validation_loss(self.model, self.val_data, self.config.max_tokens, self.config.label_smoothing)
-        sources, references = (side[:self.config.bleu_samples] for side in self.val_text)
-        _, bleu, exact = translation_scores(self.model, self.tokenizer, sources, references, beam_size=1)
+        """Validation loss, perplexity, greedy BLEU and exact match (of ``bleu_samples`` sentences), logged;
+        in the run's precision."""
+        with amp.autocast(self.precision):
+            loss, nll = validation_loss(self.model, self.val_data, self.config.max_tokens, self.config.label_smoothing)
+            sources, references = (side[:self.config.bleu_samples] for side in self.val_text)
+            _, bleu, exact = translation_scores(self.model, self.tokenizer, sources, references, beam_size=1)
         record = {"step": self.step, "split": "val", "loss": round(loss, 5), "nll": round(nll, 5),
                   "ppl": round(perplexity(nll), 4), "bleu_greedy": round(bleu.score, 2),
                   "exact_match_greedy": round(exact, 4), "bleu_sentences": len(references)}
@@ -273,7 +331,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def metadata(self, rng_states=None):
-        return run_metadata(self.config, self.model, self.tokenizer, self.position, rng_states)
+        return run_metadata(self.config, self.model, self.tokenizer, self.position, rng_states, self.scaler)
 
     def save(self):
         """Checkpoint the current step (a Ctrl-C waits until it and the pruning are done): rank 0
@@ -317,6 +375,10 @@ class Trainer:
 
 def _silent(*args, **kwargs):
     """The echo of the ranks other than 0."""
+
+
+def _mib(count):
+    return "an unknown amount" if count is None else f"{count / 2 ** 20:,.1f} MiB"
 
 
 def _kept_note(newest):
