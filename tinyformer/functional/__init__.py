@@ -16,7 +16,7 @@ family per module, each beside its CUDA twin in ``kernels/``:
     masks.py          causal_mask, padding_mask, sinusoid_table
 
 **Kernel dispatch: one rule, one pattern.** The rule is ``kernels.use_kernels(*arrays)``:
-CuPy arrays of float32/float16, unless ``TINYFORMER_KERNELS=0`` (float64, as in gradient
+CuPy arrays of float32/float16/bfloat16, unless ``TINYFORMER_KERNELS=0`` (float64, as in gradient
 checks, always takes the reference); Adam's fused step asks the same question. Every op with a
 kernel subclasses ``KernelFunction`` (``_dispatch.py``) and writes ``forward_cpu`` /
 ``backward_cpu`` (the NumPy reference, which is the kernel's specification and also runs on
