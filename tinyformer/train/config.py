@@ -63,10 +63,16 @@ def option(default=None, **facts):
     return dataclasses.field(default=default, metadata={"option": Option(**facts)})
 
 
-def _check_data(name, value):
-    if value not in DATASETS:
-        raise ValueError(f"{name} must be one of {DATASETS}, got {value!r}")
-    return value
+def _one_of(choices):
+    """A check that ``value`` is one of ``choices`` (a sequence or a dict's keys), naming them."""
+    def check(name, value):
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        return value
+    return check
+
+
+_check_data = _one_of(DATASETS)
 
 
 def _check_preset(name, value):
@@ -79,16 +85,8 @@ def _check_device(name, value):
     return backend.check_device(value)
 
 
-def _check_precision(name, value):
-    if value not in PRECISIONS:
-        raise ValueError(f"{name} must be one of {tuple(PRECISIONS)}, got {value!r}")
-    return value
-
-
-def _check_comm(name, value):
-    if value not in COMMS:
-        raise ValueError(f"{name} must be one of {COMMS}, got {value!r}")
-    return value
+_check_precision = _one_of(PRECISIONS)
+_check_comm = _one_of(COMMS)
 
 
 def check_model_overrides(name, overrides):
