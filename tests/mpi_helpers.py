@@ -20,12 +20,12 @@ requires_mpi = pytest.mark.skipif(
 
 def mpiexec(nproc, command):
     """argv: ``command`` as ``nproc`` ranks, started as ``--nproc`` starts them."""
-    return launch.mpiexec_command(nproc, [str(part) for part in command], MPIEXEC)
+    return launch.mpiexec_command(nproc, [str(part) for part in command], MPIEXEC, environ=MPI_ENV)
 
 
 def mpmd(*commands):
     """argv: one rank per command (MPI's MPMD form ``-n 1 A : -n 1 B``), with --nproc's options."""
-    options = launch.mpiexec_command(1, ["x"], MPIEXEC)[3:-1]
+    options = launch.mpiexec_command(1, ["x"], MPIEXEC, environ=MPI_ENV)[3:-1]
     argv = [MPIEXEC, *options]
     for i, command in enumerate(commands):
         argv += ([":"] if i else []) + ["-n", "1", *[str(part) for part in command]]

@@ -100,3 +100,15 @@ def test_layer_norm_float32_rows_whose_sums_overflow_stay_exact(big):
     np.testing.assert_allclose(y.data, xhat * w + b, rtol=1e-5, atol=1e-5)
     assert np.all(np.isfinite(leaf.grad))
     assert not np.allclose(y.data[1], b) and not np.allclose(y.data[2], b)
+
+
+
+def test_a_constant_row_of_huge_values_normalises_to_the_bias():
+    """σ = 0 with |x| = 1e30: Σ (x − μ)² overflows float32, and in the rescaled statistics eps/s²
+    underflows to 0; x̂ is 0 (not 0 · ∞) and r = 1/√eps, the gradient finite (found by the fuzzer)."""
+    x = Tensor(np.full((2, 3), 1e30, np.float32), requires_grad=True)
+    w, b = Tensor(np.array([1.0, -2.0, 0.5], np.float32)), Tensor(np.array([0.25, 0.0, -1.0], np.float32))
+    y = F.layer_norm(x, w, b, 1e-5)
+    y.backward(Tensor(np.ones((2, 3), np.float32)))
+    np.testing.assert_array_equal(y.data, np.broadcast_to(b.data, (2, 3)))
+    assert np.isfinite(x.grad).all()

@@ -54,17 +54,19 @@ ROOT_CONSENT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 """What Open MPI wants set to 1 before it runs as root (its own guard; tinyformer does not set it)."""
 
 
-def mpiexec_command(nproc, command, mpiexec=None):
+def mpiexec_command(nproc, command, mpiexec=None, environ=None):
     """The argv that runs ``command`` as ``nproc`` ranks on this machine. With Open MPI: a rank
     that dies does not take the others down unannounced (``--enable-recovery``: they notice, say
     which, and stop), more ranks than cores are allowed and ranks are not pinned to one core each
-    (they run threads of their own)."""
+    (they run threads of their own). As root, Open MPI runs only with its consent variables set in
+    ``environ``, the environment mpiexec will get (default: this process's)."""
     mpiexec = mpiexec or find_mpiexec()
     if mpiexec is None:
         raise FileNotFoundError("--nproc needs mpiexec: install the mpi extra (pip install -e \".[mpi]\", which "
                                 "brings mpi4py and Open MPI) or put a system MPI's mpiexec on PATH")
     open_mpi = _is_open_mpi(mpiexec)
-    if open_mpi and os.geteuid() == 0 and not all(os.environ.get(name) == "1" for name in ROOT_CONSENT):
+    environ = os.environ if environ is None else environ  # the environment mpiexec will run in
+    if open_mpi and os.geteuid() == 0 and not all(environ.get(name) == "1" for name in ROOT_CONSENT):
         raise PermissionError("--nproc: Open MPI's mpiexec refuses to run as root unless allowed: set "
                               + " ".join(f"{name}=1" for name in ROOT_CONSENT))
     options = ["--enable-recovery", "--oversubscribe", "--bind-to", "none"] if open_mpi else []

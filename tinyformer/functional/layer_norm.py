@@ -103,8 +103,13 @@ def _rescaled_rows(xp, rows, eps):
         scale = xp.abs(rows).max(axis=-1, keepdims=True)
         unit = rows / scale
         unit -= unit.mean(axis=-1, keepdims=True)
-        r_unit = 1.0 / xp.sqrt((unit * unit).mean(axis=-1, keepdims=True) + eps / (scale * scale))
-    return unit * r_unit, r_unit / scale
+        spread = xp.sqrt((unit * unit).mean(axis=-1, keepdims=True) + eps / (scale * scale))
+        # σ = 0 and eps/s² underflowed (a constant row of huge values): x̂ = 0 and r = 1/√eps, as
+        # kernels/layer_norm.cuh does, instead of 0 · ∞
+        flat = spread == 0
+        r_unit = 1.0 / xp.where(flat, 1, spread)
+        rstd = xp.where(flat, rows.dtype.type(1.0 / numpy.sqrt(eps)) if eps else numpy.inf, r_unit / scale)
+    return unit * r_unit, rstd.astype(rows.dtype, copy=False)
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
