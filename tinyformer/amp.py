@@ -45,10 +45,6 @@ class Precision:
     compute_dtype: object
     loss_scaling: bool
 
-    @property
-    def mixed(self):
-        return self.compute_dtype is not None
-
 
 PRECISIONS = {
     "fp32": Precision("fp32", None, False),
@@ -136,26 +132,21 @@ def compute_copy(param, dtype):
     makes a new copy on the next use."""
     entry = _entry(param)
     if entry is None or entry[2].dtype != dtype:
-        _keep(param, backend.cast(param.data, dtype))
-        entry = _entry(param)
+        copy = backend.cast(param.data, dtype)
+        _keep(param, copy)
+        return copy
     return entry[2]
 
 
 def compute_copies(params):
     """The live compute copy of each parameter in ``params`` (None where it has none)."""
-    return [None if _entry(p) is None else _entry(p)[2] for p in params]
+    return [None if (entry := _entry(p)) is None else entry[2] for p in params]
 
 
 def refresh_compute_copy(param, copy):
     """Round ``param.data`` into ``copy`` (the optimiser's reference path; the fused Adam kernel
     writes the copy itself), and keep the copy tied to the current ``param.data``."""
     copy[...] = backend.cast(param.data, copy.dtype)
-    _keep(param, copy)
-
-
-def keep_compute_copy(param, copy):
-    """Record ``copy`` as ``param``'s compute copy, already rounded from ``param.data`` (by the
-    fused Adam kernel)."""
     _keep(param, copy)
 
 

@@ -92,7 +92,7 @@ def _as_array(data, dtype=None):
             array = array.astype(backend.DEFAULT_DTYPE)  # Python floats become float32
     if dtype is not None and array.dtype != dtype:
         array = array.astype(dtype)
-    if array.dtype.kind not in "biuf" and array.dtype != backend.bfloat16:
+    if array.dtype.kind not in "biu" and not backend.is_floating(array.dtype):
         raise TypeError(f"Tensor data must be boolean, integer or floating, got dtype {array.dtype}")
     return array
 

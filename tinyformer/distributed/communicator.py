@@ -12,6 +12,7 @@ __all__ = ["Communicator", "SingleProcess", "Work", "DistributedError", "PeerLos
            "CollectiveTimeout", "StartupMismatch", "REDUCE_OPS"]
 
 REDUCE_OPS = ("sum", "max", "min")
+CHECK_INTERVAL = 0.25  # seconds between two looks at the other ranks while waiting for a collective
 
 
 class DistributedError(RuntimeError):

@@ -26,13 +26,12 @@ import time
 import numpy
 
 from .. import backend
-from .communicator import (Communicator, CollectiveTimeout, PeerFailed, PeerLost, Work, _check_op,
+from .communicator import (CHECK_INTERVAL as _CHECK_INTERVAL, Communicator, CollectiveTimeout, PeerFailed, PeerLost, Work, _check_op,
                            _check_root)
 
 __all__ = ["MPICommunicator"]
 
 _HEARTBEAT, _NOTICE = 1, 2   # tags on the control channel
-_CHECK_INTERVAL = 0.25       # seconds between two looks at the other ranks while waiting
 _REPORT_WINDOW = 1.0         # seconds a failing rank waits to hear whether a lower rank failed too
 
 

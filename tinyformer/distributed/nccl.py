@@ -15,7 +15,7 @@ import time
 import numpy
 
 from .. import backend
-from .communicator import CollectiveTimeout, Communicator, SingleProcess, Work, _check_op, _check_root
+from .communicator import CHECK_INTERVAL, CollectiveTimeout, Communicator, SingleProcess, Work, _check_op, _check_root
 
 __all__ = ["NCCLCommunicator", "use_local_gpu", "nccl_available"]
 
@@ -129,9 +129,15 @@ class _NCCLWork(Work):
 
     def wait(self):
         start, owner = time.monotonic(), self.owner
+        next_check = start
         while not self.done():
+            now = time.monotonic()
+            if now < next_check:
+                time.sleep(0.0002)
+                continue
+            next_check = now + CHECK_INTERVAL  # the other ranks are looked at as MPICommunicator does
             owner.check_peers()
-            if owner.timeout is not None and time.monotonic() - start > owner.timeout:
+            if owner.timeout is not None and now - start > owner.timeout:
                 owner._comm.abort()
                 raise CollectiveTimeout(f"rank {owner.rank}: NCCL {self.what} did not complete within "
                                         f"{owner.timeout:g} s (--comm-timeout); the NCCL communicator was aborted")

@@ -185,6 +185,20 @@ __device__ __forceinline__ void load_key_tile(T* stage, const T* k, long long k_
     load_rows_async<T, D>(stage + kStride<D> * TILE, v, v_row, tile * TILE, TILE, len_k);
 }
 
+// Where a block of the forward or dQ kernel is: kBlockRows queries from first_row of one (batch,
+// head) bh = b·heads + h, its warp's 16 from row0, the keys any of them may see (n_keys) and the
+// key tiles to stream.
+struct QueryBlock {
+    int bh, b, h, first_row, n_keys, warp, row0, tiles;
+};
+
+template <int TILE>
+__device__ __forceinline__ QueryBlock query_block(const tf::AttentionProblem& P) {
+    const int bh = blockIdx.x, first_row = blockIdx.y * kBlockRows, warp = threadIdx.x / tf::kWarp;
+    return {bh, bh / P.heads, bh % P.heads, first_row, P.visible_keys(bh), warp, first_row + warp * kRows,
+            (P.key_end(bh, first_row, kBlockRows) + TILE - 1) / TILE};
+}
+
 }  // namespace tf_mma_attention
 
 // o = softmax(q kᵀ · scale + mask) v and lse. grid (batch·heads, ceil(Lq / block rows)),
@@ -204,13 +218,10 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
     T* q_s = reinterpret_cast<T*>(shared);
     T* kv_s = q_s + kBlockRows * kStride<D>;  // stage s: K at kv_s + 2s·kTile, V after it
     const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
-    const int bh = blockIdx.x, b = bh / heads, h = bh % heads, first_row = blockIdx.y * kBlockRows;
-    const int n_keys = P.visible_keys(bh);
-    const int warp = threadIdx.x / tf::kWarp, row0 = first_row + warp * kRows;
+    const auto [bh, b, h, first_row, n_keys, warp, row0, tiles] = query_block<TILE>(P);
     const Lane l = this_lane();
     const T* kb = k + b * k_batch + h * k_head;
     const T* vb = v + b * v_batch + h * v_head;
-    const int tiles = (P.key_end(bh, first_row, kBlockRows) + TILE - 1) / TILE;
 
     load_rows_async<T, D>(q_s, q + b * q_batch + h * q_head, q_row, first_row, kBlockRows, len_q);
     tf::cp_async_commit();
@@ -310,14 +321,11 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
     T* go_s = q_s + kBlockRows * kStride<D>;
     T* kv_s = go_s + kBlockRows * kStride<D>;
     const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
-    const int bh = blockIdx.x, b = bh / heads, h = bh % heads, first_row = blockIdx.y * kBlockRows;
-    const int n_keys = P.visible_keys(bh);
-    const int warp = threadIdx.x / tf::kWarp, row0 = first_row + warp * kRows;
+    const auto [bh, b, h, first_row, n_keys, warp, row0, tiles] = query_block<TILE>(P);
     const Lane l = this_lane();
     const T* kb = k + b * k_batch + h * k_head;
     const T* vb = v + b * v_batch + h * v_head;
     const long long canonical = ((long long)b * len_q * heads + h) * D, canonical_row = (long long)heads * D;
-    const int tiles = (P.key_end(bh, first_row, kBlockRows) + TILE - 1) / TILE;
 
     load_rows_async<T, D>(q_s, q + b * q_batch + h * q_head, q_row, first_row, kBlockRows, len_q);
     load_rows_async<T, D>(go_s, grad_o + canonical, canonical_row, first_row, kBlockRows, len_q);

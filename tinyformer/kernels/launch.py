@@ -18,6 +18,12 @@ def _module(source, geometry):
     return backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
 
 
+@functools.lru_cache(maxsize=None)
+def _emulated(geometry):
+    """The name expressions the CPU emulation builds, once per geometry (not rebuilt at each launch)."""
+    return frozenset(registry.emulated_instantiations())
+
+
 STATIC_SHARED_LIMIT = 48 * 1024
 """Shared memory a block gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
 
@@ -31,7 +37,7 @@ def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
         if shared_mem > STATIC_SHARED_LIMIT and compiled.max_dynamic_shared_size_bytes < shared_mem:
             compiled.max_dynamic_shared_size_bytes = shared_mem
         return compiled
-    if expression not in registry.emulated_instantiations():
+    if expression not in _emulated(registry.geometry()):
         raise TypeError(f"{expression}: the CPU emulation runs the float32 kernels and the 16-bit tensor-core "
                         "attention only")
     return emulation.function(expression)

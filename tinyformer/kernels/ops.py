@@ -396,17 +396,13 @@ def _check_mma_attention(q, k, v):
         raise TypeError(f"tensor-core attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def _data_pointer(array):
-    return array.data.ptr if backend.is_cupy_array(array) else array.ctypes.data
-
-
 def _readable_in_place(array):
     """Whether the kernel can read ``array`` (batch, heads, len, d) where it is: the head dimension
     contiguous, the other strides whole 16-byte chunks, the data 16-byte aligned (cp.async)."""
     item = array.itemsize
     strides = array.strides
     return (strides[3] == item or array.shape[3] == 1) and all(
-        s % 16 == 0 for s, n in zip(strides[:3], array.shape[:3]) if n > 1) and _data_pointer(array) % 16 == 0
+        s % 16 == 0 for s, n in zip(strides[:3], array.shape[:3]) if n > 1) and _pointer(array) % 16 == 0
 
 
 def projection_layout(array):
@@ -424,7 +420,7 @@ def _strided(array):
     if not _readable_in_place(array):
         array = projection_layout(array)
     strides = [numpy.int64(s // array.itemsize) for s in array.strides[:3]]
-    return array, [numpy.uint64(_data_pointer(array)), *strides]
+    return array, [numpy.uint64(_pointer(array)), *strides]
 
 
 def _projection_empty(xp, batch, heads, length, dim, dtype):
@@ -482,9 +478,9 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
             numpy.uint64(offset))
     rows, threads = registry.mma_attention_rows_per_block(), (registry.mma_attention_threads(),)
     delta = xp.empty(batch * len_q * heads, dtype=numpy.float32)  # indexed by o's rows: (b·len_q + i)·heads + h
+    grad_rows = grad_o.transpose(0, 2, 1, 3)  # C-contiguous (batch, len_q, heads, d), as o
     if len_q:
         o_rows = o.transpose(0, 2, 1, 3)  # C-contiguous (batch, len_q, heads, d): rows of d
-        grad_rows = grad_o.transpose(0, 2, 1, 3)
         warps = registry.ATTENTION_WARPS
         _launch.launch("attention_backward_delta", name, (math.ceil(delta.size / warps),), (registry.attention_threads(),),
                        (o_rows, grad_rows, delta, numpy.int64(delta.size)), head_dim=dim)
@@ -494,7 +490,6 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
                         *strides, *tail), head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
     if len_k:
         kernel = "attention_mma_backward_kv"
-        grad_rows = grad_o.transpose(0, 2, 1, 3)
         _launch.launch(kernel, name, (batch * heads, math.ceil(len_k / rows)), threads,
                        (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_k.transpose(0, 2, 1, 3),
                         grad_v.transpose(0, 2, 1, 3), lengths, *strides, *tail),

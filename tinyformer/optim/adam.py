@@ -20,11 +20,18 @@ def clip_grad_norm(params, max_norm):
     if not grads:
         return 0.0
     total = math.sqrt(_total_squared_norm(grads))
-    if max_norm is not None and math.isfinite(total) and total > max_norm:
-        scale = max_norm / (total + 1e-12)
+    scale = _clip_factor(total, max_norm)
+    if scale != 1.0:
         for g in grads:
             g *= g.dtype.type(scale)
     return total
+
+
+def _clip_factor(norm, max_norm):
+    """min(1, max_norm / ‖g‖) for a finite norm; 1 without max_norm or for a non-finite norm."""
+    if max_norm is not None and math.isfinite(norm) and norm > max_norm:
+        return max_norm / (norm + 1e-12)
+    return 1.0
 
 
 def _total_squared_norm(grads):
@@ -153,10 +160,7 @@ class Adam:
         gradients are not touched (the update applies the factor)."""
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = math.sqrt(_total_squared_norm(grads)) / grad_scale if grads else 0.0
-        multiplier = 1.0 / grad_scale
-        if self.max_grad_norm is not None and math.isfinite(norm) and norm > self.max_grad_norm:
-            multiplier *= self.max_grad_norm / (norm + 1e-12)
-        return norm, multiplier
+        return norm, _clip_factor(norm, self.max_grad_norm) / grad_scale
 
     def _init_moments(self, i):
         """Zero moments for parameter ``i`` on its first update."""
@@ -202,10 +206,7 @@ class Adam:
                                    copies=active_copies)
         beta1, beta2 = self.betas
         kernel_ops.adam_update(plan, step_size, beta1, beta2, bias2, self.eps, self.weight_decay,
-                               grad_multiplier=multiplier)
-        for i in active:
-            if copies[i] is not None:
-                amp.keep_compute_copy(self.params[i], copies[i])  # the kernel wrote it
+                               grad_multiplier=multiplier)  # it writes the live compute copies in place
         return True
 
     def state_dict(self):

@@ -15,7 +15,7 @@ from .. import random as tf_random
 from ..nn import StateDictError, Transformer, TransformerConfig
 from .config import TRAINING_ONLY
 
-__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore", "restore_checkpoint", "load_model"]
+__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model"]
 
 TOKENIZER_FILE = "spm.model"
 
@@ -65,15 +65,10 @@ def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=Non
     }
 
 
-def restore(path, model, adam, tokenizer):
-    """Load checkpoint ``path`` into a freshly built ``model`` and ``adam`` and the dropout
-    generator; returns its Position. Refuses (CheckpointError, nothing changed on disk) another
-    tokenizer, another architecture and an averaged checkpoint (no optimiser state)."""
-    return restore_checkpoint(path, model, adam, tokenizer)[0]
-
-
 def restore_checkpoint(path, model, adam, tokenizer):
-    """``restore``, returning (Position, the checkpoint's metadata)."""
+    """Load checkpoint ``path`` into a freshly built ``model`` and ``adam`` and the dropout
+    generator; returns (its Position, its metadata). Refuses (CheckpointError, nothing changed on
+    disk) another tokenizer, another architecture and an averaged checkpoint (no optimiser state)."""
     state, meta, adam_state = checkpoint.load_checkpoint(path)
     if meta.get("tokenizer_sha256") != tokenizer.sha256:
         raise checkpoint.CheckpointError(f"{path} was trained with another tokenizer than "

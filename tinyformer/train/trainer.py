@@ -175,7 +175,7 @@ class Trainer:
             while at.batch_in_epoch < len(batches) and at.step < c.max_steps:
                 self._stop_if_asked()
                 step_before = at.step
-                loss, nll, tokens, grad_norm = self._step_or_stop(batches[at.batch_in_epoch:][:c.accum * self.comm.size])
+                loss, nll, tokens, grad_norm = self._step_or_stop(batches[at.batch_in_epoch:at.batch_in_epoch + c.accum * self.comm.size])
                 if at.step == step_before:
                     (self._overflowed if self.last_overflow else self._skipped)(loss, grad_norm, bar)
                     continue
@@ -220,7 +220,7 @@ class Trainer:
         """
         part = -(-len(batches) // self.comm.size)
         mine = batches[self.comm.rank * part:(self.comm.rank + 1) * part]
-        tokens = int(self.comm.all_reduce(numpy.array([sum(b.num_tokens for b in mine)], dtype=numpy.int64))[0])
+        tokens = sum(b.num_tokens for b in batches)  # every rank's parts together: no collective needed
         total_loss = total_nll = 0.0
         backward_scale = self.scaler.scale if self.scaler.enabled else 1.0
         self._boundary_rng = tf_random.get_rng_state()

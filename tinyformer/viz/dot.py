@@ -20,7 +20,7 @@ class _Dot:
     """Collects numbered nodes and edges; ``text()`` is the DOT source."""
 
     def __init__(self):
-        self.ids, self.lines, self.edges = {}, [], []
+        self.ids, self.lines, self.edges = {}, [], {}
 
     def node(self, obj, prefix, label, attributes):
         key = id(obj)
@@ -31,14 +31,13 @@ class _Dot:
 
     def edge(self, tail, head, attributes=""):
         line = f"  {tail} -> {head}" + (f" [{attributes}]" if attributes else "") + ";"
-        if line not in self.edges:
-            self.edges.append(line)
+        self.edges.setdefault(line, None)  # an ordered set: each edge once, in the order first drawn
 
     def text(self):
         header = ["digraph tinyformer {",
                   '  node [fontname="Helvetica", fontsize=10];',
                   '  edge [arrowsize=0.7];']
-        return "\n".join(header + self.lines + self.edges + ["}"]) + "\n"
+        return "\n".join(header + self.lines + list(self.edges) + ["}"]) + "\n"
 
 
 def _escape(label):
