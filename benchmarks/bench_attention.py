@@ -111,12 +111,6 @@ def as_kernel_dtype(x, dtype):
     return bfloat16_bits(x) if dtype == "bfloat16" else x.astype(dtype)
 
 
-def kernel_dtype_arg(dtype):
-    """The ``dtype=`` argument of ``kernels.ops``: every array carries its own dtype (bfloat16 is
-    ml_dtypes' dtype on both backends), so none is named."""
-    return None
-
-
 # ----------------------------------------------------------------------------- timing
 class CupyClock:
     def __init__(self):
@@ -262,7 +256,7 @@ class TensorCoreAttention:
         self.q, self.k, self.v, self.do = (
             _xp(a).ascontiguousarray(as_kernel_dtype(a, case.dtype).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
             for a in inputs)
-        self.kw = {"causal": case.causal, "dtype": kernel_dtype_arg(case.dtype)}
+        self.kw = {"causal": case.causal}
 
     def forward(self):
         return self.ops.attention_mma_forward(self.q, self.k, self.v, **self.kw)
@@ -285,7 +279,7 @@ class CudaCoreAttention:
         self.ops, self.case = ops, case
         flat = (case.batch * case.heads, case.seq_len, case.head_dim)
         self.q, self.k, self.v, self.do = (as_kernel_dtype(a, case.dtype).reshape(flat) for a in inputs)
-        self.kw = {"causal": case.causal, "dtype": kernel_dtype_arg(case.dtype)}
+        self.kw = {"causal": case.causal}
 
     def forward(self):
         return self.ops.attention_forward(self.q, self.k, self.v, self.case.heads, **self.kw)
@@ -462,7 +456,7 @@ def measure_attention(case, args, torch_ok, failures):
     impls = attention_impls(case, args, torch_ok)
     inputs = failures.cell(f"{case.label} inputs", lambda: attention_inputs(case, args.seed))
     if isinstance(inputs, str):
-        return row + [inputs] * (2 * len(timed_columns(args)) + 3)
+        return row + [inputs] * (2 * len(impls) + 3)
     reference = reference_of(impls, torch_ok)
     cells, outputs = {}, {}
     for name, impl in impls.items():
@@ -478,7 +472,7 @@ def measure_attention(case, args, torch_ok, failures):
     check = check_cell(case, reference, {k: v for k, v in outputs.items() if not isinstance(v, str)}, failures)
     del inputs, outputs
     free_gpu_memory()
-    columns = timed_columns(args)
+    columns = list(impls)  # the order of timed_columns
     forward = {name: cells[name][0] for name in columns}
     both = {name: cells[name][1] for name in columns}
     return (row + [forward[n] for n in columns] + [share_of_best(forward["kernel"], best_torch(forward))]
@@ -509,25 +503,24 @@ def row_inputs(op, rows, cols, dtype, seed):
     rng = cupy.random.default_rng(seed)
     x = as_kernel_dtype(rng.standard_normal((rows, cols), dtype=cupy.float32), dtype)
     dy = as_kernel_dtype(rng.standard_normal((rows, cols), dtype=cupy.float32), dtype)
-    kw = {"dtype": kernel_dtype_arg(dtype)}
     if op == "softmax":
-        y = ops.softmax_forward(x, **kw)
-        return (lambda: ops.softmax_forward(x, **kw)), (lambda: ops.softmax_backward(y, dy, **kw))
+        y = ops.softmax_forward(x)
+        return (lambda: ops.softmax_forward(x)), (lambda: ops.softmax_backward(y, dy))
     if op == "layer_norm":
         weight = as_kernel_dtype(cupy.ones(cols, dtype=cupy.float32), dtype)
         bias = as_kernel_dtype(cupy.zeros(cols, dtype=cupy.float32), dtype)
-        _, mean, rstd = ops.layer_norm_forward(x, weight, bias, **kw)
-        return ((lambda: ops.layer_norm_forward(x, weight, bias, **kw)),
-                (lambda: ops.layer_norm_backward(x, weight, dy, mean, rstd, **kw)))
+        _, mean, rstd = ops.layer_norm_forward(x, weight, bias)
+        return ((lambda: ops.layer_norm_forward(x, weight, bias)),
+                (lambda: ops.layer_norm_backward(x, weight, dy, mean, rstd)))
     if op == "cross_entropy":
         target = rng.integers(0, cols, rows, dtype=cupy.int64)
-        _, _, lse = ops.cross_entropy_forward(x, target, smoothing=0.1, **kw)
+        _, _, lse = ops.cross_entropy_forward(x, target, smoothing=0.1)
         grad_loss = cupy.full(rows, 1.0 / rows, dtype=cupy.float32)
         grad_nll = cupy.zeros(rows, dtype=cupy.float32)
-        return ((lambda: ops.cross_entropy_forward(x, target, smoothing=0.1, **kw)),
-                (lambda: ops.cross_entropy_backward(x, target, lse, grad_loss, grad_nll, smoothing=0.1, **kw)))
+        return ((lambda: ops.cross_entropy_forward(x, target, smoothing=0.1)),
+                (lambda: ops.cross_entropy_backward(x, target, lse, grad_loss, grad_nll, smoothing=0.1)))
     if op == "dropout":  # forward only: the backward is a CuPy multiply by the saved mask
-        return ((lambda: ops.dropout_forward(x, DROPOUT_P, seed, **kw)),)
+        return ((lambda: ops.dropout_forward(x, DROPOUT_P, seed)),)
     raise ValueError(f"unknown row op {op!r}")
 
 

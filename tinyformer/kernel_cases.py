@@ -133,10 +133,6 @@ class Device:
         x = ops.from_bfloat16(x) if self.dtype == "bfloat16" else x
         return backend.to_numpy(x).astype(numpy.float32)
 
-    @property
-    def kernel_dtype(self):
-        return "bfloat16" if self.dtype == "bfloat16" else None
-
     def output(self, label, actual, expected, atol=None, gradient=False):
         """A Comparison of an element-type kernel result; ``atol`` names a case's own floor
         (cancellation in float32 sums), the element type's floor applies when larger."""
@@ -177,8 +173,8 @@ def softmax(dev, rows, cols, log=False, seed=0):
     rng = numpy.random.default_rng(seed)
     x, g = dev.round(rand(rng, rows, cols, scale=3.0)), dev.round(rand(rng, rows, cols))
     (expected,), (expected_grad,) = reference(F.log_softmax if log else F.softmax, [x], [g])
-    y = ops.softmax_forward(dev.put(x), log=log, dtype=dev.kernel_dtype)
-    grad_x = ops.softmax_backward(y, dev.put(g), log=log, dtype=dev.kernel_dtype)
+    y = ops.softmax_forward(dev.put(x), log=log)
+    grad_x = ops.softmax_backward(y, dev.put(g), log=log)
     y64, g64 = dev.get(y).astype(numpy.float64), g.astype(numpy.float64)
     if log:
         from_y = g64 - numpy.exp(y64) * g64.sum(-1, keepdims=True)
@@ -199,9 +195,9 @@ def layer_norm(dev, rows, cols, seed=0, rows_per_chunk=16, x=None):
     x = dev.round(rand(rng, rows, cols, scale=2.0) + 1.5) if x is None else dev.round(x)
     w, b, g = dev.round(rand(rng, cols)), dev.round(rand(rng, cols)), dev.round(rand(rng, rows, cols))
     (expected,), (gx, gw, gb) = reference(lambda x, w, b: F.layer_norm(x, w, b, 1e-5), [x, w, b], [g])
-    y, mean, rstd = ops.layer_norm_forward(dev.put(x), dev.put(w), dev.put(b), 1e-5, dtype=dev.kernel_dtype)
+    y, mean, rstd = ops.layer_norm_forward(dev.put(x), dev.put(w), dev.put(b), 1e-5)
     kx, kw, kb = ops.layer_norm_backward(dev.put(x), dev.put(w), dev.put(g), mean, rstd,
-                                         rows_per_chunk=rows_per_chunk, dtype=dev.kernel_dtype)
+                                         rows_per_chunk=rows_per_chunk)
     # r·(g − mean g − x̂·mean(g x̂)) cancels: a few ulp of r·|g|; dw and db sum over the rows
     sums = 1e-5 * max(1, rows / 16)
     return KernelRun(f"x {_shape(x)} w,b {_shape(w)}",
@@ -226,11 +222,10 @@ def cross_entropy(dev, rows, vocab, smoothing, ignore_index, seed=0):
         lambda z: F.cross_entropy(z, target, smoothing, ignore_index, reduction="none", return_nll=True),
         [logits], [g_loss, g_nll])
     device_target = backend.to_device(target, dev.device)
-    k_loss, k_nll, lse = ops.cross_entropy_forward(dev.put(logits), device_target, smoothing, ignore_index,
-                                                   dtype=dev.kernel_dtype)
+    k_loss, k_nll, lse = ops.cross_entropy_forward(dev.put(logits), device_target, smoothing, ignore_index)
     k_grad = ops.cross_entropy_backward(dev.put(logits), device_target, lse,
                                         *(backend.to_device(g, dev.device) for g in (g_loss, g_nll)),
-                                        smoothing, ignore_index, dtype=dev.kernel_dtype)
+                                        smoothing, ignore_index)
     z = logits.astype(numpy.float64)
     shift = z.max(axis=-1)
     expected_lse = shift + numpy.log(numpy.exp(z - shift[:, None]).sum(axis=-1))
@@ -285,7 +280,7 @@ def dropout(dev, shape, p, seed, offset=0, rng_seed=0):
     x = dev.round(rand(rng, *shape))
     keep = (philox_uniform(seed, offset, numpy.arange(x.size)) >= numpy.float32(p)).reshape(x.shape)
     expected = numpy.where(keep, x.astype(numpy.float64) / (1.0 - p), 0.0)
-    y, kernel_keep = ops.dropout_forward(dev.put(x), p, seed, offset, dtype=dev.kernel_dtype)
+    y, kernel_keep = ops.dropout_forward(dev.put(x), p, seed, offset)
     if kernel_keep.dtype != numpy.bool_ or kernel_keep.shape != x.shape or y.shape != x.shape:
         raise AssertionError(f"dropout kernel: keep {kernel_keep.dtype} {kernel_keep.shape}, y {y.shape} "
                              f"for x {x.shape}")
@@ -307,9 +302,8 @@ def bias_relu_dropout(dev, rows, cols, p, seed=0, rng_seed=0):
     pre = dev.round(y + b)  # y + b as the element type holds it
     mask = (pre > 0) & keep
     expected = numpy.where(mask, pre.astype(numpy.float64) * (scale if p else 1.0), 0.0)
-    z, kernel_mask = ops.bias_relu_dropout_forward(dev.put(y), dev.put(b), p, seed, scale=scale,
-                                                   dtype=dev.kernel_dtype)
-    grad = ops.bias_relu_dropout_backward(dev.put(g), kernel_mask, scale if p else 1.0, dtype=dev.kernel_dtype)
+    z, kernel_mask = ops.bias_relu_dropout_forward(dev.put(y), dev.put(b), p, seed, scale=scale)
+    grad = ops.bias_relu_dropout_backward(dev.put(g), kernel_mask, scale if p else 1.0)
     expected_grad = numpy.where(mask, g.astype(numpy.float64) * (scale if p else 1.0), 0.0)
     tight = dev.dtype == "float32"
     return KernelRun(f"y {_shape(y)} b {_shape(b)} p {p:g}",
@@ -334,9 +328,8 @@ def residual_layer_norm(dev, rows, cols, p, seed=0, rng_seed=0):
     (expected,), (gx, gy, gw, gb) = reference(lambda x, y, w, b: F.layer_norm(x + y * kept, w, b, 1e-5),
                                               [x, y, w, b], [g])
     out, h, kernel_keep, mean, rstd = ops.residual_layer_norm_forward(
-        dev.put(x), dev.put(y), dev.put(w), dev.put(b), p, seed, scale=scale, dtype=dev.kernel_dtype)
-    kx, ky, kw, kb = ops.residual_layer_norm_backward(h, dev.put(w), dev.put(g), mean, rstd, kernel_keep, scale,
-                                                      dtype=dev.kernel_dtype)
+        dev.put(x), dev.put(y), dev.put(w), dev.put(b), p, seed, scale=scale)
+    kx, ky, kw, kb = ops.residual_layer_norm_backward(h, dev.put(w), dev.put(g), mean, rstd, kernel_keep, scale)
     sums = 1e-5 * max(1, rows / 16)
     return KernelRun(f"x,y {_shape(x)} w,b {_shape(w)} p {p:g}",
                      [compared("keep", kernel_keep, keep, 0.0, 0.0), dev.output("output", out, expected, atol=1e-5),
@@ -386,8 +379,7 @@ def attention(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=False, 
     def flat(a):
         return dev.put(a.reshape(batch * heads, a.shape[2], dim))
 
-    args = dict(key_lengths=_key_lengths_on(dev, lengths), causal=causal, dropout_p=dropout_p, seed=seed,
-                dtype=dev.kernel_dtype)
+    args = dict(key_lengths=_key_lengths_on(dev, lengths), causal=causal, dropout_p=dropout_p, seed=seed)
     o, lse = ops.attention_forward(flat(q), flat(k), flat(v), heads, **args)
     kq, kk, kv = ops.attention_backward(flat(q), flat(k), flat(v), o, lse, flat(g), heads, **args)
     comparisons = [dev.output("output", o, expected.reshape(o.shape))]
@@ -425,8 +417,7 @@ def attention_mma(dev, batch, heads, len_q, len_k, dim, lengths=None, causal=Fal
     qd, kd, vd = _in_layout(dev, [q, k, v], layout) if layout != "fused" or len_q == len_k else (
         _in_layout(dev, [q], "projection") + _in_layout(dev, [k, v], "fused"))
     (gd,) = _in_layout(dev, [g], "projection")
-    args = dict(key_lengths=_key_lengths_on(dev, lengths), causal=causal, dropout_p=dropout_p, seed=seed,
-                dtype=dev.kernel_dtype)
+    args = dict(key_lengths=_key_lengths_on(dev, lengths), causal=causal, dropout_p=dropout_p, seed=seed)
     o, lse = ops.attention_mma_forward(qd, kd, vd, **args)
     kq, kk, kv = ops.attention_mma_backward(qd, kd, vd, o, lse, gd, **args)
     comparisons = [dev.output("output", o, expected)]
@@ -479,7 +470,7 @@ def mma_instructions(dev, seed=0):
     def on_device(array):
         return backend.to_device(numpy.ascontiguousarray(array), dev.device)
 
-    kind = dev.kernel_dtype or "float16"
+    kind = dev.dtype
     comparisons = []
 
     matrices = _bits(dev, rng, 32, 8)

@@ -127,11 +127,11 @@ class EmulatedFunction:
 
 def function(expression):
     """The emulated ``expression``, from the library built for the registry's geometry as it is now."""
-    return EmulatedFunction(expression, _built(registry.geometry(), sanitize_requested()))
+    return _function(expression, registry.geometry(), sanitize_requested())
 
 
 @functools.lru_cache(maxsize=None)
-def _built(geometry, sanitize):
-    """``build``'s library, once per process and geometry (as ``launch._module`` compiles for the
-    GPU), so that a launch does not hash every source file again."""
-    return build(sanitize)
+def _function(expression, geometry, sanitize):
+    """Once per process, geometry and sanitizer setting (as ``launch._module`` compiles for the
+    GPU): a launch neither hashes every source file again nor looks its symbol up again."""
+    return EmulatedFunction(expression, build(sanitize))
