@@ -3,10 +3,12 @@ a group can fail with.
 
 A communicator has a ``rank`` (0 .. ``size`` - 1) and collectives on arrays (``all_reduce``, its
 non-blocking twin ``all_reduce_async``, ``broadcast``) and on small JSON-able values
-(``broadcast_object``, ``all_gather_object``), plus ``barrier``. ``SingleProcess`` is the group of
+(``broadcast_object``, ``all_gather_object``) and bytes (``broadcast_bytes``), plus ``barrier``. ``SingleProcess`` is the group of
 one, so that the trainer has a single code path; ``mpi.MPICommunicator`` and
 ``nccl.NCCLCommunicator`` are the real ones. Values travel as JSON, never as pickles.
 """
+
+import numpy
 
 __all__ = ["Communicator", "SingleProcess", "Work", "DistributedError", "PeerLost", "PeerFailed",
            "CollectiveTimeout", "StartupMismatch", "REDUCE_OPS"]
@@ -85,6 +87,13 @@ class Communicator:
     def broadcast_object(self, value, root=0):
         """Root's JSON-able ``value`` on every rank."""
         raise NotImplementedError
+
+    def broadcast_bytes(self, data, root=0):
+        """Root's ``data`` (bytes; the other ranks' are ignored) on every rank: its length, then it."""
+        length = self.broadcast(numpy.array([len(data)], dtype=numpy.int64), root)
+        buffer = numpy.frombuffer(data, dtype=numpy.uint8).copy() if self.rank == root else \
+            numpy.empty(int(length[0]), dtype=numpy.uint8)
+        return self.broadcast(buffer, root).tobytes()
 
     def all_gather_object(self, value):
         """[rank 0's value, rank 1's, ...] of a JSON-able value, on every rank."""

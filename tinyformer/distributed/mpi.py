@@ -96,10 +96,7 @@ class MPICommunicator(Communicator):
     def broadcast_object(self, value, root=0):
         _check_root(root, self.size)
         data = json.dumps(value).encode("utf-8") if self.rank == root else b""
-        length = self.broadcast(numpy.array([len(data)], dtype=numpy.int64), root)
-        buffer = numpy.frombuffer(data, dtype=numpy.uint8).copy() if self.rank == root else \
-            numpy.empty(int(length[0]), dtype=numpy.uint8)
-        return json.loads(self.broadcast(buffer, root).tobytes().decode("utf-8"))
+        return json.loads(self.broadcast_bytes(data, root).decode("utf-8"))
 
     def all_gather_object(self, value):
         return self._gather_json(value)

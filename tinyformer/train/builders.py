@@ -41,7 +41,7 @@ class Parts:
     model: Transformer
     adam: Adam                 # with the NoamSchedule as its lr
     position: Position         # step 0, or where the resumed checkpoint stood
-    scaler: GradScaler = None  # fp16's dynamic loss scale (disabled in fp32 and bf16); None: a new one
+    scaler: GradScaler  # fp16's dynamic loss scale (disabled in fp32 and bf16), resumed
 
 
 def build_parts(config, resume=False, echo=print, comm=None):
@@ -111,10 +111,7 @@ def _shared_tokenizer(comm, build):
         return build()
     from ..data.tokenizer import Tokenizer
 
-    data = Path(build().path).read_bytes() if comm.rank == 0 else b""
-    size = int(comm.broadcast(numpy.array([len(data)], dtype=numpy.int64))[0])
-    buffer = numpy.frombuffer(data, dtype=numpy.uint8).copy() if comm.rank == 0 else numpy.empty(size, numpy.uint8)
-    data = comm.broadcast(buffer).tobytes()
+    data = comm.broadcast_bytes(Path(build().path).read_bytes() if comm.rank == 0 else b"")
     with tempfile.TemporaryDirectory(prefix="tinyformer-tokenizer-") as folder:
         path = Path(folder) / TOKENIZER_FILE
         path.write_bytes(data)

@@ -30,7 +30,7 @@ import numpy
 from .. import amp, backend, checkpoint, distributed
 from .. import random as tf_random
 from ..optim import LossScaleTooSmall
-from .builders import build_parts, build_scaler
+from .builders import build_parts
 from .config import ConfigError
 from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
 from .interrupts import InterruptGuard
@@ -106,7 +106,7 @@ class Trainer:
         self.metrics = MetricsLog(self.save_dir / LOG_FILE)
         self.model = None
         self.precision = amp.get_precision(c.precision)
-        self.scaler = build_scaler(c)  # fp16's loss scale; replaced by the resumed one in _take
+        self.scaler = None            # fp16's loss scale (disabled otherwise), from setup()
         self.last_overflow = False    # the last step was skipped for an fp16 gradient overflow
         self.buckets = None           # the gradient all-reduce, with several ranks
         self.position = Position()
@@ -128,8 +128,7 @@ class Trainer:
         self.tokenizer, self.model, self.adam = parts.tokenizer, parts.model, parts.adam
         self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
         self.position = parts.position
-        if parts.scaler is not None:
-            self.scaler = parts.scaler
+        self.scaler = parts.scaler
         self._saved_step = self.position.step if self.resume else None
         if self.comm.size > 1:
             self.buckets = distributed.GradientBuckets(self.comm, self.model.parameters(), self.config.bucket_mb)
