@@ -160,6 +160,12 @@ def reference(fn, inputs, upstream):
     return [o.data for o in outputs], grads
 
 
+def _philox_keep(seed, offset, shape, p):
+    """The kernels' dropout mask of an array of ``shape``: philox_uniform(seed, offset, e) >= p over
+    its elements in C order (kernels/philox.cuh, kernels/philox.py)."""
+    return (philox_uniform(seed, offset, numpy.arange(math.prod(shape))) >= numpy.float32(p)).reshape(shape)
+
+
 def _shape(array):
     return str(tuple(array.shape)).replace(" ", "")
 
@@ -278,7 +284,7 @@ def dropout(dev, shape, p, seed, offset=0, rng_seed=0):
     the elements in C order, exactly; y = x ∘ keep / (1 − p) (float32: rtol 1e-6)."""
     rng = numpy.random.default_rng(rng_seed)
     x = dev.round(rand(rng, *shape))
-    keep = (philox_uniform(seed, offset, numpy.arange(x.size)) >= numpy.float32(p)).reshape(x.shape)
+    keep = _philox_keep(seed, offset, x.shape, p)
     expected = numpy.where(keep, x.astype(numpy.float64) / (1.0 - p), 0.0)
     y, kernel_keep = ops.dropout_forward(dev.put(x), p, seed, offset)
     if kernel_keep.dtype != numpy.bool_ or kernel_keep.shape != x.shape or y.shape != x.shape:
@@ -297,7 +303,7 @@ def bias_relu_dropout(dev, rows, cols, p, seed=0, rng_seed=0):
     backward dz ∘ mask · scale."""
     rng = numpy.random.default_rng(rng_seed)
     y, b, g = dev.round(rand(rng, rows, cols)), dev.round(rand(rng, cols)), dev.round(rand(rng, rows, cols))
-    keep = philox_uniform(seed, 0, numpy.arange(y.size)).reshape(y.shape) >= numpy.float32(p)
+    keep = _philox_keep(seed, 0, y.shape, p)
     scale = float(dev.round(numpy.array([1.0 / (1.0 - p)], numpy.float32))[0])
     pre = dev.round(y + b)  # y + b as the element type holds it
     mask = (pre > 0) & keep
@@ -322,7 +328,7 @@ def residual_layer_norm(dev, rows, cols, p, seed=0, rng_seed=0):
     rng = numpy.random.default_rng(rng_seed)
     x, y = dev.round(rand(rng, rows, cols, scale=2.0) + 1.5), dev.round(rand(rng, rows, cols))
     w, b, g = dev.round(rand(rng, cols)), dev.round(rand(rng, cols)), dev.round(rand(rng, rows, cols))
-    keep = philox_uniform(seed, 0, numpy.arange(x.size)).reshape(x.shape) >= numpy.float32(p)
+    keep = _philox_keep(seed, 0, x.shape, p)
     scale = float(dev.round(numpy.array([1.0 / (1.0 - p)], numpy.float32))[0])  # in the element type, as F passes it
     kept = Tensor(keep * scale)
     (expected,), (gx, gy, gw, gb) = reference(lambda x, y, w, b: F.layer_norm(x + y * kept, w, b, 1e-5),
@@ -351,8 +357,7 @@ def _attention_reference(dev, batch, heads, len_q, len_k, dim, lengths, causal, 
     if lengths is not None:
         mask = (numpy.arange(len_k)[None, :] < numpy.asarray(lengths)[:, None])[:, None, None, :]
     if dropout_p:
-        index = numpy.arange(batch * heads * len_q * len_k)
-        keep = (philox_uniform(seed, 0, index) >= numpy.float32(dropout_p)).reshape(batch, heads, len_q, len_k)
+        keep = _philox_keep(seed, 0, (batch, heads, len_q, len_k), dropout_p)
         kept = Tensor(keep / (1.0 - dropout_p))
 
         def fn(q, k, v):

@@ -79,7 +79,9 @@ def compile_options():
 
 def geometry():
     """Every geometry value the sources are compiled with, as a hashable key (a compiled module's)."""
-    return tuple(compile_options()) + tuple(ATTENTION_ROWS_PER_WARP.items()) + tuple(MMA_ATTENTION_TILE.items())
+    # the values themselves (checked where they are compiled: compile_options), not re-checked per launch
+    return (WARP_SIZE, ROW_BLOCK, ATTENTION_WARPS, ATTENTION_KEY_TILE, MMA_ATTENTION_WARPS, MMA_ROWS_PER_WARP,
+            MMA_PAD, *ATTENTION_ROWS_PER_WARP.items(), *MMA_ATTENTION_TILE.items())
 
 
 def _check_geometry():

@@ -101,13 +101,13 @@ def _per_token(copy, batch, hook, embedded):
             found["saliency"][side]["norm"].append(numpy.linalg.norm(grads, axis=-1))
             found["saliency"][side]["gxi"].append(numpy.sum(grads * rows_, axis=-1))
             found["sums"][side] = found["sums"].get(side, 0) + grads.sum(axis=0)
+        keep = [r for r, t in enumerate(positions) if t in embedded]
         for kind in KINDS:
             probs, grads = result[kind]["P"], result[kind]["dP"]
             scores = softmax_backward(probs, grads)
             found["sensitivity"][kind].append(numpy.sum(probs * grads, axis=(-2, -1)).transpose(1, 0, 2))
             for name, values in (("dP", grads), ("dS", scores)):
                 found["sums"][kind, name] = found["sums"].get((kind, name), 0) + values.sum(axis=1)
-                keep = [r for r, t in enumerate(positions) if t in embedded]
                 found["kept"].setdefault((kind, name), []).extend(values[:, r] for r in keep)
     return found
 
