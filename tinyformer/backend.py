@@ -6,8 +6,8 @@ CuPy code does, so the same op code runs on either device.
 """
 
 import concurrent.futures
+import contextlib
 import os
-
 import re
 
 import ml_dtypes
@@ -282,3 +282,101 @@ def out_of_memory_report(error):
         except Exception:
             free = None
     return asked, free
+
+
+# ------------------------------------------------------------------ CUDA graphs
+_capturing = False
+
+
+@contextlib.contextmanager
+def capturing():
+    """A region whose device work is being captured into a CUDA graph (``GraphCapture.capture``):
+    nothing in it may read a value back to the host, so checks that would (the id range checks,
+    for instance) are left to the caller, who checked the inputs on the host (``is_capturing``)."""
+    global _capturing
+    outer, _capturing = _capturing, True
+    try:
+        yield
+    finally:
+        _capturing = outer
+
+
+def is_capturing():
+    """True inside ``capturing()``."""
+    return _capturing
+
+
+class CaptureUnavailable(RuntimeError):
+    """CUDA graphs cannot be used here; the message says why (the step then runs eagerly)."""
+
+
+class GraphCapture:
+    """Captures callables into CUDA graphs and replays them, on one stream of its own, every graph's
+    allocations drawn from one private memory pool (graphs are never replayed concurrently, so
+    they may share it); work outside ``capture`` uses CuPy's default pool.
+
+    Work inside ``on_stream()`` runs on that stream without being captured (the warm-up of a new
+    shape: kernels compile and load, persistent buffers come from the default pool). ``begin``
+    orders the stream's next work after the current stream's; ``end`` waits for the stream.
+    """
+
+    def __init__(self):
+        if _cupy is None or not is_gpu_available():
+            raise CaptureUnavailable("CUDA graphs need CuPy and a GPU")
+        if not hasattr(_cupy.cuda.Stream, "begin_capture"):
+            raise CaptureUnavailable(f"this CuPy ({_cupy.__version__}) cannot capture CUDA graphs")
+        self.stream = _cupy.cuda.Stream(non_blocking=True)
+        self.pool = _cupy.cuda.MemoryPool()
+
+    def begin(self):
+        self.stream.wait_event(_cupy.cuda.get_current_stream().record())
+
+    def end(self):
+        self.stream.synchronize()
+
+    def on_stream(self):
+        return self.stream
+
+    def capture(self, fn):
+        """A graph of ``fn``'s device work (``fn`` runs, its kernels do not); raises
+        ``CaptureUnavailable`` naming the reason when the capture fails."""
+        graph, error = None, None
+        with _cupy.cuda.using_allocator(self.pool.malloc), self.stream, capturing():
+            self.stream.begin_capture()
+            try:
+                fn()
+            except Exception as caught:  # end the capture in any case, then report
+                error = caught
+            try:
+                graph = self.stream.end_capture()
+            except Exception as caught:
+                error = error or caught
+        if error is not None:
+            raise CaptureUnavailable(f"capturing the step failed: {type(error).__name__}: "
+                                     f"{str(error).splitlines()[0] if str(error) else ''}") from error
+        graph.upload(self.stream)
+        return graph
+
+    def replay(self, graph):
+        graph.launch(self.stream)
+
+    def pool_bytes(self):
+        """Bytes the private pool holds for the graphs."""
+        return int(self.pool.total_bytes())
+
+    @staticmethod
+    def kernel_nodes(graph):
+        """The kernel launches in ``graph`` (its DOT description's kernel nodes), or None."""
+        try:
+            return graph.debug_dot_str().count("KERNEL")
+        except Exception:
+            return None
+
+
+def copy_into(target, source):
+    """Copy the host array ``source`` into the array ``target`` in place (on the current stream
+    for a CuPy ``target``): the static inputs of a captured graph keep their memory."""
+    if is_cupy_array(target):
+        target.set(numpy.ascontiguousarray(source, dtype=target.dtype), stream=_cupy.cuda.get_current_stream())
+    else:
+        numpy.copyto(target, source, casting="same_kind")

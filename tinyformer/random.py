@@ -8,10 +8,12 @@ and make their masks on the device with Philox (``kernels/philox.cuh``): a GPU
 run repeats for a seed, but its masks are not the CPU run's.
 """
 
+import contextlib
+
 import numpy
 
 __all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "uniform_blocks",
-           "get_rng_state", "set_rng_state"]
+           "get_rng_state", "set_rng_state", "kernel_seed", "recording_kernel_seeds", "draw_kernel_seeds"]
 
 _default = numpy.random.default_rng(0)
 
@@ -108,3 +110,38 @@ def set_rng_state(state):
     generator = numpy.random.default_rng()
     generator.bit_generator.state = state
     _default = generator
+
+
+_seed_recorder = None
+
+
+def kernel_seed(generator=None):
+    """The seed of one kernel's Philox stream, drawn from ``generator`` (None: the default one).
+
+    While a CUDA graph is captured (``recording_kernel_seeds``) nothing is drawn: the recorder
+    returns a slot of the graph's seed table (a ``kernels.ops.DeviceSeed``), which the kernel
+    reads on the device and the graph's owner fills before every replay with the draws this call
+    would have made, in the same order: a replayed step uses the masks of the eager step.
+    """
+    if _seed_recorder is not None:
+        return _seed_recorder(generator)
+    return int((generator or _default).integers(2 ** 63))
+
+
+@contextlib.contextmanager
+def recording_kernel_seeds(recorder):
+    """Route every ``kernel_seed(generator)`` call to ``recorder(generator)`` (None for the default
+    generator, which is looked up again at each replay: ``manual_seed`` and ``set_rng_state``
+    replace it)."""
+    global _seed_recorder
+    outer, _seed_recorder = _seed_recorder, recorder
+    try:
+        yield
+    finally:
+        _seed_recorder = outer
+
+
+def draw_kernel_seeds(generators):
+    """One ``kernel_seed`` draw per entry of ``generators`` (None: the default generator), in
+    order, as a uint64 array."""
+    return numpy.array([int((g or _default).integers(2 ** 63)) for g in generators], dtype=numpy.uint64)

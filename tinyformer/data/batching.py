@@ -15,8 +15,10 @@ positions, ignored loss targets), so a padded batch has the unpadded batch's los
 
 import numpy
 
-from .special import BOS_ID, EOS_ID, PAD_ID
+from .. import backend
+from ..functional.masks import KeyLengthMask
 from ..validation import check_int
+from .special import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["Batch", "ParallelData", "ShapeBuckets", "batch_indices", "make_batch", "pad"]
 
@@ -46,17 +48,29 @@ class Batch:
     denominator), ``indices`` the pairs' positions in the dataset.
     """
 
-    __slots__ = ("src", "tgt_in", "tgt_out", "src_mask", "indices", "num_tokens", "num_src_tokens", "pad_id")
+    __slots__ = ("src", "tgt_in", "tgt_out", "src_mask", "src_lengths", "indices", "num_tokens", "num_src_tokens",
+                 "pad_id")
 
     def __init__(self, src, tgt_in, tgt_out, indices, pad_id=PAD_ID):
         self.src, self.tgt_in, self.tgt_out, self.pad_id = src, tgt_in, tgt_out, pad_id
         self.src_mask = (src != pad_id)[:, None, None, :]
+        lengths = self.src_mask[:, 0, 0, :].sum(axis=-1).astype(numpy.int32)
+        trailing = (self.src_mask[:, 0, 0, :] == (numpy.arange(src.shape[1])[None, :] < lengths[:, None])).all()
+        self.src_lengths = lengths if trailing else None  # None: padding inside a sentence (a hand-made batch)
         self.indices = indices
         self.num_tokens = int((tgt_out != pad_id).sum())
         self.num_src_tokens = int((src != pad_id).sum())
 
     def __len__(self):
         return len(self.src)
+
+    def src_key_mask(self, like=None):
+        """The source keep-mask for attention on ``like``'s device: a ``KeyLengthMask`` (the fused
+        kernels take its lengths as they are) when the padding trails, else ``src_mask``."""
+        if self.src_lengths is None:
+            return backend.like(self.src_mask, like) if like is not None else self.src_mask
+        lengths = self.src_lengths if like is None else backend.like(self.src_lengths, like)
+        return KeyLengthMask(lengths, self.src.shape[1])
 
     @property
     def padded_tokens(self):

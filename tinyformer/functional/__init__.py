@@ -13,7 +13,7 @@ family per module, each beside its CUDA twin in ``kernels/``:
     attention.py      ScaledDotProductAttention        kernels/attention_mma.cu, attention.cu
     linear.py         Linear, LinearRelu, LinearReluDropout  kernels/bias_relu_dropout.cu
     embedding.py      Embedding
-    masks.py          causal_mask, padding_mask, sinusoid_table
+    masks.py          causal_mask, padding_mask, KeyLengthMask, sinusoid_table
 
 **Kernel dispatch: one rule, one pattern.** The rule is ``kernels.use_kernels(*arrays)``:
 CuPy arrays of float32/float16/bfloat16, unless ``TINYFORMER_KERNELS=0`` (float64, as in gradient
@@ -40,7 +40,7 @@ from .dropout import Dropout, dropout
 from .embedding import Embedding, embedding
 from .layer_norm import LayerNorm, layer_norm
 from .linear import Linear, LinearRelu, LinearReluDropout, linear, linear_relu, linear_relu_dropout
-from .masks import causal_mask, padding_mask, sinusoid_table
+from .masks import KeyLengthMask, causal_mask, padding_mask, sinusoid_table
 from .residual import ResidualDropoutLayerNorm, residual_dropout_layer_norm
 from .softmax import LogSoftmax, Softmax, log_softmax, softmax
 
@@ -59,6 +59,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "causal_mask",
     "padding_mask",
+    "KeyLengthMask",
     "sinusoid_table",
     "Softmax",
     "LogSoftmax",

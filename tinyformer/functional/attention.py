@@ -13,7 +13,7 @@ from ..tensor import Tensor
 from ..validation import check_probability, rectangular_array
 from ._dispatch import KernelFunction
 from .dropout import _check_generator, _dropped, _keep_mask_on_cpu, _kernel_seed
-from .masks import causal_mask
+from .masks import KeyLengthMask, causal_mask
 
 _xp = backend.get_array_module
 
@@ -58,6 +58,7 @@ class ScaledDotProductAttention(KernelFunction):
     # ---------------------------------------------------------------- the NumPy reference
     def forward_cpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         xp = _xp(q, k, v)
+        mask = mask.mask if isinstance(mask, KeyLengthMask) else mask
         if causal:
             future = causal_mask(q.shape[-2], k.shape[-2], xp)
             mask = future if mask is None else mask & future
@@ -199,6 +200,8 @@ def _key_lengths(mask, batch, len_k):
         return True, None
     if tuple(mask.shape) != (batch, 1, 1, len_k):
         return False, None
+    if isinstance(mask, KeyLengthMask):
+        return True, mask.lengths  # known by construction: nothing to check or read back
     keep = mask[:, 0, 0, :]
     lengths = keep.sum(axis=-1)
     if not bool((keep == (_xp(mask).arange(len_k)[None, :] < lengths[:, None])).all()):
@@ -246,6 +249,12 @@ def _checked_mask(mask, q, k):
     if mask is None:
         return None
     scores_shape = numpy.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    if isinstance(mask, KeyLengthMask):
+        _check_broadcast(mask, scores_shape)
+        if backend.is_cupy_array(mask.lengths) != backend.is_cupy_array(q.data):
+            raise ValueError("attention mask: a KeyLengthMask must live on the device of q (make it from lengths "
+                             "on that device)")
+        return mask
     mask = mask.data if isinstance(mask, Tensor) else mask
     if not hasattr(mask, "dtype"):
         mask = rectangular_array(mask, "attention mask")
@@ -253,6 +262,11 @@ def _checked_mask(mask, q, k):
         raise TypeError(
             f"attention mask must be boolean (True = attend), got dtype {mask.dtype}"
         )
+    _check_broadcast(mask, scores_shape)
+    return backend.like(mask, q.data)
+
+
+def _check_broadcast(mask, scores_shape):
     try:
         if numpy.broadcast_shapes(mask.shape, scores_shape) != scores_shape:
             raise ValueError
@@ -261,7 +275,6 @@ def _checked_mask(mask, q, k):
             f"attention mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
             f"shape {scores_shape} (batch, heads, len_q, len_k)"
         ) from None
-    return backend.like(mask, q.data)
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, causal=False, dropout_p=0.0,

@@ -123,9 +123,8 @@ class CrossEntropy(KernelFunction):
         """Per-position loss and NLL weighted (ignored positions 0; 1/count for "mean") in
         ``weight_dtype`` (default ``dtype``), then reduced; results in ``dtype``."""
         weight = keep.astype(weight_dtype or dtype)
-        self.count = count = int(keep.sum())
-        if self.reduction == "mean":
-            weight /= max(count, 1)
+        if self.reduction == "mean":  # the one reduction that needs the count on the host
+            weight /= max(int(keep.sum()), 1)
         self.weight = weight
         loss, nll = (loss * weight).astype(dtype, copy=False), (nll * weight).astype(dtype, copy=False)
         if self.reduction == "none":
@@ -145,6 +144,8 @@ def _check_target(logits, target, ignore_index):
     if target.dtype.kind not in "iu":
         raise TypeError(f"cross_entropy: target must be integer class ids, got dtype {target.dtype}")
     vocab = logits.shape[-1]
+    if backend.is_capturing():  # no read-back in a CUDA graph: the trainer checked the batch on the host
+        return backend.like(target, logits.data)
     valid = target if ignore_index is None else target[target != ignore_index]
     if valid.size and (int(valid.min()) < 0 or int(valid.max()) >= vocab):
         raise IndexError(

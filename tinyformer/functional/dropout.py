@@ -4,7 +4,7 @@ import numpy
 
 from .. import backend, kernels
 from ..kernels import ops as kernel_ops
-from ..random import default_generator, uniform_blocks, uniform_like
+from ..random import kernel_seed, uniform_blocks, uniform_like
 from ..validation import check_probability
 from ._dispatch import KernelFunction
 
@@ -46,8 +46,9 @@ def _scale(x, p):
 
 
 def _kernel_seed(generator):
-    """The seed of a kernel's Philox stream, drawn from ``generator`` (or the default generator)."""
-    return int((generator or default_generator()).integers(2 ** 63))
+    """The seed of a kernel's Philox stream (``random.kernel_seed``: a draw from ``generator``, or
+    a slot of a CUDA graph's seed table while one is captured)."""
+    return kernel_seed(generator)
 
 
 def _scaled_by_mask(x, keep, scale):

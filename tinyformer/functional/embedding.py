@@ -27,7 +27,7 @@ def _check_ids(ids, low, high, name):
         ids = rectangular_array(ids, name)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {ids.dtype}")
-    if ids.size and (int(ids.min()) < low or int(ids.max()) >= high):
+    if ids.size and not backend.is_capturing() and (int(ids.min()) < low or int(ids.max()) >= high):
         raise IndexError(
             f"{name} must lie in [{low}, {high}), got values from {int(ids.min())} to "
             f"{int(ids.max())} (shape {tuple(ids.shape)})"

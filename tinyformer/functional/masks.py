@@ -4,6 +4,7 @@ import math
 
 import numpy
 
+from .. import backend
 from ..tensor import Tensor
 from ..validation import check_int
 
@@ -26,6 +27,39 @@ def padding_mask(ids, pad_id):
     if ids.ndim != 2:
         raise ValueError(f"padding_mask: ids must be (batch, len), got shape {tuple(ids.shape)}")
     return (ids != pad_id)[:, None, None, :]
+
+
+class KeyLengthMask:
+    """A padding keep-mask given by its key lengths: ``mask`` (batch, 1, 1, len_k) keeps key j of
+    sequence b iff j < ``lengths[b]`` (as ``padding_mask`` of a batch whose padding trails).
+
+    Where attention knows a mask by this type, the fused kernels take ``lengths`` as they are:
+    no per-call check of the mask's shape of holes, no read-back, no upload (a captured CUDA
+    graph allows none). Everywhere else it is its boolean ``mask``: ``shape``, ``ndim``,
+    ``dtype`` and indexing are the mask's. Both arrays live on the device of ``lengths``.
+    """
+
+    __slots__ = ("mask", "lengths")
+
+    def __init__(self, lengths, len_k):
+        xp = backend.get_array_module(lengths)
+        if getattr(lengths, "ndim", None) != 1 or lengths.dtype.kind not in "iu":
+            raise ValueError(f"KeyLengthMask: lengths must be a 1-D integer array, got "
+                             f"{getattr(lengths, 'dtype', type(lengths).__name__)} of shape "
+                             f"{tuple(getattr(lengths, 'shape', ()))}")
+        len_k = check_int("KeyLengthMask: len_k", len_k, 0)
+        self.lengths = lengths.astype(numpy.int32, copy=False)
+        self.mask = (xp.arange(len_k, dtype=numpy.int32)[None, :] < self.lengths[:, None])[:, None, None, :]
+
+    shape = property(lambda self: self.mask.shape)
+    ndim = property(lambda self: self.mask.ndim)
+    dtype = property(lambda self: self.mask.dtype)
+
+    def __getitem__(self, index):
+        return self.mask[index]
+
+    def __repr__(self):
+        return f"KeyLengthMask(shape={tuple(self.shape)})"
 
 
 def sinusoid_table(max_len, d_model, dtype=numpy.float32):

@@ -87,6 +87,8 @@ def _check_device(name, value):
 
 _check_precision = _one_of(PRECISIONS)
 _check_comm = _one_of(COMMS)
+CUDA_GRAPHS = ("on", "off")
+_check_cuda_graphs = _one_of(CUDA_GRAPHS)
 
 
 def check_model_overrides(name, overrides):
@@ -183,6 +185,16 @@ class TrainConfig:
                                  "stops with a message", kind=float, check=positive_real, resumable=True)
     check_every: int = option(100, help="compare a checksum of every rank's parameters every N steps",
                               kind=int, check=positive_int, resumable=True)
+    # README "CUDA graphs": off by default until a GPU run has confirmed them (issue 17).
+    cuda_graphs: str = option("off", help="on: capture each batch shape's whole training step into a CUDA graph "
+                              "and replay it (GPU, one process); off: run every op eagerly", choices=CUDA_GRAPHS,
+                              check=_check_cuda_graphs, resumable=True)
+    shape_multiple: int = option(8, help="--cuda-graphs on: pad batch lengths up to a multiple of this (fewer shapes, "
+                                 "fewer graphs)", kind=int, check=positive_int, resumable=True)
+    patience: int = option(help="stop when this many validations in a row have not improved the best greedy BLEU",
+                           unset="never", kind=int, check=positive_int, resumable=True)
+    time_limit: float = option(help="stop training after this many minutes of this run (then save and evaluate "
+                               "as at max_steps)", unset="no limit", kind=float, check=positive_real, resumable=True)
     save_dir: str = option(help="checkpoints, tokenizer and metrics.jsonl go here", unset="runs/<data>-<preset>",
                            resumable=True)
     save_every: int = option(500, help="checkpoint every N steps and at the end", kind=int, check=positive_int,

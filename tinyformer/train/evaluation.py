@@ -12,8 +12,12 @@ __all__ = ["batch_loss", "validation_loss", "perplexity", "translation_scores", 
 
 
 def batch_loss(model, batch, label_smoothing):
-    """(label-smoothed loss, NLL) summed over the batch's target tokens, as Tensors."""
-    logits = model(batch.src, batch.tgt_in, src_mask=batch.src_mask)
+    """(label-smoothed loss, NLL) summed over the batch's target tokens, as Tensors.
+
+    The source mask is made once for the batch on the model's device (``Batch.src_key_mask``),
+    not uploaded and checked by every attention layer."""
+    like = next(iter(model.parameters())).data
+    logits = model(batch.src, batch.tgt_in, src_mask=batch.src_key_mask(like))
     return F.cross_entropy(logits, batch.tgt_out, label_smoothing, ignore_index=PAD_ID, reduction="sum",
                            return_nll=True)
 

@@ -23,6 +23,8 @@ line naming ``--max-tokens`` and the memory asked for and free; the last checkpo
 
 import contextlib
 import math
+import time
+import warnings
 from pathlib import Path
 
 import numpy
@@ -32,6 +34,7 @@ from .. import random as tf_random
 from ..optim import LossScaleTooSmall
 from .builders import build_parts
 from .config import ConfigError
+from . import graphs
 from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
 from .interrupts import InterruptGuard
 from .metrics_log import LOG_FILE, MetricsLog, TokenRate
@@ -89,7 +92,7 @@ class Trainer:
     tokens_seen = _position_counter("tokens_seen")
     skipped_updates = _position_counter("skipped_updates")
 
-    def __init__(self, config, resume=False, echo=print, progress=True, parts=None, comm=None):
+    def __init__(self, config, resume=False, echo=print, progress=True, parts=None, comm=None, graph_capture=None):
         self.config = config.resolved()
         c = self.config
         try:
@@ -115,6 +118,8 @@ class Trainer:
         self._stop_agreed = False     # with several ranks: some rank had a Ctrl-C by the last step
         self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
         self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
+        self.graphs = None            # the captured steps (graphs.GraphedStep) with cuda_graphs "on"
+        self._graph_capture = graph_capture  # tests: graphs.EmulatedCapture on NumPy arrays
         if parts is not None:
             self._take(parts)
 
@@ -132,6 +137,26 @@ class Trainer:
         self._saved_step = self.position.step if self.resume else None
         if self.comm.size > 1:
             self.buckets = distributed.GradientBuckets(self.comm, self.model.parameters(), self.config.bucket_mb)
+        if self.config.cuda_graphs == "on":
+            self.graphs = self._graphed_step()
+
+    def _graphed_step(self):
+        """The GraphedStep of ``cuda_graphs="on"``, or None after one warning naming why not."""
+        c, like = self.config, next(iter(self.model.parameters())).data
+        capture, reason = self._graph_capture, None
+        if capture is None:
+            reason = graphs.graphs_unavailable_reason(c, self.comm.size, like)
+            if reason is None:
+                try:
+                    capture = backend.GraphCapture()
+                except backend.CaptureUnavailable as error:
+                    reason = str(error)
+        if reason is not None:
+            warnings.warn(f"--cuda-graphs on: {reason}; the steps run eagerly", RuntimeWarning, stacklevel=3)
+            return None
+        return graphs.GraphedStep(self.model, self.adam, self.precision, c.label_smoothing, c.max_tokens,
+                                  self.model.config["max_len"], capture, shape_multiple=c.shape_multiple,
+                                  quietly=self._overflow_quietly)
 
     def _new_guard(self):
         return InterruptGuard(deferred=self.comm.size > 1)
@@ -169,9 +194,12 @@ class Trainer:
     def _loop(self, bar):
         c, at, last_val, rate = self.config, self.position, None, TokenRate()
         self.model.train()
-        while at.step < c.max_steps and (c.max_epochs is None or at.epoch < c.max_epochs):
+        self._early_stop = None  # why training ended before max_steps (time_limit, patience), once it has
+        self._best_bleu, self._without_gain = None, 0
+        deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
+        while at.step < c.max_steps and (c.max_epochs is None or at.epoch < c.max_epochs) and not self._early_stop:
             batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=at.epoch)
-            while at.batch_in_epoch < len(batches) and at.step < c.max_steps:
+            while at.batch_in_epoch < len(batches) and at.step < c.max_steps and not self._early_stop:
                 self._stop_if_asked()
                 step_before = at.step
                 loss, nll, tokens, grad_norm = self._step_or_stop(batches[at.batch_in_epoch:at.batch_in_epoch + c.accum * self.comm.size])
@@ -185,12 +213,33 @@ class Trainer:
                 if at.step % c.log_every == 0 or at.step == 1:
                     self._log_training(loss, nll, grad_norm, rate.take(), bar)
                 bar.advance()
-                if at.step % c.eval_every == 0 or at.step == c.max_steps:
+                if deadline is not None and self.comm.broadcast_object(time.monotonic() >= deadline):
+                    self._early_stop = f"time limit of {c.time_limit:g} minutes reached"
+                validated = at.step % c.eval_every == 0 or at.step == c.max_steps or bool(self._early_stop)
+                if validated:
                     last_val = self._validate_now()
-                if at.step % c.save_every == 0 or at.step == c.max_steps:
+                    self._note_validation(last_val)
+                if at.step % c.save_every == 0 or at.step == c.max_steps or self._early_stop:
                     self.save()
             at.end_epoch_if_done(len(batches))
+        if self._early_stop:
+            self.echo(f"step {at.step}: training stopped early: {self._early_stop}")
+        if self.graphs is not None:
+            self.echo(f"CUDA graphs: {self.graphs.num_shapes} batch shapes, {self.graphs.num_graphs} graphs captured, "
+                      f"{self.graphs.replays} steps replayed, private pool {self.graphs.pool_bytes() / 2 ** 20:.1f} MiB"
+                      + (f"; capture given up: {self.graphs.failed}" if self.graphs.failed else ""))
         return last_val
+
+    def _note_validation(self, record):
+        """``patience``: count validations in a row without a better greedy BLEU (the same on every rank)."""
+        bleu = self.comm.broadcast_object(None if record is None else record["bleu_greedy"])
+        if self._best_bleu is None or bleu > self._best_bleu:
+            self._best_bleu, self._without_gain = bleu, 0
+            return
+        self._without_gain += 1
+        if self.config.patience is not None and self._without_gain >= self.config.patience:
+            self._early_stop = (f"{self._without_gain} validations without a better greedy BLEU than "
+                                f"{self._best_bleu:.2f} (patience {self.config.patience})")
 
     def _step_or_stop(self, batches):
         """``train_step``, turning the allocator's out-of-memory error into one line."""
@@ -217,6 +266,8 @@ class Trainer:
         (``grad_norm`` is then None) or the gradient norm is not finite (in fp16: an overflow of the
         scaled gradients, ``last_overflow``; the loss scale backs off).
         """
+        if self.graphs is not None:
+            return self._replayed_step(batches)
         part = -(-len(batches) // self.comm.size)
         mine = batches[self.comm.rank * part:(self.comm.rank + 1) * part]
         tokens = sum(b.num_tokens for b in batches)  # every rank's parts together: no collective needed
@@ -241,15 +292,39 @@ class Trainer:
         loss, nll = float(totals[0]) / tokens, float(totals[1]) / tokens
         grad_norm, self.last_overflow = None, False
         if math.isfinite(loss):
-            try:
+            with self._scale_floor_stops():
                 grad_norm, self.last_overflow = self.scaler.step(self.adam)
-            except LossScaleTooSmall as error:
-                raise TrainingDiverged(f"training stopped at step {self.step + 1}: {error} (--min-loss-scale "
-                                       f"{self.config.min_loss_scale:g}); no such update was applied or saved and "
-                                       f"{_kept_note(self._newest_checkpoint())}; try --precision bf16 or a lower "
-                                       "--lr-factor in a new run") from None
         self.position.advance(len(batches), tokens, applied=grad_norm is not None and math.isfinite(grad_norm))
         return loss, nll, tokens, grad_norm
+
+    def _replayed_step(self, batches):
+        """``train_step`` with ``cuda_graphs="on"``: the step's device work is one captured graph
+        (``graphs.GraphedStep``); the update is skipped on the device, and the same rules follow
+        from its flag. A Ctrl-C waits for the step: its update is part of the graph."""
+        tokens = sum(b.num_tokens for b in batches)
+        scale = self.scaler.scale if self.scaler.enabled else 1.0
+        loss_sum, nll_sum, norm, applied = self.graphs.run(batches, tokens, scale)
+        loss, nll = loss_sum / tokens, nll_sum / tokens
+        grad_norm, self.last_overflow = None, False
+        if math.isfinite(loss):
+            grad_norm = norm
+            if self.scaler.enabled:
+                self.last_overflow = not applied
+                with self._scale_floor_stops():
+                    self.scaler.update(not applied)
+        self.position.advance(len(batches), tokens, applied=applied)
+        return loss, nll, tokens, grad_norm
+
+    @contextlib.contextmanager
+    def _scale_floor_stops(self):
+        """fp16's loss scale below its floor stops the run (TrainingDiverged, one line)."""
+        try:
+            yield
+        except LossScaleTooSmall as error:
+            raise TrainingDiverged(f"training stopped at step {self.step + 1}: {error} (--min-loss-scale "
+                                   f"{self.config.min_loss_scale:g}); no such update was applied or saved and "
+                                   f"{_kept_note(self._newest_checkpoint())}; try --precision bf16 or a lower "
+                                   "--lr-factor in a new run") from None
 
     def _overflow_quietly(self):
         """fp16: a scaled gradient that overflows is the scaler's business (the step is skipped and
@@ -267,6 +342,9 @@ class Trainer:
                   "skipped_updates": self.skipped_updates}
         if self.scaler.enabled:
             record.update(loss_scale=self.scaler.scale, overflow_skipped=self.scaler.skipped_steps)
+        if self.graphs is not None:
+            record.update(graph_shapes=self.graphs.num_shapes, graphs=self.graphs.num_graphs,
+                          graph_pool_mib=round(self.graphs.pool_bytes() / 2 ** 20, 1))
         if self.buckets is not None:
             hidden, seconds = self.buckets.take_timings()
             if hidden is not None:
