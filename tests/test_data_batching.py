@@ -136,3 +136,15 @@ def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
     assert loss_padded == pytest.approx(loss, rel=1e-12) and nll_padded == pytest.approx(nll, rel=1e-12)
     for name in grads:
         np.testing.assert_allclose(grads_padded[name], grads[name], rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_a_batch_knows_its_source_lengths_and_makes_its_key_mask():
+    batch = make_batch([[5, 6, 7], [8]], [[9], [10, 11]])
+    np.testing.assert_array_equal(batch.src_lengths, [4, 2])  # with EOS
+    mask = batch.src_key_mask()
+    np.testing.assert_array_equal(mask.mask, batch.src_mask)
+    padded = batch.padded_to(4, 8, 8)
+    np.testing.assert_array_equal(padded.src_lengths, [4, 2, 0, 0])
+    np.testing.assert_array_equal(padded.src_key_mask().mask, padded.src_mask)
+    holes = make_batch([[5, PAD_ID, 7]], [[9]])  # padding inside a sentence: the boolean mask it is
+    assert holes.src_lengths is None and holes.src_key_mask() is holes.src_mask

@@ -312,3 +312,23 @@ def test_attention_dropout_out_of_range(p):
     q = leaf(np.ones((2, 2)))
     with pytest.raises(ValueError, match=r"dropout_p must be a probability in \[0, 1\)"):
         F.scaled_dot_product_attention(q, q, q, dropout_p=p)
+
+
+def test_attention_with_a_key_length_mask_equals_the_boolean_mask_and_skips_the_check():
+    rng = np.random.default_rng(0)
+    q, k, v = (Tensor(rng.standard_normal((3, 2, 5, 4)), requires_grad=True) for _ in range(3))
+    lengths = np.array([5, 2, 0])
+    mask = F.KeyLengthMask(lengths, 5)
+    upstream = rng.standard_normal((3, 2, 5, 4))
+    results = []
+    for m in (mask, mask.mask):
+        out = F.scaled_dot_product_attention(q, k, v, mask=m)
+        grads = tf.grad([out], [q, k, v], [upstream])
+        results.append([out.data, *grads])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    # the kernels take the lengths as they are, not recomputed from (and checked against) the mask
+    fits, found = attention_module._key_lengths(mask, 3, 5)
+    assert fits and found is mask.lengths
+    with pytest.raises(ValueError, match="does not broadcast to the scores' shape"):
+        F.scaled_dot_product_attention(q, k, v, mask=F.KeyLengthMask(lengths, 6))

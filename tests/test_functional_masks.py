@@ -60,3 +60,21 @@ def test_sinusoid_table(max_len, d_model):
     assert exact.dtype == np.float64
     assert_close(exact, ref_sinusoid(max_len, d_model), rtol=1e-12, atol=1e-12)
     assert_close(exact[0], [0.0 if i % 2 == 0 else 1.0 for i in range(d_model)])
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=5), st.integers(0, 3))
+def test_key_length_mask_is_the_padding_mask_of_trailing_padding(lengths, extra):
+    len_k = max(lengths) + extra
+    ids = np.array([[5] * n + [0] * (len_k - n) for n in lengths])
+    mask = F.KeyLengthMask(np.array(lengths), len_k)
+    np.testing.assert_array_equal(mask.mask, F.padding_mask(ids, 0))
+    assert mask.shape == (len(lengths), 1, 1, len_k) and mask.ndim == 4 and mask.dtype == bool
+    assert mask.lengths.dtype == np.int32
+    np.testing.assert_array_equal(mask[:1], F.padding_mask(ids, 0)[:1])
+
+
+def test_key_length_mask_refuses_what_are_not_lengths():
+    with pytest.raises(ValueError, match="KeyLengthMask: lengths must be a 1-D integer array, got float64"):
+        F.KeyLengthMask(np.ones(3), 4)
+    with pytest.raises(ValueError, match="shape \\(2, 2\\)"):
+        F.KeyLengthMask(np.ones((2, 2), dtype=int), 4)

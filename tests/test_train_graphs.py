@@ -1,0 +1,163 @@
+"""--cuda-graphs: the graph step's logic on NumPy arrays (``graphs.EmulatedCapture`` stands in for
+the CUDA capture: a replay runs the captured step again), the fallback, the seed slots, the
+bounded shapes, --patience and --time-limit. The GPU checks are in test_train_graphs_gpu.py."""
+
+import numpy as np
+import pytest
+
+from tinyformer import backend, checkpoint
+from tinyformer import random as tf_random
+from tinyformer.train import Trainer, graphs
+from tinyformer.train import trainer as trainer_module
+
+from test_train import QUIET, cached_corpus, losses, poison, records, small_config  # noqa: F401 (fixture)
+
+
+class CountingCapture(graphs.EmulatedCapture):
+    def __init__(self, fail=None):
+        self.captured = self.replayed = 0
+        self.fail = fail
+
+    def capture(self, fn):
+        if self.fail:
+            raise backend.CaptureUnavailable(self.fail)
+        self.captured += 1
+        return super().capture(fn)
+
+    def replay(self, graph):
+        self.replayed += 1
+        super().replay(graph)
+
+
+def graph_config(save_dir, **overrides):
+    values = dict(cuda_graphs="on", max_steps=12, dropout=0.0)
+    values.update(overrides)
+    return small_config(save_dir, **values)
+
+
+def run(config, capture=None, resume=False):
+    trainer = Trainer(config, resume=resume, graph_capture=capture, **QUIET)
+    trainer.run()
+    return trainer
+
+
+def test_on_the_cpu_the_option_warns_once_and_trains_eagerly(tmp_path):
+    eager = run(small_config(tmp_path / "off"))
+    with pytest.warns(RuntimeWarning, match=r"--cuda-graphs on: CUDA graphs need --device cuda; the steps run "
+                                             r"eagerly") as caught:
+        fallback = run(small_config(tmp_path / "on", cuda_graphs="on"))
+    assert len([w for w in caught if "--cuda-graphs" in str(w.message)]) == 1
+    assert fallback.graphs is None
+    assert losses(tmp_path / "on") == losses(tmp_path / "off")
+    for a, b in zip(eager.model.parameters(), fallback.model.parameters()):
+        np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_replayed_steps_train_as_the_eager_steps(tmp_path):
+    """Padding to the bucket shapes changes the sums' order only: the losses agree to rounding."""
+    capture = CountingCapture()
+    graphed = run(graph_config(tmp_path / "graphs"), capture)
+    eager = run(graph_config(tmp_path / "eager", cuda_graphs="off"))
+    np.testing.assert_allclose(losses(tmp_path / "graphs"), losses(tmp_path / "eager"), rtol=2e-5)
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
+        np.testing.assert_allclose(a.data, b.data, rtol=1e-4, atol=1e-6)
+    g = graphed.graphs
+    assert capture.captured == g.num_graphs >= 1 and capture.replayed == g.replays >= 1
+    assert g.replays + g.num_shapes + g.num_graphs >= 12  # every step ran: warm-up, capture + replay, or replay
+    assert graphed.adam.step_count == eager.adam.step_count == 12
+
+
+def test_the_shapes_are_few_and_logged(tmp_path):
+    trainer = run(graph_config(tmp_path, max_steps=30, log_every=5), CountingCapture())
+    g = trainer.graphs
+    lengths = {length for shape in g.entries for _, src_len, tgt_len in shape for length in (src_len, tgt_len)}
+    assert all(length % 8 == 0 or length == trainer.model.config["max_len"] for length in lengths)
+    assert 1 <= g.num_shapes <= len(lengths) ** 2
+    logged = [r for r in records(tmp_path) if "graph_shapes" in r]
+    assert logged and logged[-1]["graph_shapes"] == g.num_shapes and logged[-1]["graphs"] == g.num_graphs
+
+
+def test_resume_with_graphs_continues_exactly(tmp_path):
+    straight = tmp_path / "straight"
+    run(graph_config(straight, dropout=0.1, save_every=6), CountingCapture())
+    interrupted = tmp_path / "interrupted"
+    run(graph_config(interrupted, dropout=0.1, save_every=6, max_steps=6), CountingCapture())
+    run(graph_config(interrupted, dropout=0.1, save_every=6), CountingCapture(), resume=True)
+    assert losses(interrupted) == losses(straight)
+    a, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 12))
+    b, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(interrupted, 12))
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_a_failed_capture_warns_once_and_changes_no_result(tmp_path):
+    run(graph_config(tmp_path / "graphs", dropout=0.1), CountingCapture())
+    with pytest.warns(RuntimeWarning, match="--cuda-graphs: an op synchronised; the steps run eagerly") as caught:
+        fallback = run(graph_config(tmp_path / "failed", dropout=0.1), CountingCapture(fail="an op synchronised"))
+    assert len([w for w in caught if "--cuda-graphs" in str(w.message)]) == 1
+    assert fallback.graphs.failed == "an op synchronised" and fallback.graphs.num_graphs == 0
+    assert losses(tmp_path / "failed") == losses(tmp_path / "graphs")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow:RuntimeWarning")
+@pytest.mark.parametrize("where, value", [("loss", np.nan), ("gradient", np.inf)])
+def test_a_non_finite_update_is_skipped_on_the_device(tmp_path, monkeypatch, where, value):
+    trainer = Trainer(graph_config(tmp_path), graph_capture=CountingCapture(), **QUIET)
+    trainer.setup()
+    batches = trainer.train_data.batches(256, seed=0, epoch=0)
+    for batch in batches[:2]:  # a warm-up and a capture of this shape first
+        trainer.train_step([batch])
+    assert trainer.step == 2
+    before = [p.data.copy() for p in trainer.model.parameters()]
+    moments = [m.copy() for m in trainer.adam.m]
+    poison(monkeypatch, lambda n: True, where, value, trainer)
+    loss, _, _, grad_norm = trainer.train_step(batches[:1])
+    if where == "loss":
+        assert not np.isfinite(loss) and grad_norm is None
+    else:
+        assert np.isfinite(loss) and not np.isfinite(grad_norm)
+    assert trainer.step == 2 and trainer.adam.step_count == 2 and trainer.batch_in_epoch == 3
+    for p, b in zip(trainer.model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)
+    for m, b in zip(trainer.adam.m, moments):
+        np.testing.assert_array_equal(m, b)
+
+
+def test_the_seed_slots_replay_the_eager_draws():
+    """Captured dropout calls take slots; filling them draws what the eager calls would have drawn."""
+    own = np.random.default_rng(7)
+    tf_random.manual_seed(3)
+    eager = [tf_random.kernel_seed(None), tf_random.kernel_seed(own), tf_random.kernel_seed(None)]
+    own = np.random.default_rng(7)
+    tf_random.manual_seed(3)
+    table, generators = graphs._SeedTable(np.zeros(1, dtype=np.float32)), []
+    before = (tf_random.get_rng_state(), own.bit_generator.state)
+    with tf_random.recording_kernel_seeds(table.recorder(generators)):
+        slots = [tf_random.kernel_seed(None), tf_random.kernel_seed(own), tf_random.kernel_seed(None)]
+    assert [s.index for s in slots] == [0, 1, 2] and generators == [None, own, None]
+    assert (tf_random.get_rng_state(), own.bit_generator.state) == before  # recording drew nothing
+    tf_random.manual_seed(3)  # replaces the default generator: the slots look it up again
+    table.fill(0, generators)
+    assert table.table[:3].tolist() == eager
+
+
+def test_patience_stops_after_validations_without_a_better_bleu(tmp_path, monkeypatch):
+    scores = iter([5.0, 7.0, 6.0, 7.0, 9.0])
+    monkeypatch.setattr(Trainer, "validate", lambda self: {"bleu_greedy": next(scores)})
+    trainer = run(small_config(tmp_path, max_steps=50, eval_every=2, patience=2, save_every=100))
+    assert trainer.step == 8  # 7.0 at step 4 is the best; 6.0 and 7.0 (not better) at 6 and 8
+    assert checkpoint.list_checkpoints(tmp_path)[-1] == checkpoint.checkpoint_path(tmp_path, 8)
+
+
+def test_time_limit_stops_saves_and_validates(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000, 50))  # the trainer's clock: each reading 50 s after the last
+
+    class Clock:
+        monotonic = staticmethod(lambda: float(next(clock)))
+
+    monkeypatch.setattr(trainer_module, "time", Clock)
+    validated = []
+    monkeypatch.setattr(Trainer, "validate", lambda self: validated.append(self.step) or {"bleu_greedy": 1.0})
+    trainer = run(small_config(tmp_path, max_steps=50, eval_every=100, save_every=100, time_limit=2.0))
+    assert trainer.step == 3 and validated == [3]  # deadline 120 s; the steps end at 50, 100 and 150 s
+    assert checkpoint.list_checkpoints(tmp_path) == [checkpoint.checkpoint_path(tmp_path, 3)]
