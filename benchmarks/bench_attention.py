@@ -91,8 +91,9 @@ def row_op_bytes(op, passname, rows, cols, dtype):
 
 
 def adam_bytes(params, dtype="float32"):
-    """Adam reads parameters, gradients and both moments and writes parameters and moments."""
-    return 7 * params * itemsize(dtype)
+    """Adam reads parameters, gradients and both moments and writes parameters and moments; its
+    gradient-norm pass reads the gradients once more."""
+    return 8 * params * itemsize(dtype)
 
 
 # ----------------------------------------------------------------------------- bfloat16
@@ -525,7 +526,8 @@ def row_inputs(op, rows, cols, dtype, seed):
 
 
 def adam_runner(params, seed, tensor_size=2**20):
-    """One fused Adam update over ``params`` float32 values in tensors of ``tensor_size``."""
+    """One Adam step on the device (the gradient-norm pass and the fused update) over ``params``
+    float32 values in tensors of ``tensor_size``."""
     import cupy
 
     from tinyformer.kernels import ops
@@ -537,7 +539,9 @@ def adam_runner(params, seed, tensor_size=2**20):
     m = [cupy.zeros(n, dtype=cupy.float32) for n in sizes]
     v = [cupy.zeros(n, dtype=cupy.float32) for n in sizes]
     plan = ops.AdamPlan(p, g, m, v)
-    return lambda: ops.adam_update(plan, 1e-4, 0.9, 0.98, 1.0 - 0.98, 1e-9)
+    hyper = cupy.asarray(numpy.array([1e-4, 1.0 - 0.98, 1.0, 0.0, 1.0], dtype=numpy.float32))  # ops.ADAM_HYPER
+    result = cupy.zeros(2, dtype=cupy.float32)
+    return lambda: ops.grad_norm_adam_update(plan, hyper, result, 0.9, 0.98, 1e-9)
 
 
 def copy_runner(nbytes):
@@ -701,7 +705,8 @@ def run_rows(args, failures):
     print()
     print("layer_norm backward: input and parameter gradients (three kernels); cross_entropy: label "
           f"smoothing 0.1; dropout forward: p {DROPOUT_P}, mask drawn on the device (bytes: x, y, keep); adam "
-          "update: float32, one fused launch over tensors of 1 Mi elements; copy: cupy.copyto (bytes read + "
+          "update: float32, the gradient-norm pass and the fused update (two launches, the step's scalars on the "
+          "device) over tensors of 1 Mi elements; copy: cupy.copyto (bytes read + "
           "written).")
     print()
 

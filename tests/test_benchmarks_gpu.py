@@ -72,7 +72,7 @@ def test_row_op_bytes_count_each_input_and_output_once():
     assert bench.row_op_bytes("cross_entropy", "forward", 8192, 8000, "bfloat16") == (
         8192 * 8000 * 2 + 8192 * 8 + 3 * 8192 * 4)
     assert bench.row_op_bytes("dropout", "forward", 8192, 1024, "bfloat16") == 8192 * 1024 * (2 + 2 + 1)
-    assert bench.adam_bytes(10) == 7 * 10 * 4
+    assert bench.adam_bytes(10) == 8 * 10 * 4  # the update (4 reads, 3 writes) and the norm pass (1 read)
 
 
 def test_quick_and_full_attention_cases():

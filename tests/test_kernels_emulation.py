@@ -20,6 +20,7 @@ from tinyformer.kernel_cases import Device, rand
 from tinyformer.kernels import launch, ops, registry
 from tinyformer.kernels.philox import philox4x32_10, philox_uniform
 from tinyformer.optim import Adam
+from tinyformer.optim.adam import device_update_reference
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")
@@ -93,6 +94,91 @@ def test_fused_adam_kernel_refreshes_the_compute_copies_and_unscales(copy_dtype)
     plan = cases.adam(CPU, [(3, 5), (300,), (7,)], chunk_size=128, copy_dtype=copy_dtype,
                       grad_scale=1024.0).check()["plan"]
     assert plan.copy_type == ops.AdamPlan.COPY_TYPES[copy_dtype]
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0, 1e6])
+def test_fused_adam_kernel_clips_to_the_global_norm(max_grad_norm):
+    """The norm (about √310 here) is the eager step's, over all tensors and chunks; clipping to
+    1.0 is active, to 1e6 not."""
+    results = cases.adam(CPU, [(3, 5), (300,)], chunk_size=64, max_grad_norm=max_grad_norm).check()
+    assert (results["result"][0] > max_grad_norm) == (max_grad_norm == 1.0) and results["result"][1] == 1.0
+
+
+def test_fused_adam_kernel_over_many_chunks_and_tensors_with_a_loss_scale():
+    plan = cases.adam(CPU, [(3, 5), (7,), (1000,), (1,), (257,), (64,)], chunk_size=64, steps=2, grad_scale=8.0,
+                      max_grad_norm=5.0).check()["plan"]
+    assert plan.chunks == 1 + 1 + 16 + 1 + 5 + 1
+
+
+@pytest.mark.parametrize("poison", cases.ADAM_POISONS)
+@pytest.mark.parametrize("copy_dtype", [None, "float16"])
+def test_fused_adam_kernel_skips_a_non_finite_step_without_writing(poison, copy_dtype):
+    cases.adam_skip(CPU, [(3, 5), (300,), (7,)], 128, poison, copy_dtype=copy_dtype).check()
+
+
+def _adam_state(seed=0, shapes=((3, 5), (300,))):
+    """Parameters, gradients and zero moments: a first step."""
+    rng = np.random.default_rng(seed)
+    return [[rand(rng, *s) for s in shapes] for _ in range(2)] + [[np.zeros(s, np.float32) for s in shapes]
+                                                                  for _ in range(2)]
+
+
+def _hyper(skip_nonfinite=1.0, step_size=0.01, bias2=0.02, grad_scale=1.0, max_grad_norm=0.0):
+    return np.array([step_size, bias2, grad_scale, max_grad_norm, skip_nonfinite], np.float32)
+
+
+def test_fused_adam_kernel_without_the_skip_flag_applies_a_non_finite_update():
+    """hyper's skip_nonfinite = 0 (Adam.step without skip_nonfinite): a NaN gradient updates
+    anyway, as the reference does, and the result says so."""
+    params, grads, m, v = _adam_state()
+    grads[1][5] = np.nan
+    expected = [[a.copy() for a in arrays] for arrays in (params, m, v)]
+    expected_result = np.zeros(2, np.float32)
+    with np.errstate(invalid="ignore"):
+        device_update_reference(expected[0], grads, expected[1], expected[2], _hyper(skip_nonfinite=0.0),
+                                expected_result, (0.9, 0.98), 1e-9, 0.0)
+    result = np.zeros(2, np.float32)
+    ops.grad_norm_adam_update(ops.AdamPlan(params, grads, m, v, chunk_size=64), _hyper(skip_nonfinite=0.0), result,
+                              0.9, 0.98, 1e-9)
+    assert np.isnan(result[0]) and result[1] == 1.0 and np.isnan(expected_result[0]) and expected_result[1] == 1.0
+    for got, want in zip(params + m + v, expected[0] + expected[1] + expected[2]):
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got).any() == np.isnan(want).any()
+        np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=1e-6, atol=1e-7)
+
+
+def test_fused_adam_kernel_is_deterministic():
+    """The same state and gradients give the same bits: the norm's partial sums have no atomics
+    and every block adds them in the same order."""
+    runs = []
+    for _ in range(2):
+        params, grads, m, v = _adam_state(seed=3, shapes=((2000,), (33,), (700,)))
+        result = np.zeros(2, np.float32)
+        ops.grad_norm_adam_update(ops.AdamPlan(params, grads, m, v, chunk_size=100), _hyper(max_grad_norm=2.0), result,
+                                  0.9, 0.98, 1e-9, weight_decay=0.01)
+        runs.append([result] + params + m + v)
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+def test_fused_adam_kernel_with_nothing_to_update_still_writes_the_result():
+    empty = [np.zeros((0, 3), np.float32)]
+    result = np.full(2, 7.0, np.float32)
+    plan = ops.AdamPlan(empty, empty, empty, empty)
+    assert plan.chunks == 0
+    ops.grad_norm_adam_update(plan, _hyper(), result, 0.9, 0.98, 1e-9)
+    assert result.tolist() == [0.0, 1.0]
+
+
+def test_fused_adam_kernel_checks_its_device_buffers():
+    params, grads, m, v = _adam_state()
+    plan = ops.AdamPlan(params, grads, m, v)
+    result = np.zeros(2, np.float32)
+    with pytest.raises(ValueError, match=r"hyper must be a contiguous float32 array of at least 5 elements"):
+        ops.grad_norm_adam_update(plan, _hyper().astype(np.float64), result, 0.9, 0.98, 1e-9)
+    with pytest.raises(ValueError, match=r"result must be a contiguous float32 array of at least 2"):
+        ops.grad_norm_adam_update(plan, _hyper(), np.zeros(1, np.float32), 0.9, 0.98, 1e-9)
+    with pytest.raises(ValueError, match=r"loss must be a contiguous float32 array of at least 1"):
+        ops.grad_norm_adam_update(plan, _hyper(), result, 0.9, 0.98, 1e-9, loss=np.zeros(1, np.float64))
 
 
 def test_adam_plan_refuses_compute_copies_of_two_dtypes():
@@ -276,6 +362,65 @@ def test_functional_dropout_with_kernels_repeats_after_manual_seed(emulated_kern
         masks.append([F.dropout(x, 0.5).data != 0 for _ in range(2)])
     assert np.array_equal(masks[0][0], masks[1][0]) and np.array_equal(masks[0][1], masks[1][1])
     assert not np.array_equal(masks[0][0], masks[0][1])  # each call draws a fresh seed
+
+
+def _adam_with_params(shapes=((3, 5), (300,)), seed=4, **kwargs):
+    rng = np.random.default_rng(seed)
+    params = [Tensor(rand(rng, *s), requires_grad=True) for s in shapes]
+    return Adam(params, lr=tinyformer.optim.NoamSchedule(16, warmup_steps=3), weight_decay=0.01, **kwargs)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_adam_steps_eagerly_and_through_the_device_calls_run_the_same_kernels(emulated_kernels, monkeypatch):
+    """``Adam.step`` on the kernel path and the calls a captured step makes (scalars written
+    outside, the step under ``backend.capturing()`` on persistent gradients, the result read after)
+    give the same bits, with a loss scale, clipping and a skipped non-finite step in the middle;
+    the device calls build their pointer tables once."""
+    launched = []
+    original = launch.launch
+    monkeypatch.setattr(launch, "launch",
+                        lambda kernel, *args, **kw: launched.append(kernel) or original(kernel, *args, **kw))
+    eager, graphed = _adam_with_params(max_grad_norm=3.0), _adam_with_params(max_grad_norm=3.0)
+    rng = np.random.default_rng(9)
+    for p in graphed.params:
+        p.grad = np.zeros_like(p.data)
+    built = []
+    for step in range(4):
+        grads = [rand(rng, *p.shape) * np.float32(4.0) for p in eager.params]
+        if step == 2:
+            grads[0][1, 2] = np.nan
+        for p, g in zip(eager.params, grads):
+            p.grad = g.copy()
+        norm = eager.step(skip_nonfinite=True, grad_scale=4.0)
+        for p, g in zip(graphed.params, grads):
+            np.copyto(p.grad, g)
+        graphed.write_step_scalars(grad_scale=4.0)
+        built.append(graphed.prepare_device_step())
+        with backend.capturing():
+            graphed.step_on_device()
+        graphed_norm, applied = graphed.finish_device_step()
+        assert applied == (step != 2) and np.array_equal([norm], [graphed_norm], equal_nan=True)
+        for a, b in zip(eager.params, graphed.params):
+            assert np.array_equal(a.data, b.data)
+    assert eager.step_count == graphed.step_count == 3 and built == [True, False, False, False]
+    assert launched == ["adam_norm_partials", "adam_update"] * 8
+
+
+def test_adam_step_on_device_refuses_stale_tables_while_capturing(emulated_kernels):
+    adam = _adam_with_params()
+    for p in adam.params:
+        p.grad = np.ones_like(p.data)
+    with backend.capturing(), pytest.raises(RuntimeError, match="write_step_scalars copies to the device"):
+        adam.write_step_scalars()
+    adam.write_step_scalars()
+    with backend.capturing(), pytest.raises(RuntimeError, match=r"call prepare_device_step\(\) before the capture"):
+        adam.step_on_device()
+    assert adam.prepare_device_step()
+    adam.params[1].grad = np.ones_like(adam.params[1].data)  # a new gradient array: the tables hold the old one
+    with backend.capturing(), pytest.raises(RuntimeError, match="keep the gradients in place"):
+        adam.step_on_device()
+    adam.step_on_device()  # outside a capture it rebuilds them
+    assert adam.finish_device_step()[1] and adam.step_count == 1
 
 
 def training_step(use_kernels, monkeypatch):

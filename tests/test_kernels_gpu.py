@@ -62,6 +62,77 @@ def test_fused_adam_kernel():
     cases.adam(Device("cuda"), [(512, 512), (7,), (70000,), (1,)], chunk_size=registry.ADAM_CHUNK).check()
 
 
+@pytest.mark.parametrize("copy_dtype", [None, "float16", "bfloat16"])
+def test_fused_adam_kernel_clips_and_unscales_as_the_reference(copy_dtype):
+    cases.adam(Device("cuda"), [(512, 512), (7,), (70000,), (1,)], chunk_size=registry.ADAM_CHUNK,
+               copy_dtype=copy_dtype, grad_scale=1024.0, max_grad_norm=100.0).check()
+
+
+@pytest.mark.parametrize("poison", cases.ADAM_POISONS)
+def test_fused_adam_kernel_skips_a_non_finite_step_on_the_device(poison):
+    cases.adam_skip(Device("cuda"), [(512, 512), (7,), (70000,)], registry.ADAM_CHUNK, poison,
+                    copy_dtype="bfloat16").check()
+
+
+def test_adam_step_captured_in_a_cuda_graph_replays_as_the_eager_step():
+    """Adam.step_on_device captured once (backend.GraphCapture) and replayed with new gradients
+    and scalars each step: bit for bit the eager kernel steps, a skipped step included."""
+    import cupy
+
+    try:
+        capture = backend.GraphCapture()
+    except backend.CaptureUnavailable as error:
+        pytest.skip(str(error))
+    rng = np.random.default_rng(0)
+    start = [rand(rng, 300, 70), rand(rng, 70000), rand(rng, 7)]
+    eager, graphed = (Adam([Tensor(cupy.asarray(a), requires_grad=True) for a in start], lr=1e-3, max_grad_norm=50.0)
+                      for _ in range(2))
+    for p in graphed.params:
+        p.grad = cupy.zeros_like(p.data)
+    graph = None
+    for step in range(4):
+        grads = [cupy.asarray(rand(rng, *a.shape)) for a in start]
+        if step == 2:
+            grads[1][5] = cupy.inf
+        for p, g in zip(eager.params, grads):
+            p.grad = g.copy()
+        norm = eager.step(skip_nonfinite=True)
+        for p, g in zip(graphed.params, grads):
+            p.grad[...] = g
+        graphed.write_step_scalars()
+        graphed.prepare_device_step()
+        capture.begin()
+        if graph is None:
+            graph = capture.capture(graphed.step_on_device)
+        capture.replay(graph)
+        capture.end()
+        graphed_norm, applied = graphed.finish_device_step()
+        assert applied == (step != 2) and np.array_equal([graphed_norm], [norm])
+        for a, b in zip(eager.params, graphed.params):
+            assert bool((a.data == b.data).all())
+    assert eager.step_count == graphed.step_count == 3
+
+
+def test_a_device_seed_on_the_gpu_gives_the_mask_of_its_value():
+    import cupy
+
+    rng = np.random.default_rng(2)
+    x = cupy.asarray(rand(rng, 1000, 33))
+    table = cupy.asarray(np.array([5, 2 ** 62 + 9, 11], dtype=np.uint64))
+    y, keep = ops.dropout_forward(x, 0.3, ops.DeviceSeed(table, 1))
+    y_value, keep_value = ops.dropout_forward(x, 0.3, 2 ** 62 + 9)
+    assert bool((keep == keep_value).all()) and bool((y == y_value).all())
+    q, k, v, g = (cupy.asarray(rand(rng, 2, 3, 70, 64).astype(np.float16)) for _ in range(4))
+    by_value = ops.attention_mma_forward(q, k, v, dropout_p=0.2, seed=11)
+    from_table = ops.attention_mma_forward(q, k, v, dropout_p=0.2, seed=ops.DeviceSeed(table, 2))
+    assert all(bool((a == b).all()) for a, b in zip(by_value, from_table))
+    grads = [ops.attention_mma_backward(q, k, v, *by_value, g, dropout_p=0.2, seed=s)
+             for s in (11, ops.DeviceSeed(table, 2))]
+    assert all(bool((a == b).all()) for a, b in zip(*grads))
+    with pytest.raises(ValueError, match="must live on the device of the kernel's arrays"):
+        ops.dropout_forward(x, 0.3, ops.DeviceSeed(np.zeros(2, np.uint64), 0))
+
+
 def test_global_gradient_norm_and_clipping_on_the_gpu_equal_the_cpu():
     import cupy
 

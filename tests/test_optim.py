@@ -262,3 +262,114 @@ def test_adam_in_parallel_blocks_equals_one_block(monkeypatch, set_threads):
         results.append([p.data for p in params])
     for one, many in zip(*results):
         np.testing.assert_array_equal(many, one)
+
+
+# ------------------------------------------------------------------ the step on the device, on NumPy arrays
+def _float32_adams(count=2, **kwargs):
+    """``count`` Adams over equal float32 parameters (lr a schedule, weight decay on)."""
+    out = []
+    for _ in range(count):
+        params = _params(seed=11, dtype=np.float32)
+        out.append(optim.Adam(params, lr=optim.NoamSchedule(16, warmup_steps=3), weight_decay=0.01, **kwargs))
+    return out
+
+
+def _grads(rng, params, scale=1.0):
+    return [(rng.standard_normal(p.shape) * scale).astype(np.float32) for p in params]
+
+
+@pytest.mark.parametrize("max_grad_norm, grad_scale", [(None, 1.0), (0.5, 1.0), (None, 8.0), (0.5, 8.0)])
+def test_device_update_reference_is_the_eager_step(max_grad_norm, grad_scale):
+    """From the same state and gradients: the same parameters, moments and norm as ``Adam.step``,
+    exactly without clipping and loss scale, else to float32 rounding (the norm is summed in
+    float64 there, in float32 by the eager step)."""
+    eager, reference = _float32_adams(max_grad_norm=max_grad_norm)
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        grads = _grads(rng, eager.params, grad_scale)
+        for p, g in zip(eager.params, grads):
+            p.grad = g.copy()
+        norm = eager.step(grad_scale=None if grad_scale == 1.0 else grad_scale)
+        reference.write_step_scalars(grad_scale)
+        m = [np.zeros_like(p.data) if a is None else a for a, p in zip(reference.m, reference.params)]
+        v = [np.zeros_like(p.data) if a is None else a for a, p in zip(reference.v, reference.params)]
+        reference.m, reference.v = m, v
+        optim.adam.device_update_reference([p.data for p in reference.params], grads, m, v, reference.hyper,
+                                           reference.result, reference.betas, reference.eps, reference.weight_decay)
+        assert reference.finish_device_step() == (pytest.approx(norm, rel=1e-6), True)
+        exact = max_grad_norm is None and grad_scale == 1.0
+        for got, want in zip([p.data for p in reference.params] + m + v,
+                             [p.data for p in eager.params] + eager.m + eager.v):
+            if exact:
+                np.testing.assert_array_equal(got, want)
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert reference.step_count == eager.step_count == 3
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow:RuntimeWarning")
+def test_device_step_calls_equal_eager_steps_with_a_skipped_one_in_the_middle():
+    """write_step_scalars → step_on_device → finish_device_step on NumPy arrays (the reference
+    path) over five steps, the third with an Inf gradient and the fourth with a NaN loss, against
+    ``Adam.step(skip_nonfinite=True)`` skipping the same two: bit for bit (no clipping, scale 1)."""
+    eager, device = _float32_adams()
+    rng = np.random.default_rng(4)
+    for step in range(5):
+        grads = _grads(rng, eager.params)
+        if step == 2:
+            grads[1][0] = np.inf
+        for p, g in zip(eager.params, grads):
+            p.grad = g.copy()
+        if step != 3:  # the eager step is not taken for a non-finite loss (the trainer skips it)
+            eager.step(skip_nonfinite=True)
+        for p, g in zip(device.params, grads):
+            p.grad = g.copy()
+        device.write_step_scalars()
+        device.prepare_device_step()
+        device.step_on_device(loss=tf.Tensor(np.array([np.nan if step == 3 else 2.0], np.float32)))
+        norm, applied = device.finish_device_step()
+        assert applied == (step not in (2, 3)) and (math.isinf(norm) if step == 2 else math.isfinite(norm))
+        assert device.step_count == eager.step_count and device.last_grad_norm == norm
+        for a, b in zip(device.params, eager.params):
+            np.testing.assert_array_equal(a.data, b.data)
+    assert device.step_count == 3
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_eager_step_without_skip_nonfinite_updates_through_a_nan_as_the_device_step_does():
+    eager, device = _float32_adams()
+    grads = _grads(np.random.default_rng(1), eager.params)
+    grads[0][0, 0] = np.nan
+    for adam in (eager, device):
+        for p, g in zip(adam.params, grads):
+            p.grad = g.copy()
+    assert math.isnan(eager.step(skip_nonfinite=False))
+    device.write_step_scalars(skip_nonfinite=False)
+    device.step_on_device()
+    norm, applied = device.finish_device_step()
+    assert math.isnan(norm) and applied and device.step_count == eager.step_count == 1
+    for a, b in zip(device.params, eager.params):
+        np.testing.assert_array_equal(a.data, b.data)  # NaN where the eager step put NaN
+
+
+def test_write_step_scalars_fills_one_persistent_buffer():
+    adam = optim.Adam(_params(dtype=np.float32), lr=optim.NoamSchedule(16, warmup_steps=3), max_grad_norm=2.0)
+    adam.write_step_scalars(grad_scale=4.0)
+    hyper, result = adam.hyper, adam.result
+    lr = adam.current_lr(1)
+    np.testing.assert_array_equal(hyper, np.array([lr / (1 - 0.9), 1 - 0.98, 4.0, 2.0, 1.0], np.float32))
+    adam.step_count = 6
+    adam.write_step_scalars(skip_nonfinite=False)
+    assert adam.hyper is hyper and adam.result is result
+    np.testing.assert_array_equal(hyper, np.array([adam.current_lr(7) / (1 - 0.9 ** 7), 1 - 0.98 ** 7, 1.0, 2.0, 0.0],
+                                                  np.float32))
+    assert [name for name in optim.adam.kernel_ops.ADAM_HYPER] == ["step_size", "bias2", "grad_scale", "max_grad_norm",
+                                                                   "skip_nonfinite"]
+
+
+def test_device_step_calls_in_the_wrong_order_say_what_is_missing():
+    adam = optim.Adam(_params(dtype=np.float32))
+    with pytest.raises(RuntimeError, match="call write_step_scalars"):
+        adam.step_on_device()
+    with pytest.raises(RuntimeError, match="no step ran on the device"):
+        adam.finish_device_step()

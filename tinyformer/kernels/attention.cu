@@ -59,14 +59,16 @@ template <typename T, int HEAD_DIM, int ROWS_PER_WARP>
 __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                   T* __restrict__ o, float* __restrict__ lse, const int* __restrict__ key_lengths,
                                   int heads, int len_q, int len_k, int causal, float scale, float dropout_p,
-                                  unsigned long long seed, unsigned long long offset) {
+                                  unsigned long long seed, const unsigned long long* __restrict__ seed_ptr,
+                                  unsigned long long offset) {
     using namespace tf_attention;
     using S = Shape<HEAD_DIM, ROWS_PER_WARP>;
     constexpr int D = HEAD_DIM;
     __shared__ float q_rows[S::kBlockRows][D];
     __shared__ float k_tile[kKeys][D + 1];  // +1: lane j reads row j without bank conflicts
     __shared__ float v_tile[kKeys][D];
-    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p,
+                       tf::resolve_seed(seed, seed_ptr), offset};
     const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const T* qb = q + (long long)bh * len_q * D;
@@ -144,7 +146,7 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
                                       const float* __restrict__ delta, T* __restrict__ grad_k, T* __restrict__ grad_v,
                                       const int* __restrict__ key_lengths, int heads, int len_q, int len_k, int causal,
                                       float scale, float dropout_p, unsigned long long seed,
-                                      unsigned long long offset) {
+                                      const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
     using namespace tf_attention;
     using S = Shape<HEAD_DIM, ROWS_PER_WARP>;
     constexpr int D = HEAD_DIM;
@@ -153,7 +155,8 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
     __shared__ float q_tile[kKeys][D + 1];
     __shared__ float go_tile[kKeys][D + 1];
     __shared__ float lse_tile[kKeys], delta_tile[kKeys];
-    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p,
+                       tf::resolve_seed(seed, seed_ptr), offset};
     const int bh = blockIdx.x, first_key = blockIdx.y * S::kBlockRows;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;
@@ -218,7 +221,7 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
                                      const float* __restrict__ delta, T* __restrict__ grad_q,
                                      const int* __restrict__ key_lengths, int heads, int len_q, int len_k, int causal,
                                      float scale, float dropout_p, unsigned long long seed,
-                                     unsigned long long offset) {
+                                     const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
     using namespace tf_attention;
     using S = Shape<HEAD_DIM, ROWS_PER_WARP>;
     constexpr int D = HEAD_DIM;
@@ -226,7 +229,8 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
     __shared__ float go_rows[S::kBlockRows][D];
     __shared__ float k_tile[kKeys][D + 1];
     __shared__ float v_tile[kKeys][D + 1];
-    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const Problem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p,
+                       tf::resolve_seed(seed, seed_ptr), offset};
     const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;

@@ -6,7 +6,8 @@
 // key gets o = 0 and lse = −inf, and contributes no gradient.
 //
 // Dropout: keep iff philox_uniform(seed, offset, (bh·Lq + i)·Lk + j) >= p, bh = b·heads + h,
-// kept values scaled by 1/(1 − p); the backward regenerates the same mask.
+// kept values scaled by 1/(1 − p); the backward regenerates the same mask. The kernels take the
+// seed as a value and a pointer (tf::resolve_seed): the pointer's entry, where given, wins.
 #pragma once
 #include "common.cuh"
 #include "philox.cuh"

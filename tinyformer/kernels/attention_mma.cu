@@ -210,14 +210,16 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
                       float* __restrict__ lse, const int* __restrict__ key_lengths, long long q_batch,
                       long long q_head, long long q_row, long long k_batch, long long k_head, long long k_row,
                       long long v_batch, long long v_head, long long v_row, int heads, int len_q, int len_k,
-                      int causal, float scale, float dropout_p, unsigned long long seed, unsigned long long offset) {
+                      int causal, float scale, float dropout_p, unsigned long long seed,
+                      const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
     using namespace tf_mma_attention;
     constexpr int D = HEAD_DIM, kTile = kStride<D> * TILE;
     static_assert(D % 16 == 0 && TILE % 16 == 0, "head dimension and tile must be multiples of 16");
     TF_DYNAMIC_SHARED(shared);
     T* q_s = reinterpret_cast<T*>(shared);
     T* kv_s = q_s + kBlockRows * kStride<D>;  // stage s: K at kv_s + 2s·kTile, V after it
-    const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p,
+                                    tf::resolve_seed(seed, seed_ptr), offset};
     const auto [bh, b, h, first_row, n_keys, warp, row0, tiles] = query_block<TILE>(P);
     const Lane l = this_lane();
     const T* kb = k + b * k_batch + h * k_head;
@@ -313,14 +315,15 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
                          long long q_batch, long long q_head, long long q_row, long long k_batch, long long k_head,
                          long long k_row, long long v_batch, long long v_head, long long v_row, int heads,
                          int len_q, int len_k, int causal, float scale, float dropout_p, unsigned long long seed,
-                         unsigned long long offset) {
+                         const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
     using namespace tf_mma_attention;
     constexpr int D = HEAD_DIM, kTile = kStride<D> * TILE;
     TF_DYNAMIC_SHARED(shared);
     T* q_s = reinterpret_cast<T*>(shared);
     T* go_s = q_s + kBlockRows * kStride<D>;
     T* kv_s = go_s + kBlockRows * kStride<D>;
-    const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p,
+                                    tf::resolve_seed(seed, seed_ptr), offset};
     const auto [bh, b, h, first_row, n_keys, warp, row0, tiles] = query_block<TILE>(P);
     const Lane l = this_lane();
     const T* kb = k + b * k_batch + h * k_head;
@@ -383,7 +386,8 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
                           const int* __restrict__ key_lengths, long long q_batch, long long q_head, long long q_row,
                           long long k_batch, long long k_head, long long k_row, long long v_batch, long long v_head,
                           long long v_row, int heads, int len_q, int len_k, int causal, float scale,
-                          float dropout_p, unsigned long long seed, unsigned long long offset) {
+                          float dropout_p, unsigned long long seed, const unsigned long long* __restrict__ seed_ptr,
+                          unsigned long long offset) {
     using namespace tf_mma_attention;
     constexpr int D = HEAD_DIM, kTile = kStride<D> * TILE;
     static_assert(TILE <= kWarps * tf::kWarp, "one thread loads each query's lse and delta");
@@ -392,7 +396,8 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
     T* v_s = k_s + kBlockRows * kStride<D>;
     T* qg_s = v_s + kBlockRows * kStride<D>;                     // stage s: Q at qg_s + 2s·kTile, dO after it
     float* stats_s = reinterpret_cast<float*>(qg_s + 4 * kTile);  // stage s: lse at 2s·TILE, delta after it
-    const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p, seed, offset};
+    const tf::AttentionProblem P = {heads, len_q, len_k, key_lengths, causal, scale, dropout_p,
+                                    tf::resolve_seed(seed, seed_ptr), offset};
     const int bh = blockIdx.x, b = bh / heads, h = bh % heads, first_key = blockIdx.y * kBlockRows;
     const int n_keys = P.visible_keys(bh);
     const int warp = threadIdx.x / tf::kWarp, key0 = first_key + warp * kRows;

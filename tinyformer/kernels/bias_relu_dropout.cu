@@ -1,9 +1,9 @@
 // The feed-forward net's epilogue after its first product (§3.3, with activation dropout):
 // z = dropout(max(0, y + b)) in place, in one pass. Reference: functional.LinearReluDropout.
 // Rounded as the unfused ops round (y + b to T, then the dropout's product to T); the mask is
-// dropout.cu's for the same (seed, offset): keep_e = philox_uniform(seed, offset, e) >= p over the
-// elements in C order (p = 0 keeps everything and draws nothing). mask_e = [y_e + b > 0] ∧ keep_e,
-// what the backward needs: dy = dz ∘ mask · scale.
+// dropout.cu's for the same (seed, offset), seed = *seed_ptr where given: keep_e =
+// philox_uniform(seed, offset, e) >= p over the elements in C order (p = 0 keeps everything and
+// draws nothing). mask_e = [y_e + b > 0] ∧ keep_e, what the backward needs: dy = dz ∘ mask · scale.
 #include "philox.cuh"
 
 // y: n elements, rows of `cols`. A thread takes 4 consecutive elements (one Philox block);
@@ -11,7 +11,8 @@
 template <typename T>
 __global__ void bias_relu_dropout_forward(T* __restrict__ y, const T* __restrict__ bias, bool* __restrict__ mask,
                                           long long n, int cols, float p, float scale, unsigned long long seed,
-                                          unsigned long long offset) {
+                                          const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
+    seed = tf::resolve_seed(seed, seed_ptr);
     const long long groups = (n + 3) / 4, stride = (long long)gridDim.x * blockDim.x;
     for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
         const tf::Philox4 r = p > 0.0f ? tf::philox_block(seed, offset, g) : tf::Philox4{0, 0, 0, 0};

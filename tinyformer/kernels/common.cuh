@@ -45,6 +45,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+__device__ __forceinline__ double warp_sum_double(double v) {
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+    return v;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
     for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
     return v;
@@ -77,9 +82,9 @@ __device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
     return v;
 }
 
-// Block-wide reductions for blocks of up to TF_ROW_BLOCK threads. `scratch` is __shared__
-// storage of kRowBlockWarps entries; every thread of the block must call these (they contain
-// __syncthreads). `identity` is what a missing warp contributes.
+// Block-wide reductions. `scratch` is __shared__ storage of one entry per warp of the block
+// (kRowBlockWarps for the row kernels' blocks of up to TF_ROW_BLOCK threads); every thread of the
+// block must call these (they contain __syncthreads). `identity` is what a missing warp contributes.
 template <typename V, typename WarpReduce>
 __device__ __forceinline__ V block_reduce(V v, V* scratch, V identity, WarpReduce warp_reduce) {
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -93,6 +98,11 @@ __device__ __forceinline__ V block_reduce(V v, V* scratch, V identity, WarpReduc
 }
 
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, warp_sum); }
+
+// A sum in double (Adam's gradient norm).
+__device__ __forceinline__ double block_sum_double(double v, double* scratch) {
+    return block_reduce(v, scratch, 0.0, warp_sum_double);
+}
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     return block_reduce(v, scratch, -TF_INFINITY, warp_max);

@@ -1,7 +1,8 @@
 // Inverted dropout with its mask drawn on the device from Philox. Reference: functional.Dropout.
 #include "philox.cuh"
 
-// For the n elements of contiguous x, with u_i = philox_uniform(seed, offset, i):
+// For the n elements of contiguous x, with u_i = philox_uniform(seed, offset, i), seed = *seed_ptr
+// where seed_ptr is not null (tf::resolve_seed):
 //   keep_i = u_i >= p;  y_i = x_i · (keep_i ? scale : 0)
 // (so a dropped NaN or infinity gives NaN, as x ∘ keep · scale does in the reference).
 // A thread takes a group of 4 consecutive elements 4g..4g+3, the 4 words of Philox block g,
@@ -10,7 +11,9 @@
 // Grid-stride over the groups, 64-bit indices.
 template <typename T>
 __global__ void dropout_forward(const T* __restrict__ x, T* __restrict__ y, bool* __restrict__ keep, long long n,
-                                float p, float scale, unsigned long long seed, unsigned long long offset) {
+                                float p, float scale, unsigned long long seed,
+                                const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
+    seed = tf::resolve_seed(seed, seed_ptr);
     const long long groups = (n + 3) / 4;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {

@@ -45,6 +45,40 @@ def _f32(x):
     return numpy.float32(x)
 
 
+class DeviceSeed:
+    """A Philox seed that a kernel reads from device memory: element ``index`` of the 1-D uint64
+    array ``table`` (CuPy on the GPU, NumPy under the emulation). A captured CUDA graph holds the
+    element's address, not its value, so refilling the table before a replay gives the replay new
+    dropout masks. Accepted wherever a kernel entry point takes ``seed``."""
+
+    def __init__(self, table, index):
+        if getattr(table, "ndim", None) != 1 or table.dtype != numpy.uint64:
+            raise TypeError(f"DeviceSeed: table must be a 1-D uint64 array, got "
+                            f"{getattr(table, 'dtype', type(table).__name__)} of shape {getattr(table, 'shape', None)}")
+        if not 0 <= index < table.size:
+            raise IndexError(f"DeviceSeed: index {index} outside a table of {table.size} seeds")
+        self.table, self.index = table, int(index)
+
+    @property
+    def pointer(self):
+        """The address of the seed (``unsigned long long*``)."""
+        return pointer(self.table) + self.index * self.table.strides[0]
+
+    def __repr__(self):
+        return f"DeviceSeed(index={self.index} of {self.table.size} on {backend.device_of(self.table)})"
+
+
+def _seed_args(seed, like):
+    """The (seed, seed_ptr) launch arguments of an int seed or a ``DeviceSeed`` (value 0 and its
+    address: the kernel reads the seed there, ``tf::resolve_seed``) for a launch on ``like``'s device."""
+    if isinstance(seed, DeviceSeed):
+        if backend.is_cupy_array(seed.table) != backend.is_cupy_array(like):
+            raise ValueError(f"{seed!r} must live on the device of the kernel's arrays "
+                             f"({backend.device_of(like)})")
+        return numpy.uint64(0), numpy.uint64(seed.pointer)
+    return numpy.uint64(seed), numpy.uint64(0)
+
+
 # ------------------------------------------------------------------------ softmax
 def softmax_forward(x, log=False, dtype=None):
     """softmax (or log_softmax) over the last axis."""
@@ -155,8 +189,15 @@ def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0
 
 
 # ------------------------------------------------------------------------ adam
+ADAM_HYPER = ("step_size", "bias2", "grad_scale", "max_grad_norm", "skip_nonfinite")
+"""The float32 entries of Adam's per-step scalar buffer ``hyper``, in order (kernels/adam.cu):
+lr/(1 − β₁ᵗ), 1 − β₂ᵗ, the loss scale s (1 without), the clipping norm (≤ 0: none) and 1 to skip a
+non-finite update (0 to apply it anyway)."""
+
+
 class AdamPlan:
-    """Pointer tables and chunk lists for one fixed list of parameter/grad/moment arrays."""
+    """Pointer tables and chunk lists for one fixed list of parameter/grad/moment arrays, and the
+    per-chunk buffer of the gradient-norm pass (``partials``, float64)."""
 
     #: the kernel's code of a compute copy's element type
     COPY_TYPES = {"float16": 1, "bfloat16": 2}
@@ -168,22 +209,25 @@ class AdamPlan:
         chunk_size = chunk_size or registry.ADAM_CHUNK
         xp = _xp(*params)
         sizes = [p.size for p in params]
-        for name, arrays in (("grads", grads), ("m", m), ("v", v)):
+        for name, arrays in (("params", params), ("grads", grads), ("m", m), ("v", v)):
             for i, (a, p) in enumerate(zip(arrays, params)):
-                if a.shape != p.shape or a.dtype != p.dtype or not a.flags.c_contiguous:
-                    raise ValueError(f"adam: {name}[{i}] must be a contiguous {p.dtype} array of shape {p.shape}, "
-                                     f"got {a.dtype} {a.shape}")
+                if (a.shape != p.shape or a.dtype != params[0].dtype or not a.flags.c_contiguous
+                        or backend.is_cupy_array(a) != (xp is not numpy)):
+                    raise ValueError(f"adam: {name}[{i}] must be a contiguous {params[0].dtype} array of shape "
+                                     f"{p.shape} on the parameters' device, got {a.dtype} {a.shape}")
         chunk_tensor, chunk_start = [], []
         for i, n in enumerate(sizes):
             for start in range(0, n, chunk_size):
                 chunk_tensor.append(i)
                 chunk_start.append(start)
-        self.tables = [xp.asarray(numpy.array([_pointer(a) for a in arrays], dtype=numpy.uint64))
+        self.tables = [xp.asarray(numpy.array([pointer(a) for a in arrays], dtype=numpy.uint64))
                        for arrays in (params, grads, m, v)]
         self.sizes = xp.asarray(numpy.array(sizes, dtype=numpy.int64))
         self.chunk_tensor = xp.asarray(numpy.array(chunk_tensor, dtype=numpy.int32))
         self.chunk_start = xp.asarray(numpy.array(chunk_start, dtype=numpy.int64))
         self.chunks, self.chunk_size = len(chunk_tensor), chunk_size
+        self.partials = xp.zeros(max(self.chunks, 1), dtype=numpy.float64)
+        self.dtype = params[0].dtype.name if params else "float32"
         self.copies, self.copy_type = numpy.uint64(0), 0  # a null table: no compute copies
         present = [c for c in copies or () if c is not None]
         if present:
@@ -194,24 +238,49 @@ class AdamPlan:
             for i, (c, p) in enumerate(zip(copies, params)):
                 if c is not None and (c.shape != p.shape or not c.flags.c_contiguous):
                     raise ValueError(f"adam: copies[{i}] must be a contiguous array of shape {p.shape}, got {c.shape}")
-            self.copies = xp.asarray(numpy.array([0 if c is None else _pointer(c) for c in copies], dtype=numpy.uint64))
+            self.copies = xp.asarray(numpy.array([0 if c is None else pointer(c) for c in copies], dtype=numpy.uint64))
             self.copy_type = self.COPY_TYPES[names.pop()]
         self.keep_alive = (params, grads, m, v, copies)
 
 
-def _pointer(array):
+def pointer(array):
+    """The device (CuPy) or host (NumPy) address of ``array``'s first element."""
     return array.data.ptr if backend.is_cupy_array(array) else array.ctypes.data
 
 
-def adam_update(plan, step_size, beta1, beta2, bias2, eps, weight_decay=0.0, dtype=None, grad_multiplier=1.0):
-    """One fused Adam update of every array in ``plan`` (in place), its compute copies included;
-    each gradient is multiplied by ``grad_multiplier`` first (the inverse loss scale, clipping)."""
-    if not plan.chunks:
-        return
-    name = _element_dtype(plan.keep_alive[0][0], dtype)
-    _launch.launch("adam_update", name, (plan.chunks,), (registry.ADAM_BLOCK,),
-                   (*plan.tables, plan.copies, _i32(plan.copy_type), plan.sizes, plan.chunk_tensor, plan.chunk_start,
-                    _i32(plan.chunk_size), _f32(grad_multiplier), _f32(step_size), _f32(beta1), _f32(beta2), _f32(bias2), _f32(eps), _f32(weight_decay)))
+def _device_buffer(label, array, dtype, size, like):
+    """``array`` checked to be a contiguous ``dtype`` array of at least ``size`` elements on the
+    device of ``like`` (it is passed as it is: no copy, so a captured graph reads it at replay)."""
+    dtype = numpy.dtype(dtype)
+    if (getattr(array, "dtype", None) != dtype or array.size < size or not array.flags.c_contiguous
+            or backend.is_cupy_array(array) != backend.is_cupy_array(like)):
+        raise ValueError(f"adam: {label} must be a contiguous {dtype} array of at least {size} elements on the "
+                         f"parameters' device ({backend.device_of(like)}), got "
+                         f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+    return array
+
+
+def grad_norm_adam_update(plan, hyper, result, beta1, beta2, eps, weight_decay=0.0, loss=None, dtype=None):
+    """The global gradient norm, clipping, the non-finite skip and Adam's update of every array in
+    ``plan`` (in place, compute copies included), in two launches that read every per-step value
+    from device memory: ``hyper`` (float32, ``ADAM_HYPER``), ``loss`` (a float32 device scalar, or
+    None: not checked) and the plan's ``partials``; they write ``result`` (float32: the unscaled
+    norm, 1.0 if the update was applied else 0.0). No host synchronisation and no host-to-device
+    copy, so a CUDA graph can capture it. Semantics: kernels/adam.cu, optim.adam.device_update_reference."""
+    like = plan.sizes
+    hyper = _device_buffer("hyper", hyper, numpy.float32, len(ADAM_HYPER), like)
+    result = _device_buffer("result", result, numpy.float32, 2, like)
+    loss = numpy.uint64(0) if loss is None else _device_buffer("loss", loss, numpy.float32, 1, like)
+    name = dtype or plan.dtype
+    if name != plan.dtype:
+        raise TypeError(f"adam: plan of {plan.dtype} arrays passed as {name}")
+    chunks = (plan.sizes, plan.chunk_tensor, plan.chunk_start, _i32(plan.chunk_size))
+    if plan.chunks:
+        _launch.launch("adam_norm_partials", name, (plan.chunks,), (registry.ADAM_BLOCK,),
+                       (plan.tables[1], *chunks, plan.partials))
+    _launch.launch("adam_update", name, (max(plan.chunks, 1),), (registry.ADAM_BLOCK,),
+                   (*plan.tables, plan.copies, _i32(plan.copy_type), *chunks, _i32(plan.chunks), plan.partials,
+                    hyper, loss, result, _f32(beta1), _f32(beta2), _f32(eps), _f32(weight_decay)))
 
 
 # ------------------------------------------------------------------------ dropout
@@ -225,7 +294,8 @@ def _elementwise_grid(n, per_thread=1):
 def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     """Inverted dropout with the mask from Philox: returns (y, keep), keep a bool array of x's shape.
 
-    keep_i = philox_uniform(seed, offset, i) >= p over x's elements in C order;
+    keep_i = philox_uniform(seed, offset, i) >= p over x's elements in C order (``seed`` an int or
+    a ``DeviceSeed``, as for every kernel here that draws dropout);
     y = x ∘ keep · scale, scale = 1/(1 − p) unless given (functional passes x's dtype's value).
     """
     (x,) = _contiguous(x)
@@ -237,7 +307,7 @@ def dropout_forward(x, p, seed, offset=0, scale=None, dtype=None):
     if x.size:
         blocks, threads = _elementwise_grid(x.size, 4)  # one thread per 4 elements: one Philox block
         _launch.launch("dropout_forward", name, (blocks,), (threads,),
-                       (x, y, keep, numpy.int64(x.size), _f32(p), _f32(scale), numpy.uint64(seed),
+                       (x, y, keep, numpy.int64(x.size), _f32(p), _f32(scale), *_seed_args(seed, x),
                         numpy.uint64(offset)))
     return y, keep
 
@@ -258,7 +328,7 @@ def bias_relu_dropout_forward(y, bias, p=0.0, seed=0, offset=0, scale=None, dtyp
         blocks, threads = _elementwise_grid(y.size, 4)  # one Philox block per 4 elements
         _launch.launch("bias_relu_dropout_forward", name, (blocks,), (threads,),
                        (y, bias, mask, numpy.int64(y.size), _i32(y.shape[-1]), _f32(p), _f32(scale),
-                        numpy.uint64(seed), numpy.uint64(offset)))
+                        *_seed_args(seed, y), numpy.uint64(offset)))
     return y, mask
 
 
@@ -293,7 +363,7 @@ def residual_layer_norm_forward(x, y, weight, bias, p=0.0, seed=0, offset=0, sca
     if rows and cols:
         _launch.launch("residual_layer_norm_forward", name, (rows,), (registry.row_threads(cols),),
                        (x, y, weight, bias, h, out, keep, mean, rstd, _i32(cols), _f32(p), _f32(scale), _f32(eps),
-                        numpy.uint64(seed), numpy.uint64(offset)))
+                        *_seed_args(seed, x), numpy.uint64(offset)))
     return out, h, keep, mean, rstd
 
 
@@ -341,7 +411,7 @@ def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None
         rows = registry.attention_rows_per_block(dim)
         _launch.launch("attention_forward", name, (bh, math.ceil(len_q / rows)), (registry.attention_threads(),),
                        (q, k, v, o, lse, lengths, _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale),
-                        _f32(dropout_p), numpy.uint64(seed), numpy.uint64(offset)), head_dim=dim)
+                        _f32(dropout_p), *_seed_args(seed, q), numpy.uint64(offset)), head_dim=dim)
     return o, lse
 
 
@@ -360,7 +430,7 @@ def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=
     delta = xp.empty((bh, len_q), dtype=numpy.float32)
     rows, threads = registry.attention_rows_per_block(dim), registry.attention_threads()
     tail = (lengths, _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p),
-            numpy.uint64(seed), numpy.uint64(offset))
+            *_seed_args(seed, q), numpy.uint64(offset))
     if bh and len_q:
         delta_blocks = math.ceil(bh * len_q / registry.ATTENTION_WARPS)  # one warp per row
         _launch.launch("attention_backward_delta", name, (delta_blocks,), (threads,),
@@ -402,7 +472,7 @@ def _readable_in_place(array):
     item = array.itemsize
     strides = array.strides
     return (strides[3] == item or array.shape[3] == 1) and all(
-        s % 16 == 0 for s, n in zip(strides[:3], array.shape[:3]) if n > 1) and _pointer(array) % 16 == 0
+        s % 16 == 0 for s, n in zip(strides[:3], array.shape[:3]) if n > 1) and pointer(array) % 16 == 0
 
 
 def projection_layout(array):
@@ -420,7 +490,7 @@ def _strided(array):
     if not _readable_in_place(array):
         array = projection_layout(array)
     strides = [numpy.int64(s // array.itemsize) for s in array.strides[:3]]
-    return array, [numpy.uint64(_pointer(array)), *strides]
+    return array, [numpy.uint64(pointer(array)), *strides]
 
 
 def _projection_empty(xp, batch, heads, length, dim, dtype):
@@ -450,7 +520,7 @@ def attention_mma_forward(q, k, v, key_lengths=None, causal=False, scale=None, d
                        (registry.mma_attention_threads(),),
                        (q_args[0], k_args[0], v_args[0], o.transpose(0, 2, 1, 3), lse, lengths, *q_args[1:], *k_args[1:], *v_args[1:],
                         _i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p),
-                        numpy.uint64(seed), numpy.uint64(offset)),
+                        *_seed_args(seed, q), numpy.uint64(offset)),
                        head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
     return o, lse
 
@@ -474,7 +544,7 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
         return grad_q, grad_k, grad_v
     (q, q_args), (k, k_args), (v, v_args) = _strided(q), _strided(k), _strided(v)
     strides = (*q_args[1:], *k_args[1:], *v_args[1:])
-    tail = (_i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p), numpy.uint64(seed),
+    tail = (_i32(heads), _i32(len_q), _i32(len_k), _i32(causal), _f32(scale), _f32(dropout_p), *_seed_args(seed, q),
             numpy.uint64(offset))
     rows, threads = registry.mma_attention_rows_per_block(), (registry.mma_attention_threads(),)
     delta = xp.empty(batch * len_q * heads, dtype=numpy.float32)  # indexed by o's rows: (b·len_q + i)·heads + h

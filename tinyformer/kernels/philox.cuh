@@ -37,6 +37,13 @@ __device__ __forceinline__ Philox4 philox_block(unsigned long long seed, unsigne
                          (unsigned)seed, (unsigned)(seed >> 32));
 }
 
+// The seed of a launch: *seed_ptr where given (one entry of a device table that a captured CUDA
+// graph's owner refills before each replay, so that a replay draws new masks), else `seed`.
+__device__ __forceinline__ unsigned long long resolve_seed(unsigned long long seed,
+                                                           const unsigned long long* seed_ptr) {
+    return seed_ptr != nullptr ? *seed_ptr : seed;
+}
+
 // A word's top 24 bits as a float in [0, 1): (word >> 8) / 2^24.
 __device__ __forceinline__ float uniform_from_word(unsigned word) { return (word >> 8) * (1.0f / 16777216.0f); }
 

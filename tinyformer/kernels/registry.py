@@ -38,9 +38,9 @@ COLUMN_BLOCK = 128
 LAYER_NORM_ROWS_PER_CHUNK = 64
 """Rows one block of layer norm's first dw/db stage sums (the second sums the chunks)."""
 ADAM_BLOCK = 256
-"""Threads per block of the fused Adam update."""
+"""Threads per block of the fused Adam update and its gradient-norm pass (whole warps, at most 1024)."""
 ADAM_CHUNK = 65536
-"""Elements per block of the fused Adam update."""
+"""Elements per block of the fused Adam update and its gradient-norm pass."""
 DROPOUT_MAX_BLOCKS = 8192
 """Most blocks of a dropout launch; the kernel strides over the rest."""
 ATTENTION_WARPS = 4
@@ -89,6 +89,9 @@ def _check_geometry():
     if ROW_BLOCK % WARP_SIZE or not WARP_SIZE <= ROW_BLOCK <= 1024:
         raise ValueError(f"registry.ROW_BLOCK must be a multiple of {WARP_SIZE} in [{WARP_SIZE}, 1024], "
                          f"got {ROW_BLOCK}")
+    if ADAM_BLOCK % WARP_SIZE or not WARP_SIZE <= ADAM_BLOCK <= 1024:
+        raise ValueError(f"registry.ADAM_BLOCK must be a multiple of {WARP_SIZE} in [{WARP_SIZE}, 1024], "
+                         f"got {ADAM_BLOCK}")
     if ATTENTION_KEY_TILE != WARP_SIZE:
         raise ValueError(f"registry.ATTENTION_KEY_TILE must equal WARP_SIZE ({WARP_SIZE}): one key per lane")
     if not 1 <= ATTENTION_WARPS * WARP_SIZE <= 1024:
@@ -159,7 +162,7 @@ KERNELS = {
         "layer_norm_reduce_params": ("T",),
     },
     "cross_entropy.cu": {"cross_entropy_forward": ("T",), "cross_entropy_backward": ("T",)},
-    "adam.cu": {"adam_update": ("T",)},
+    "adam.cu": {"adam_norm_partials": ("T",), "adam_update": ("T",)},
     "dropout.cu": {"dropout_forward": ("T",)},
     "bias_relu_dropout.cu": {"bias_relu_dropout_forward": ("T",), "bias_relu_dropout_backward": ("T",)},
     "residual_layer_norm.cu": {"residual_layer_norm_forward": ("T",), "residual_layer_norm_backward": ("T",)},

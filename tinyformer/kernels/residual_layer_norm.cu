@@ -1,7 +1,8 @@
 // The post-LN sublayer connection in one pass per row: out = LayerNorm(x + dropout(y)) (§5.4).
 // Reference: functional.ResidualDropoutLayerNorm. The dropout mask is dropout.cu's for the same
-// (seed, offset): keep_e = philox_uniform(seed, offset, e) >= p over y's elements in C order, kept
-// values scaled by `scale`; p = 0 keeps everything (no random numbers drawn).
+// (seed, offset), seed = *seed_ptr where given: keep_e = philox_uniform(seed, offset, e) >= p over
+// y's elements in C order, kept values scaled by `scale`; p = 0 keeps everything (no random
+// numbers drawn).
 //   forward:  h = x + y ∘ keep · scale (stored in T: layer norm reads it as the unfused path would),
 //             out = layer_norm(h), μ and r per row
 //   backward: dh = layer norm's input gradient (layer_norm.cuh), dx = dh, dy = dh ∘ keep · scale;
@@ -16,7 +17,9 @@ __global__ void residual_layer_norm_forward(const T* __restrict__ x, const T* __
                                             T* __restrict__ h, T* __restrict__ out, bool* __restrict__ keep,
                                             float* __restrict__ mean_out, float* __restrict__ rstd_out, int cols,
                                             float p, float scale, float eps, unsigned long long seed,
+                                            const unsigned long long* __restrict__ seed_ptr,
                                             unsigned long long offset) {
+    seed = tf::resolve_seed(seed, seed_ptr);
     __shared__ float scratch[tf::kRowBlockWarps];
     const long long first = (long long)blockIdx.x * cols;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {

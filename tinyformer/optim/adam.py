@@ -6,8 +6,9 @@ import numpy
 
 from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
+from ..tensor import Tensor
 
-__all__ = ["Adam", "clip_grad_norm"]
+__all__ = ["Adam", "clip_grad_norm", "device_update_reference"]
 
 
 def clip_grad_norm(params, max_norm):
@@ -53,6 +54,77 @@ def _total_squared_norm(grads):
     return total
 
 
+def _update_flat(theta, g, m, v, tmp, betas, bias2, eps, step_size):
+    """One Adam update of the flat contiguous arrays θ, m, v in place from the gradient g (its
+    multiplier and weight decay applied); ``tmp`` a scratch of θ's size. Large arrays in blocks
+    on several threads. The eager loop and ``device_update_reference`` both run this."""
+    beta1, beta2 = betas
+    xp = backend.get_array_module(theta)
+
+    def update(start, stop):  # elements [start, stop)
+        m_, v_, t_, g_ = m[start:stop], v[start:stop], tmp[start:stop], g[start:stop]
+        m_ *= beta1
+        m_ += xp.multiply(g_, 1.0 - beta1, out=t_)
+        v_ *= beta2
+        xp.multiply(g_, g_, out=t_)
+        t_ *= 1.0 - beta2
+        v_ += t_
+        xp.divide(v_, bias2, out=t_)  # t = √(v / (1 − β₂ᵗ)) + ε
+        xp.sqrt(t_, out=t_)
+        t_ += eps
+        xp.divide(m_, t_, out=t_)  # t = step size · m / t
+        t_ *= step_size
+        theta[start:stop] -= t_
+
+    backend.map_row_blocks(update, theta.size, theta)
+
+
+def _effective_gradient(g, theta, multiplier, weight_decay):
+    """g · multiplier + λθ, as the update uses it (g itself when neither applies)."""
+    if multiplier != 1.0:
+        g = g * g.dtype.type(multiplier)
+    if weight_decay:
+        g = g + weight_decay * theta
+    return g
+
+
+def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weight_decay, loss=None, copies=None):
+    """What ``kernels.ops.grad_norm_adam_update`` does, on arrays (NumPy; CuPy works too, reading
+    the scalars back): the device-side step's specification, and its path where the kernels do not
+    run. ``hyper`` holds ``kernels.ops.ADAM_HYPER`` (step_size, bias2, loss scale s, max_grad_norm
+    with ≤ 0 for none, skip_nonfinite); ``params``, ``m``, ``v`` (and the ``copies``, None or
+    per parameter a half copy or None) are updated in place, ``result`` gets [norm, applied].
+
+    norm = √(Σ g², accumulated in float64) / s, reported in float32; applied = not skip_nonfinite,
+    or that norm and ``loss`` (a one-element array, or None) are finite. Not applied: nothing but
+    ``result`` is written. Applied: g · clip(norm)/s + λθ into the update, clip as ``_clip_factor``.
+    """
+    step_size, bias2, scale, max_norm, skip = (float(x) for x in backend.to_numpy(hyper)[:5])
+    total = 0.0
+    for g in grads:
+        flat = g.reshape(-1).astype(numpy.float64)
+        total += float(flat @ flat)
+    norm = math.sqrt(total) / scale
+    with numpy.errstate(over="ignore"):
+        reported = numpy.float32(norm)
+    loss_value = None if loss is None else float(backend.to_numpy(loss).reshape(-1)[0])
+    finite = bool(numpy.isfinite(reported)) and (loss_value is None or math.isfinite(loss_value))
+    applied = not skip or finite
+    result[0], result[1] = reported, float(applied)
+    if not applied:
+        return
+    multiplier = float(numpy.float32(_clip_factor(norm, max_norm if max_norm > 0 else None) / scale))
+    for i, (theta, g, m_i, v_i) in enumerate(zip(params, grads, m, v)):
+        for name, a in (("params", theta), ("m", m_i), ("v", v_i)):
+            if not a.flags.c_contiguous:
+                raise ValueError(f"device_update_reference: {name}[{i}] must be C-contiguous (updated in place)")
+        g = _effective_gradient(g, theta, multiplier, weight_decay)
+        flat = [a.reshape(-1) for a in (theta, g, m_i, v_i)]
+        _update_flat(*flat, backend.get_array_module(theta).empty_like(flat[0]), betas, bias2, eps, step_size)
+        if copies is not None and copies[i] is not None:
+            copies[i][...] = backend.cast(theta, copies[i].dtype)
+
+
 class Adam:
     """m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  θ ← θ − lr · m̂ / (√v̂ + ε) with m̂ = m/(1−β₁ᵗ), v̂ = v/(1−β₂ᵗ).
 
@@ -65,6 +137,13 @@ class Adam:
     weights); a parameter's half-precision compute copy, once made, is refreshed by every step
     (inside the fused kernel on the GPU). ``step(grad_scale=s)`` takes gradients of a loss scaled
     by s (``GradScaler``) and divides them by s before clipping and the update.
+
+    On the GPU (``kernels.use_kernels``) a step runs on the device (kernels/adam.cu): the norm,
+    clipping, the non-finite skip and the update, with no value read back but the result. The
+    same calls make a step a CUDA graph can capture: ``write_step_scalars`` (the step's learning
+    rate and loss scale into the device buffer ``hyper``, before the replay), ``prepare_device_step``
+    (moments and the kernel's pointer tables, outside the capture), ``step_on_device`` (captured)
+    and ``finish_device_step`` (reads ``result``: the norm and whether the update was applied).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
@@ -88,6 +167,8 @@ class Adam:
         self.v = [None] * len(self.params)
         self.last_grad_norm = None
         self._buffers = {}
+        self.hyper = self.result = None  # the device step's scalars (ops.ADAM_HYPER) and [norm, applied]
+        self._device_plan = None  # (key of the arrays' addresses, kernel_ops.AdamPlan)
 
     def current_lr(self, step=None):
         """The learning rate used at ``step`` (default: the next step)."""
@@ -105,6 +186,13 @@ class Adam:
         nothing: no update, no moment, no step counted. ``grad_scale``: the gradients are those of
         the loss times it; the norm returned and clipped is the unscaled one.
         """
+        if self._kernel_applies(self._active(), amp.compute_copies(self.params)):
+            self.write_step_scalars(1.0 if grad_scale is None else grad_scale, skip_nonfinite=skip_nonfinite)
+            self.prepare_device_step()
+            self.step_on_device()
+            norm, _ = self.finish_device_step()
+            self._device_plan = None  # it holds this step's gradients; the next backward makes new ones
+            return norm
         multiplier = 1.0
         if grad_scale is None:
             self.last_grad_norm = clip_grad_norm(self.params, self.max_grad_norm)
@@ -119,38 +207,16 @@ class Adam:
         bias1, bias2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
         step_size = lr / bias1
         copies = amp.compute_copies(self.params)
-        if self._fused_step(step_size, bias2, multiplier, copies):
-            return self.last_grad_norm
         for i, p in enumerate(self.params):
-            g = p.grad
-            if g is None:
+            if p.grad is None:
                 continue
-            if multiplier != 1.0:
-                g = g * g.dtype.type(multiplier)
-            if self.weight_decay:
-                g = g + self.weight_decay * p.data
+            g = _effective_gradient(p.grad, p.data, multiplier, self.weight_decay)
             xp = backend.get_array_module(p.data)
             self._init_moments(i)
             if not p.data.flags.c_contiguous:  # updated through a flat view below
                 p.data = xp.ascontiguousarray(p.data)
-            theta, g, m, v, tmp = (a.reshape(-1) for a in (p.data, g, self.m[i], self.v[i], self._scratch(p.data)))
-
-            def update(start, stop):  # elements [start, stop); large parameters in blocks on several threads
-                m_, v_, t_, g_ = m[start:stop], v[start:stop], tmp[start:stop], g[start:stop]
-                m_ *= beta1
-                m_ += xp.multiply(g_, 1.0 - beta1, out=t_)
-                v_ *= beta2
-                xp.multiply(g_, g_, out=t_)
-                t_ *= 1.0 - beta2
-                v_ += t_
-                xp.divide(v_, bias2, out=t_)  # t = √(v / (1 − β₂ᵗ)) + ε
-                xp.sqrt(t_, out=t_)
-                t_ += self.eps
-                xp.divide(m_, t_, out=t_)  # t = step size · m / t
-                t_ *= step_size
-                theta[start:stop] -= t_
-
-            backend.map_row_blocks(update, theta.size, theta)
+            flat = (a.reshape(-1) for a in (p.data, g, self.m[i], self.v[i], self._scratch(p.data)))
+            _update_flat(*flat, self.betas, bias2, self.eps, step_size)
             if copies[i] is not None:
                 amp.refresh_compute_copy(p, copies[i])
         return self.last_grad_norm
@@ -179,35 +245,117 @@ class Adam:
             buffer = self._buffers[key] = xp.empty(max(p.data.size for p in self.params), dtype=like.dtype)
         return buffer[: like.size].reshape(like.shape)
 
-    def _fused_step(self, step_size, bias2, multiplier=1.0, copies=None):
-        """kernels/adam.cu: every parameter with a gradient in one launch, where ``kernels.use_kernels``
-        says so for the parameters and gradients and they share one dtype; the compute copies
-        (``copies``, one half dtype) are written in the same pass.
+    # ---------------------------------------------------------------- the step on the device
+    def write_step_scalars(self, grad_scale=1.0, skip_nonfinite=True):
+        """Write the next step's scalars (``kernels.ops.ADAM_HYPER``: lr(t)/(1 − β₁ᵗ), 1 − β₂ᵗ for
+        t = step_count + 1, the loss scale, max_grad_norm or 0, the skip flag) into the persistent
+        buffer ``hyper`` on the parameters' device, allocated on the first call with ``result``.
+        The one host-to-device copy of a step: outside any capture, before the step or replay."""
+        if backend.is_capturing():
+            raise RuntimeError("Adam.write_step_scalars copies to the device: call it before a captured step "
+                               "is replayed, not inside the capture")
+        t = self.step_count + 1
+        beta1, beta2 = self.betas
+        values = numpy.array([self.current_lr(t) / (1.0 - beta1 ** t), 1.0 - beta2 ** t, grad_scale,
+                              self.max_grad_norm or 0.0, 1.0 if skip_nonfinite else 0.0], dtype=numpy.float32)
+        like = self.params[0].data
+        if self.hyper is None or backend.device_of(self.hyper) != backend.device_of(like):
+            self.hyper = backend.like(values, like)
+            self.result = backend.like(numpy.zeros(2, dtype=numpy.float32), like)
+        else:
+            backend.copy_into(self.hyper, values)
 
-        Returns False, doing nothing, when the reference loop above must run instead.
-        """
-        active = [i for i, p in enumerate(self.params) if p.grad is not None]
+    def prepare_device_step(self):
+        """Outside any capture: zero moments where missing, contiguous parameters and gradients,
+        and, where the kernel runs, its pointer tables (``kernel_ops.AdamPlan``) for the current
+        arrays, cached while their addresses stay the same (persistent gradient buffers keep them).
+        Returns True when it built new tables: a graph captured with the old ones is stale."""
+        active = self._active()
+        self._ready_arrays(active)
+        copies = amp.compute_copies(self.params)
+        if not self._kernel_applies(active, copies):
+            self._device_plan = None
+            return False
+        key = self._plan_key(active, copies)
+        if self._device_plan is not None and self._device_plan[0] == key:
+            return False
+        plan = kernel_ops.AdamPlan([self.params[i].data for i in active], [self.params[i].grad for i in active],
+                                   [self.m[i] for i in active], [self.v[i] for i in active],
+                                   copies=[copies[i] for i in active])
+        self._device_plan = (key, plan)
+        return True
+
+    def step_on_device(self, loss=None):
+        """The step from the current ``.grad`` with the scalars of ``write_step_scalars``: the
+        global norm, clipping, the skip of a non-finite norm or ``loss`` (a float32 one-element
+        device array or Tensor, or None) and the update, on the device: kernels/adam.cu where
+        ``kernels.use_kernels`` holds for the parameters and gradients (no host read, capturable),
+        else ``device_update_reference``. Writes ``result``; ``finish_device_step`` reads it."""
+        if self.hyper is None:
+            raise RuntimeError("Adam.step_on_device: no step scalars on the device; call write_step_scalars() first")
+        loss = loss.data if isinstance(loss, Tensor) else loss
+        active = self._active()
+        copies = amp.compute_copies(self.params)
+        if not self._kernel_applies(active, copies):
+            self._ready_arrays(active)
+            device_update_reference([self.params[i].data for i in active], [self.params[i].grad for i in active],
+                                    [self.m[i] for i in active], [self.v[i] for i in active], self.hyper, self.result,
+                                    self.betas, self.eps, self.weight_decay, loss=loss,
+                                    copies=[copies[i] for i in active])
+            return
+        if self._device_plan is None or self._device_plan[0] != self._plan_key(active, copies):
+            if backend.is_capturing():
+                raise RuntimeError("Adam.step_on_device: the kernel's pointer tables are missing or do not match the "
+                                   "parameters, gradients and moments; call prepare_device_step() before the capture "
+                                   "and keep the gradients in place (zero them, do not replace them)")
+            self.prepare_device_step()
+        beta1, beta2 = self.betas
+        kernel_ops.grad_norm_adam_update(self._device_plan[1], self.hyper, self.result, beta1, beta2, self.eps,
+                                         self.weight_decay, loss=loss)
+
+    def finish_device_step(self):
+        """Read ``result`` (the step's one synchronisation): sets ``last_grad_norm`` and counts the
+        step if its update was applied. Returns (norm, applied)."""
+        if self.result is None:
+            raise RuntimeError("Adam.finish_device_step: no step ran on the device")
+        norm, applied = (float(x) for x in backend.to_numpy(self.result))
+        self.last_grad_norm, applied = norm, applied != 0.0
+        if applied:
+            self.step_count += 1
+        return norm, applied
+
+    def _active(self):
+        """Indices of the parameters with a gradient."""
+        return [i for i, p in enumerate(self.params) if p.grad is not None]
+
+    def _ready_arrays(self, active):
+        for i in active:
+            self._init_moments(i)
+            p = self.params[i]
+            xp = backend.get_array_module(p.data)
+            if not p.data.flags.c_contiguous:  # updated in place through its pointer or a flat view
+                p.data = xp.ascontiguousarray(p.data)
+            if not p.grad.flags.c_contiguous:
+                p.grad = xp.ascontiguousarray(p.grad)
+
+    def _kernel_applies(self, active, copies):
+        """Whether kernels/adam.cu runs: ``kernels.use_kernels`` says so for the parameters and
+        gradients, they share one dtype, and the compute copies (``copies``) one half dtype and
+        the parameters' device."""
         arrays = [a for i in active for a in (self.params[i].data, self.params[i].grad)]
         if not arrays or not kernels.use_kernels(*arrays) or len({a.dtype for a in arrays}) != 1:
             return False
-        copies = [None] * len(self.params) if copies is None else copies
-        active_copies = [copies[i] for i in active]
-        if len({c.dtype for c in active_copies if c is not None}) > 1 or not all(
-                c is None or (c.flags.c_contiguous and backend.is_cupy_array(c) == backend.is_cupy_array(arrays[0]))
-                for c in active_copies):
-            return False
-        xp = backend.get_array_module(self.params[active[0]].data)
-        for i in active:
-            self._init_moments(i)
-        # The pointer tables are rebuilt every step: gradients are new arrays each backward.
-        plan = kernel_ops.AdamPlan([self.params[i].data for i in active],
-                                   [xp.ascontiguousarray(self.params[i].grad) for i in active],
-                                   [self.m[i] for i in active], [self.v[i] for i in active],
-                                   copies=active_copies)
-        beta1, beta2 = self.betas
-        kernel_ops.adam_update(plan, step_size, beta1, beta2, bias2, self.eps, self.weight_decay,
-                               grad_multiplier=multiplier)  # it writes the live compute copies in place
-        return True
+        present = [copies[i] for i in active if copies[i] is not None]
+        return len({c.dtype for c in present}) <= 1 and all(
+            c.flags.c_contiguous and backend.is_cupy_array(c) == backend.is_cupy_array(arrays[0]) for c in present)
+
+    def _plan_key(self, active, copies):
+        """What a plan's pointer tables depend on: the addresses, sizes and dtypes of the arrays."""
+        def address(a):
+            return (0, "") if a is None else (kernel_ops.pointer(a), a.dtype.str)
+
+        return tuple((self.params[i].data.size, *address(self.params[i].data), *address(self.params[i].grad),
+                      *address(self.m[i]), *address(self.v[i]), *address(copies[i])) for i in active)
 
     def state_dict(self):
         """Step count, hyper-parameters and moments (NumPy copies; None for untouched parameters)."""
