@@ -7,6 +7,7 @@ runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
 """
 
 import os
+import re
 import shutil
 
 import children
@@ -179,6 +180,12 @@ def test_fused_adam_kernel_checks_its_device_buffers():
         ops.grad_norm_adam_update(plan, _hyper(), np.zeros(1, np.float32), 0.9, 0.98, 1e-9)
     with pytest.raises(ValueError, match=r"loss must be a contiguous float32 array of at least 1"):
         ops.grad_norm_adam_update(plan, _hyper(), result, 0.9, 0.98, 1e-9, loss=np.zeros(1, np.float64))
+
+
+def test_adam_hyper_names_follow_the_kernels_enum():
+    enum = re.search(r"enum Hyper \{([^}]*)\}", registry.read_source("adam.cu")).group(1)
+    names = [re.sub(r"(?<!^)([A-Z])", r"_\1", name.strip()[1:]).lower() for name in enum.split(",")]
+    assert names == list(ops.ADAM_HYPER)
 
 
 def test_adam_plan_refuses_compute_copies_of_two_dtypes():

@@ -377,6 +377,7 @@ def _kernel_dropout(device):
     return kernel_cases.dropout(_float32(device), (9, 130), 0.3, 2 ** 62 + 47, rng_seed=47)
 
 
-@_register(KERNEL_CASES, "kernel_adam", "adam.cu: three fused steps against optim.Adam's NumPy loop")
+@_register(KERNEL_CASES, "kernel_adam", "adam.cu: three steps on the device (the global norm, clipping to 2, the "
+           "update) against optim.adam.device_update_reference and optim.Adam's NumPy loop")
 def _kernel_adam(device):
-    return kernel_cases.adam(_float32(device), [(3, 5), (7,), (300,)], 128, seed=46)
+    return kernel_cases.adam(_float32(device), [(3, 5), (7,), (300,)], 128, seed=46, max_grad_norm=2.0)

@@ -27,7 +27,7 @@
 namespace tf_adam {
 
 // Entries of `hyper` (ops.ADAM_HYPER names them in the same order).
-enum Hyper { kStepSize = 0, kBias2 = 1, kGradScale = 2, kMaxGradNorm = 3, kSkipNonfinite = 4 };
+enum Hyper { kStepSize, kBias2, kGradScale, kMaxGradNorm, kSkipNonfinite };
 
 struct Chunk {
     int tensor;
