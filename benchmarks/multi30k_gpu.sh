@@ -76,7 +76,9 @@ if val:
     print(f"validations: {len(val)}; best greedy BLEU {best['bleu_greedy']} at step {best['step']}, "
           f"last {val[-1]['bleu_greedy']} at step {val[-1]['step']}")
 EOF
-echo "training wall time: ${train_seconds} s (tinyformer train with setup and the last validation; --time-limit $minutes min)"
+echo "training wall time: ${train_seconds} s (tinyformer train with its setup and last validation;" \
+    "--time-limit $minutes min)"
 echo "test evaluation wall time: ${eval_seconds} s"
-grep -E "^test: (BLEU|tokenized lowercased BLEU) " "$scores" || echo "multi30k_gpu: no BLEU line in the evaluation's output"
+grep -E "^test: (BLEU|tokenized lowercased BLEU) " "$scores" ||
+    echo "multi30k_gpu: no BLEU line in the evaluation's output"
 date -u +"end %Y-%m-%dT%H:%M:%SZ"
