@@ -13,7 +13,14 @@ model in PyTorch (post-LN ``nn.Transformer``, tied embeddings, same batch, same 
 that both give the same loss, and times the two in the same run: interleaved step by step
 (default), or ``--order blocks``, each framework's steps back to back as in a real training run.
 
+``--device cuda --cuda-graphs`` (issue 17) times, side by side in one run, tinyformer's step
+captured as a CUDA graph (``train.graphs.GraphedStep``, as ``tinyformer train --cuda-graphs on``
+runs it) and eager, and with ``--vs-torch`` PyTorch eager and PyTorch's own capture of the same
+whole step (``torch.cuda.graph``, static inputs, warm-up on a side stream, ``Adam(capturable=True)``);
+it prints the ratios of tinyformer with graphs to both and the kernel launches per step.
+
     python benchmarks/bench_step.py [--preset small,base] [--tokens 4096] [--vs-torch] [--markdown]
+    python benchmarks/bench_step.py --device cuda --cuda-graphs --vs-torch [--precision bf16]
 """
 
 import argparse
@@ -201,6 +208,50 @@ class TinyformerRunner:
             self.model.train()
 
 
+class TinyformerGraphedRunner(TinyformerRunner):
+    """tinyformer's step as ``tinyformer train --cuda-graphs on`` runs it: a ``train.graphs.GraphedStep``
+    over the bench's batch as a ``data.Batch`` (its shape is its own bucket: the rows fill the
+    token budget and 32 is a multiple of 8). Its first step runs eagerly, the second captures the
+    graph, later ones copy the batch into the static inputs and replay. ``capture``: a
+    ``backend.GraphCapture`` (made here on the GPU) or, in tests, ``graphs.EmulatedCapture``."""
+
+    def __init__(self, preset, vocab, batch, device, seed, precision="fp32", capture=None):
+        super().__init__(preset, vocab, batch, device, seed, precision)
+        from tinyformer import backend
+        from tinyformer.data.batching import Batch
+        from tinyformer.train.graphs import GraphedStep
+
+        self.batch = Batch(batch["src"], batch["tgt_in"], batch["tgt_out"], numpy.arange(len(batch["src"])),
+                           pad_id=PAD)
+        rows, src_len, tgt_len = self.batch.shape
+        # A capture that is given up is reported from GraphedStep.failed (unavailable()), not as a warning.
+        self.graphed = GraphedStep(self.model, self.optimizer, self.amp.get_precision(precision), self.smoothing,
+                                   rows * max(src_len, tgt_len), self.config["max_len"],
+                                   backend.GraphCapture() if capture is None else capture,
+                                   warn=lambda message, category=None: None)
+
+    def step(self):
+        scale = self.scaler.scale if self.scaler.enabled else 1.0
+        loss_sum, _, _, applied = self.graphed.run([self.batch], self.batch.num_tokens, scale)
+        if self.scaler.enabled:
+            self.scaler.update(not applied)
+        synchronize(self.device)
+        return loss_sum / self.batch.num_tokens
+
+    def launches(self):
+        """Kernel launches per replayed step (one captured shape here), or None where unknown."""
+        counts = [n for n in self.graphed.kernel_launches().values() if n is not None]
+        return counts[0] if len(counts) == 1 else None
+
+    def unavailable(self):
+        """Why the timed steps were not graph replays (capture given up, or none captured), or None."""
+        if self.graphed.failed:
+            return f"capture given up ({self.graphed.failed}); the steps ran eagerly"
+        if self.graphed.num_graphs == 0:
+            return "no graph was captured"
+        return None
+
+
 # ----------------------------------------------------------------------------- PyTorch
 def build_torch_model(config, device):
     """The same post-LN Transformer in PyTorch, with the dropout placement of tinyformer's preset.
@@ -365,6 +416,101 @@ class TorchRunner:
             self.model.train()
 
 
+class TorchGraphedRunner(TorchRunner):
+    """PyTorch's whole step captured as one CUDA graph, after PyTorch's documented whole-network
+    recipe (CUDA semantics, "Whole-network capture"): static input tensors, warm-up steps on a side
+    stream, gradients set to None before the capture so that backward allocates them from the
+    graph's pool, then forward, loss, backward and ``Adam(capturable=True)``'s step under
+    ``torch.cuda.graph``; each later step copies the batch into the static inputs, writes the
+    learning rate (a device tensor: a Python float would be baked into the graph) and replays.
+    Autocast runs with ``cache_enabled=False``, as graphs require. fp16's GradScaler skips an
+    overflowing update on the device only with a fused optimiser, so in fp16 Adam is also
+    ``fused=True``. The capture happens at the first ``step()`` (after the weights were copied in)."""
+
+    WARMUP_STEPS = 3  # the recipe's side-stream iterations before the capture
+
+    def __init__(self, config, batch, device, seed, precision="fp32"):
+        super().__init__(config, batch, device, seed, precision)
+        from tinyformer.optim import NoamSchedule
+
+        torch = self.torch
+        self.noam, self.steps = NoamSchedule(config["d_model"], 4000), 0
+        self.lr = torch.tensor(self.noam(1), dtype=torch.float32, device=device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr, betas=(0.9, 0.98), eps=1e-9,
+                                          capturable=True, fused=True if precision == "fp16" else None)
+        self.scheduler = None
+        self.host = {k: torch.from_numpy(batch[k]) for k in ("src", "tgt_in", "tgt_out")}
+        self.graph, self.static_loss = None, None
+
+    def _autocast(self):
+        return self.torch.autocast(self.device, dtype=self.half, enabled=self.half is not None, cache_enabled=False)
+
+    def _body(self):
+        """The step that is captured: no host read, no Python number that changes."""
+        with self._autocast():
+            loss = self._loss(self.model(self.src, self.tgt_in), self.tgt_out)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss
+
+    def _next_lr(self):
+        self.steps += 1
+        self.lr.fill_(self.noam(self.steps))
+
+    def _load_batch(self):
+        for name, static in (("src", self.src), ("tgt_in", self.tgt_in), ("tgt_out", self.tgt_out)):
+            static.copy_(self.host[name])
+
+    def _capture(self):
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP_STEPS):
+                self._next_lr()
+                self.optimizer.zero_grad(set_to_none=True)
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(self.graph):
+            self.static_loss = self._body()
+
+    def step(self):
+        if self.graph is None:
+            self._capture()
+        self._load_batch()
+        self._next_lr()
+        self.graph.replay()
+        value = self.static_loss.item()
+        synchronize(self.device)
+        return value
+
+
+def count_kernels(events, cuda_type):
+    """Kernel launches among profiler events: device events of ``cuda_type`` that are not memory
+    copies or sets (``torch.profiler`` names those "Memcpy ..." and "Memset ...")."""
+    return sum(1 for e in events if e.device_type == cuda_type and not e.name.startswith(("Memcpy", "Memset")))
+
+
+def torch_kernel_launches(step):
+    """CUDA kernels of one call of ``step`` as ``torch.profiler`` (activities CUDA) sees them; None
+    where the profiler is unavailable or saw no kernel (no CUPTI)."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        synchronize("cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        count = count_kernels(prof.events(), torch.autograd.DeviceType.CUDA)
+    except Exception:  # noqa: BLE001 - a missing profiler makes the figure n/a, not the benchmark fail
+        return None
+    return count or None
+
+
 # ----------------------------------------------------------------------------- reporting
 def cpu_model():
     try:
@@ -476,23 +622,21 @@ def parse_presets(values):
     return names
 
 
-def measure(preset, args, batch, lines):
-    tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed, args.precision)
-    torch_runner = None
-    result = {"preset": preset, "params": tiny.num_parameters()}
-    result["flops"] = model_flops(tiny.config, result["params"], batch)
-    if args.vs_torch:
-        torch_runner = TorchRunner(tiny.config, batch, args.device, args.seed, args.precision)
-        result["torch_params"] = torch_runner.num_parameters()
-        copy_weights(tiny.model, torch_runner.model)
-        rows = min(CHECK_ROWS, len(batch["src"]))
-        ours, theirs = tiny.eval_loss(rows), torch_runner.eval_loss(rows)
-        lines.append(f"{preset}: same-model check (tinyformer's weights copied into PyTorch, eval mode, first "
-                     f"{rows} rows): loss {ours:.6f} vs {theirs:.6f}, |diff| {abs(ours - theirs):.1e}; "
-                     f"parameters {result['params']:,} vs {result['torch_params']:,} (stock nn.Transformer "
-                     f"would add {torch_runner.model.stock_extra:,} for its final LayerNorms, removed here)")
+def same_model_check(preset, tiny, torch_runner, batch, result, lines):
+    """PyTorch's model with tinyformer's weights copied in: the same loss on the first rows (eval mode)."""
+    result["torch_params"] = torch_runner.num_parameters()
+    copy_weights(tiny.model, torch_runner.model)
+    rows = min(CHECK_ROWS, len(batch["src"]))
+    ours, theirs = tiny.eval_loss(rows), torch_runner.eval_loss(rows)
+    lines.append(f"{preset}: same-model check (tinyformer's weights copied into PyTorch, eval mode, first "
+                 f"{rows} rows): loss {ours:.6f} vs {theirs:.6f}, |diff| {abs(ours - theirs):.1e}; "
+                 f"parameters {result['params']:,} vs {result['torch_params']:,} (stock nn.Transformer "
+                 f"would add {torch_runner.model.stock_extra:,} for its final LayerNorms, removed here)")
 
-    runners = [("tf", tiny)] + ([("torch", torch_runner)] if torch_runner else [])
+
+def time_steps(runners, order, warmup, repeats, result):
+    """Untimed then timed steps of (name, runner) pairs; puts each name's median, fastest step time
+    and last loss into ``result``."""
     times = {name: [] for name, _ in runners}
     losses = {}
 
@@ -501,23 +645,36 @@ def measure(preset, args, batch, lines):
         losses[name] = runner.step()
         times[name].append(time.perf_counter() - start)
 
-    if args.order == "interleaved":  # machine noise hits both alike
-        for _ in range(args.warmup):
+    if order == "interleaved":  # machine noise hits both alike
+        for _ in range(warmup):
             for _, runner in runners:
                 runner.step()
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             for name, runner in runners:
                 timed(name, runner)
     else:  # each framework's warm-up and timed steps back to back, as in a real training run
         for name, runner in runners:
-            for _ in range(args.warmup):
+            for _ in range(warmup):
                 runner.step()
-            for _ in range(args.repeats):
+            for _ in range(repeats):
                 timed(name, runner)
     for name, _ in runners:
         result[f"{name}_median"] = statistics.median(times[name])
         result[f"{name}_min"] = min(times[name])
         result[f"{name}_loss"] = losses.get(name)
+
+
+def measure(preset, args, batch, lines):
+    tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed, args.precision)
+    torch_runner = None
+    result = {"preset": preset, "params": tiny.num_parameters()}
+    result["flops"] = model_flops(tiny.config, result["params"], batch)
+    if args.vs_torch:
+        torch_runner = TorchRunner(tiny.config, batch, args.device, args.seed, args.precision)
+        same_model_check(preset, tiny, torch_runner, batch, result, lines)
+
+    runners = [("tf", tiny)] + ([("torch", torch_runner)] if torch_runner else [])
+    time_steps(runners, args.order, args.warmup, args.repeats, result)
 
     # Memory: separate, untimed steps (tracing slows the step down).
     if args.device == "cuda":
@@ -533,6 +690,142 @@ def measure(preset, args, batch, lines):
     del tiny, torch_runner, runners
     gc.collect()
     return result
+
+
+# ----------------------------------------------------------------------------- --cuda-graphs
+#: issue 17's targets: tinyformer with graphs / PyTorch eager at 4,096 tokens, in the same precision
+GRAPH_TARGETS = {"small": 0.5, "base": 0.8}
+#: what each runner of --cuda-graphs is called in the table and notes
+GRAPH_RUNNERS = {"tf_graphs": "tinyformer graphs", "tf": "tinyformer eager", "torch": "PyTorch eager",
+                 "torch_graphs": "PyTorch graphs"}
+PRIMING_STEPS = 2  # untimed steps of a graphed runner before the shared warm-up: tinyformer's eager + capture
+
+
+def measure_graphs(preset, args, batch, lines, make_capture=None):
+    """--cuda-graphs: tinyformer with graphs and eager, and with --vs-torch PyTorch eager and with its
+    own graph, on the same batch from the same weights. A graphed runner that cannot be built or
+    primed is left out, its reason in ``result["missing"]`` (the others are still timed)."""
+    tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed, args.precision)
+    result = {"preset": preset, "params": tiny.num_parameters(), "missing": {}}
+    runners = []
+
+    def primed(name, build):
+        try:
+            runner = build()
+            for _ in range(PRIMING_STEPS):
+                runner.step()
+        except Exception as error:  # noqa: BLE001 - one figure is lost, not the run's others
+            result["missing"][name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            return None
+        runners.append((name, runner))
+        return runner
+
+    graphed = primed("tf_graphs", lambda: TinyformerGraphedRunner(
+        preset, args.vocab, batch, args.device, args.seed, args.precision,
+        capture=None if make_capture is None else make_capture()))
+    runners.append(("tf", tiny))
+    torch_eager = None
+    if args.vs_torch:
+        torch_eager = TorchRunner(tiny.config, batch, args.device, args.seed, args.precision)
+        same_model_check(preset, tiny, torch_eager, batch, result, lines)
+        runners.append(("torch", torch_eager))
+
+        def torch_graphed():
+            runner = TorchGraphedRunner(tiny.config, batch, args.device, args.seed, args.precision)
+            copy_weights(tiny.model, runner.model)
+            return runner
+
+        primed("torch_graphs", torch_graphed)
+    runners.sort(key=lambda pair: list(GRAPH_RUNNERS).index(pair[0]))
+    time_steps(runners, args.order, args.warmup, args.repeats, result)
+
+    if graphed is not None:
+        result["tf_graphs_launches"] = graphed.launches()
+        result["tf_graphs_pool"] = graphed.graphed.pool_bytes()
+        result["tf_graphs_shapes"] = graphed.graphed.num_shapes
+        reason = graphed.unavailable()
+        if reason:
+            result["missing"]["tf_graphs"] = reason
+    if torch_eager is not None:
+        result["torch_launches"] = torch_kernel_launches(torch_eager.step)
+    del tiny, graphed, torch_eager, runners
+    gc.collect()
+    return result
+
+
+def _ms(r, name):
+    return "n/a" if name in r["missing"] or f"{name}_median" not in r else f"{r[f'{name}_median'] * 1e3:,.1f}"
+
+
+def _ratio(r, name, other):
+    if any(n in r["missing"] or f"{n}_median" not in r for n in (name, other)):
+        return "n/a"
+    return f"{r[f'{name}_median'] / r[f'{other}_median']:.2f}x"
+
+
+def _count(value):
+    return "n/a" if value is None else f"{value:,}"
+
+
+def graphs_table(results, rows, length, tgt_tokens, vs_torch):
+    """(header, rows) of the --cuda-graphs table; a figure that was not measured is n/a."""
+    header = ["preset", "params", "batch", "tgt tokens", "graphs ms", "eager ms"]
+    if vs_torch:
+        header += ["torch eager ms", "torch graphs ms", "graphs / torch eager", "graphs / torch graphs"]
+    header += ["launches/step"] + (["torch eager launches/step"] if vs_torch else []) + ["graph pool MB"]
+    table = []
+    for r in results:
+        row = [r["preset"], f"{r['params'] / 1e6:.2f} M", f"{rows}x{length}", f"{tgt_tokens:,}",
+               _ms(r, "tf_graphs"), _ms(r, "tf")]
+        if vs_torch:
+            row += [_ms(r, "torch"), _ms(r, "torch_graphs"), _ratio(r, "tf_graphs", "torch"),
+                    _ratio(r, "tf_graphs", "torch_graphs")]
+        row.append("n/a" if "tf_graphs" in r["missing"] else _count(r.get("tf_graphs_launches")))
+        if vs_torch:
+            row.append(_count(r.get("torch_launches")))
+        row.append("n/a" if "tf_graphs" in r["missing"] else mb(r.get("tf_graphs_pool")))
+        table.append(row)
+    return header, table
+
+
+def graphs_notes(results, vs_torch, precision):
+    """The lines under the --cuda-graphs table: targets met or not, missing figures, last losses."""
+    lines = []
+    for r in results:
+        preset = r["preset"]
+        if vs_torch and preset in GRAPH_TARGETS:
+            ratio, target = _ratio(r, "tf_graphs", "torch"), GRAPH_TARGETS[preset]
+            verdict = ("not measured" if ratio == "n/a" else
+                       "met" if r["tf_graphs_median"] <= target * r["torch_median"] else "not met")
+            lines.append(f"{preset}: tinyformer graphs / PyTorch eager {ratio} in {precision}; issue 17's target at "
+                         f"most {target}x: {verdict}")
+        for name, reason in r["missing"].items():
+            lines.append(f"{preset}: {GRAPH_RUNNERS[name]}: not measured: {reason}")
+        losses = [f"{label} {r[f'{name}_loss']:.4f}" for name, label in GRAPH_RUNNERS.items()
+                  if r.get(f"{name}_loss") is not None and name not in r["missing"]]
+        lines.append(f"{preset}: loss at the last timed step, " + ", ".join(losses)
+                     + " (the graphed runners also trained on their priming steps)")
+    return lines
+
+
+def print_graphs_report(results, rows, length, batch, args):
+    header, table = graphs_table(results, rows, length, batch["tgt_tokens"], args.vs_torch)
+    print_table(header, table, args.markdown)
+    print()
+    print(f"ms: wall time of one whole step (time.perf_counter), median of {args.repeats}; a graphed step includes "
+          "copying the batch into the graph's static inputs and reading the loss back.")
+    print(f"graphs: tinyformer's GraphedStep (tinyformer train --cuda-graphs on), primed by {PRIMING_STEPS} untimed "
+          "steps (the eager one of a new shape and the capture); eager: the same step without graphs.")
+    if args.vs_torch:
+        print(f"torch graphs: PyTorch's whole-network capture (torch.cuda.graph after "
+              f"{TorchGraphedRunner.WARMUP_STEPS} side-stream warm-up steps, Adam(capturable=True"
+              + (", fused=True" if args.precision == "fp16" else "") + "), static inputs); torch eager: as without "
+              "--cuda-graphs. Ratios: tinyformer graphs median / that median (below 1: tinyformer faster).")
+    print("launches/step: kernel nodes of tinyformer's captured graph (cupy Graph.debug_dot_str)"
+          + ("; torch eager launches/step: CUDA kernels of one eager PyTorch step seen by torch.profiler "
+             "(activities CUDA; memory copies and sets not counted), n/a without the profiler" if args.vs_torch
+             else "") + ".")
+    print("graph pool MB: the private memory pool of tinyformer's graphs (GraphedStep.pool_bytes()).")
 
 
 def main(argv=None):
@@ -554,6 +847,10 @@ def main(argv=None):
                         help="tinyformer.amp's precision; PyTorch under torch.autocast of the same type (default fp32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="with --device cuda: time tinyformer's step captured as a CUDA graph beside its eager "
+                        "step (and, with --vs-torch, PyTorch eager and PyTorch's own graph of the whole step), with "
+                        "the ratios and kernel launches per step (issue 17)")
     args = parser.parse_args(argv)
     if args.tokens < 1 or args.length < 2 or args.repeats < 1 or args.warmup < 0:
         parser.error("--tokens >= 1, --length >= 2, --repeats >= 1 and --warmup >= 0 are required")
@@ -561,6 +858,10 @@ def main(argv=None):
 
     from tinyformer import backend
 
+    if args.cuda_graphs and (args.device != "cuda" or not backend.is_gpu_available()):
+        parser.exit(2, f"{parser.prog}: error: --cuda-graphs " + (
+            "needs --device cuda (CUDA graphs capture GPU work)" if args.device != "cuda" else
+            "needs CuPy with a usable GPU (tinyformer.backend.is_gpu_available() is false)") + "\n")
     if args.device == "cuda" and not backend.is_gpu_available():
         parser.error("--device cuda needs CuPy with a usable GPU (tinyformer.backend.is_gpu_available())")
     torch = None
@@ -597,9 +898,15 @@ def main(argv=None):
     print(f"precision: {args.precision}" + ("" if args.precision == "fp32" else
           " (fp32 master weights and Adam; products and attention in the half type; PyTorch under torch.autocast"
           + (" with GradScaler)" if args.precision == "fp16" else ")")))
+    if args.cuda_graphs:
+        order = (", the steps of tinyformer graphs, tinyformer eager" + (", PyTorch eager and PyTorch graphs"
+                 if torch is not None else "") + (" interleaved" if args.order == "interleaved" else
+                                                  " back to back, one after the other"))
+    else:
+        order = ("" if torch is None else ", tinyformer and PyTorch steps interleaved" if args.order == "interleaved"
+                 else ", all tinyformer steps, then all PyTorch steps")
     print(f"device: {args.device}; median and fastest of {args.repeats} timed steps after {args.warmup} "
-          f"warm-up step(s)" + ("" if torch is None else ", tinyformer and PyTorch steps interleaved"
-                                  if args.order == "interleaved" else ", all tinyformer steps, then all PyTorch steps"))
+          f"warm-up step(s){order}")
     print(f"batch: {rows} sentence pairs, src {rows}x{length} and tgt {rows}x{length} (padded), "
           f"{batch['tgt_tokens']:,} target tokens (non-pad tgt_out positions, fairseq's ntokens; "
           f"{1 - batch['tgt_tokens'] / (rows * length):.0%} padding) and {batch['src_tokens']:,} source tokens; "
@@ -612,6 +919,15 @@ def main(argv=None):
               f"{', '.join('x'.join(map(str, s)) for s in PEAK_SHAPES)} as m x k x n): {peak:,.0f} GFLOP/s")
         print()
     notes, results = [], []
+    if args.cuda_graphs:
+        for preset in presets:
+            results.append(measure_graphs(preset, args, batch, notes))
+        print_graphs_report(results, rows, length, batch, args)
+        for line in notes + graphs_notes(results, args.vs_torch, args.precision):
+            print(line)
+        if any(r["missing"] for r in results):
+            sys.exit(f"{parser.prog}: some figures were not measured (see above)")
+        return
     for preset in presets:
         results.append(measure(preset, args, batch, notes))
 

@@ -1,8 +1,10 @@
-"""The CPU benchmarks' arithmetic: model FLOPs and the MFU column of bench_step.py."""
+"""The CPU benchmarks' arithmetic: model FLOPs and the MFU column of bench_step.py; its --cuda-graphs
+argument handling and report, checked on the CPU."""
 
 import os
 
 import numpy as np
+import pytest
 
 import children
 from scripts import load_script
@@ -32,3 +34,112 @@ def test_step_benchmark_reports_model_flop_utilisation():
                    for line in [line for line in out.splitlines() if line.startswith("| ")][:2])
     mfu = dict(zip(header, row))["MFU"]
     assert mfu.endswith("%") and 0 <= float(mfu[:-1]) <= 100
+
+
+# ---------------------------------------------------------------- bench_step --cuda-graphs (issue 17)
+BENCH_STEP = os.path.join(ROOT, "benchmarks", "bench_step.py")
+
+
+def test_step_benchmark_help_names_cuda_graphs():
+    result = children.run([children.PYTHON, BENCH_STEP, "--help"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--cuda-graphs" in result.stdout
+
+
+def test_step_benchmark_cuda_graphs_on_the_cpu_is_one_line_usage_error():
+    result = children.run([children.PYTHON, BENCH_STEP, "--cuda-graphs", "--preset", "tiny"], timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["bench_step.py: error: --cuda-graphs needs --device cuda (CUDA graphs "
+                                          "capture GPU work)"]
+
+
+def test_step_benchmark_cuda_graphs_without_a_usable_gpu_is_one_line_usage_error():
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so this takes the no-GPU path on every machine.
+    result = children.run([children.PYTHON, BENCH_STEP, "--cuda-graphs", "--device", "cuda"],
+                          env={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "--cuda-graphs needs CuPy with a usable GPU" in lines[0], result.stderr
+
+
+def graph_result(preset, missing=(), **medians):
+    result = {"preset": preset, "params": 1_234_567, "missing": {name: "it broke" for name in missing},
+              "tf_graphs_launches": 410, "torch_launches": 1203, "tf_graphs_pool": 3 * 2 ** 20}
+    for name, seconds in medians.items():
+        result[f"{name}_median"] = result[f"{name}_min"] = seconds
+        result[f"{name}_loss"] = 9.0
+    return result
+
+
+def test_graphs_table_has_the_four_step_times_ratios_and_launches():
+    bench = load("bench_step")
+    r = graph_result("small", tf_graphs=0.010, tf=0.050, torch=0.025, torch_graphs=0.008)
+    header, rows = bench.graphs_table([r], 146, 32, 4096, vs_torch=True)
+    values = dict(zip(header, rows[0]))
+    assert values["graphs ms"] == "10.0" and values["eager ms"] == "50.0"
+    assert values["torch eager ms"] == "25.0" and values["torch graphs ms"] == "8.0"
+    assert values["graphs / torch eager"] == "0.40x" and values["graphs / torch graphs"] == "1.25x"
+    assert values["launches/step"] == "410" and values["torch eager launches/step"] == "1,203"
+    assert values["graph pool MB"] == "3" and values["batch"] == "146x32" and values["tgt tokens"] == "4,096"
+    header, rows = bench.graphs_table([r], 146, 32, 4096, vs_torch=False)
+    assert "torch eager ms" not in header and len(header) == len(rows[0])
+    assert dict(zip(header, rows[0]))["launches/step"] == "410"
+
+
+def test_graphs_table_and_notes_show_a_missing_figure_as_not_measured():
+    bench = load("bench_step")
+    r = graph_result("base", missing=["tf_graphs"], tf_graphs=0.001, tf=0.05, torch=0.04, torch_graphs=0.03)
+    header, rows = bench.graphs_table([r], 146, 32, 4096, vs_torch=True)
+    values = dict(zip(header, rows[0]))
+    for field in ("graphs ms", "graphs / torch eager", "graphs / torch graphs", "launches/step", "graph pool MB"):
+        assert values[field] == "n/a", field
+    assert values["eager ms"] == "50.0" and values["torch eager ms"] == "40.0"
+    notes = bench.graphs_notes([r], True, "bf16")
+    assert "base: tinyformer graphs / PyTorch eager n/a in bf16; issue 17's target at most 0.8x: not measured" in notes
+    assert "base: tinyformer graphs: not measured: it broke" in notes
+    losses = next(line for line in notes if "loss at the last timed step" in line)
+    assert "tinyformer graphs" not in losses and "PyTorch graphs 9.0000" in losses
+
+
+def test_graphs_notes_judge_the_issue_targets():
+    bench = load("bench_step")
+    met = graph_result("small", tf_graphs=0.010, tf=0.05, torch=0.020, torch_graphs=0.008)  # 0.50x: at most 0.5
+    missed = graph_result("base", tf_graphs=0.041, tf=0.09, torch=0.050, torch_graphs=0.03)  # 0.82x > 0.8
+    notes = bench.graphs_notes([met, missed], True, "fp32")
+    assert "small: tinyformer graphs / PyTorch eager 0.50x in fp32; issue 17's target at most 0.5x: met" in notes
+    assert "base: tinyformer graphs / PyTorch eager 0.82x in fp32; issue 17's target at most 0.8x: not met" in notes
+    assert not any("target" in line for line in bench.graphs_notes([met], False, "fp32"))
+
+
+def test_count_kernels_leaves_out_host_events_and_memory_copies():
+    from types import SimpleNamespace
+
+    bench = load("bench_step")
+    cpu, cuda = "CPU", "CUDA"
+    events = [SimpleNamespace(device_type=cuda, name=n) for n in
+              ("void gemm_kernel", "Memcpy HtoD (Pageable -> Device)", "Memset (Device)", "elementwise_kernel")]
+    events.append(SimpleNamespace(device_type=cpu, name="aten::mm"))
+    assert bench.count_kernels(events, cuda) == 2
+
+
+def _device_adam_step_exists():
+    from tinyformer.optim import Adam
+
+    return all(hasattr(Adam, name) for name in ("write_step_scalars", "prepare_device_step", "step_on_device",
+                                                "finish_device_step"))
+
+
+@pytest.mark.skipif(not _device_adam_step_exists(), reason="needs Adam's device-side step (issue 17, not merged yet)")
+def test_graphed_runner_times_replayed_steps_with_the_emulated_capture():
+    from types import SimpleNamespace
+
+    from tinyformer.train import graphs
+
+    bench = load("bench_step")
+    args = SimpleNamespace(vocab=200, device="cpu", seed=0, precision="fp32", vs_torch=False, order="interleaved",
+                           warmup=0, repeats=2)
+    batch = bench.make_batch(96, 16, 200, seed=0)
+    result = bench.measure_graphs("tiny", args, batch, [], make_capture=graphs.EmulatedCapture)
+    assert result["missing"] == {} and result["tf_graphs_shapes"] == 1
+    assert result["tf_graphs_median"] > 0 and result["tf_median"] > 0
+    assert np.isfinite(result["tf_graphs_loss"]) and np.isfinite(result["tf_loss"])

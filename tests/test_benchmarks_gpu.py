@@ -12,6 +12,7 @@ from scripts import load_script
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_ATTENTION = ROOT / "benchmarks" / "bench_attention.py"
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check.sh"
+MULTI30K_GPU = ROOT / "benchmarks" / "multi30k_gpu.sh"
 
 
 bench = load_script("benchmarks/bench_attention.py")
@@ -27,9 +28,40 @@ def test_bench_attention_without_gpu_prints_one_skip_line_and_exits_0():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_gpu_check_script_parses():
-    result = children.run(["bash", "-n", str(GPU_CHECK)], timeout=30)
+@pytest.mark.parametrize("script", [GPU_CHECK, MULTI30K_GPU], ids=lambda path: path.name)
+def test_gpu_scripts_parse(script):
+    result = children.run(["bash", "-n", str(script)], timeout=30)
     assert result.returncode == 0, result.stderr
+
+
+ISSUE_17_STAGES = ["graph tests", "bench_step graphs fp32", "bench_step graphs bf16", "multi30k graphs"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_check_runs_the_graph_stages_first_and_skips_what_the_budget_leaves_out(tmp_path):
+    report = tmp_path / "report.txt"
+    result = children.run(["bash", str(GPU_CHECK), str(report)], timeout=120,
+                          env={"GPU_CHECK_BUDGET": "0", "PYTHON": children.PYTHON, "TINYFORMER_DATA": str(tmp_path)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    text = report.read_text(encoding="utf-8")
+    summary = [line for line in text.split("== summary", 1)[1].splitlines()[1:]
+               if line and not line.startswith("gpu_check:")]
+    stages = [line[:22].strip() for line in summary]  # name column, then status, time, note
+    assert stages[:7] == ["nvidia-smi", "python env", "compile_check", *ISSUE_17_STAGES], stages
+    assert {"tensor-core tests", "bench_attention", "gpu tests", "bench_step"} <= set(stages[7:])
+    assert all(line[22:].split()[0] == "SKIP" for line in summary), summary
+    assert "gpu_check: FAIL (no stage ran" in text and not list(tmp_path.glob("*_multi30k"))
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("args, message", [([], "usage: benchmarks/multi30k_gpu.sh LOG_DIR"),
+                                           (["LOG", "RUN", "0"], "MINUTES must be a positive number, got '0'"),
+                                           (["LOG", "RUN", "five"], "MINUTES must be a positive number")])
+def test_multi30k_gpu_refuses_bad_arguments_before_training(tmp_path, args, message):
+    args = [str(tmp_path / a) if a in ("LOG", "RUN") else a for a in args]
+    result = children.run(["bash", str(MULTI30K_GPU), *args], timeout=30)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "LOG").exists()
 
 
 def test_attention_flops_forward_is_four_b_s2_h_d():

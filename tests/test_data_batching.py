@@ -92,12 +92,20 @@ def test_shape_buckets_bound_the_shapes_and_keep_the_pairs(pairs, max_tokens, mu
         rows, src_len, tgt_len = batch.shape
         assert (src_len % multiple == 0 or src_len == 44) and (tgt_len % multiple == 0 or tgt_len == 44)
         real_rows = int((batch.indices >= 0).sum())
-        assert rows * max(src_len, tgt_len) <= max_tokens or rows == real_rows  # over budget: no rows added
+        full, most, step = buckets.row_counts(src_len, tgt_len)
+        assert rows == real_rows or (full <= rows <= most and (rows % step == 0 or rows == most))
     real = np.concatenate([b.indices[b.indices >= 0] for b in padded])
     assert sorted(real.tolist()) == list(range(len(pairs)))
     assert sum(b.num_tokens for b in padded) == data.num_target_tokens
+    by_bucket = {}
+    for shape in buckets.seen:
+        by_bucket.setdefault(shape[1:], set()).add(shape[0])
+    for (src_len, tgt_len), row_counts in by_bucket.items():
+        full, most, step = buckets.row_counts(src_len, tgt_len)
+        over_budget = {rows for rows in row_counts if rows > most}  # a single pair longer than the budget
+        assert len(row_counts - over_budget) <= (most - full) // step + 2
     lengths_per_side = -(-44 // multiple)
-    assert len(buckets.seen) <= lengths_per_side ** 2
+    assert len(by_bucket) <= lengths_per_side ** 2
     assert len(buckets.seen) == len({b.shape for b in padded})
 
 
@@ -125,7 +133,7 @@ def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
     model = tf.nn.Transformer(30, d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=4).to(dtype=np.float64)
     batch = make_batch([[4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17, 18, 19], [20]])
     padded = ShapeBuckets(max_tokens=80, length_multiple=8).pad(batch)
-    assert padded.shape == (10, 8, 8)
+    assert padded.shape == (12, 8, 8)  # 80 // 8 = 10 rows, rounded up to a multiple of 3
     results = []
     for b in (batch, padded):
         model.zero_grad()

@@ -377,6 +377,7 @@ def copy_into(target, source):
     """Copy the host array ``source`` into the array ``target`` in place (on the current stream
     for a CuPy ``target``): the static inputs of a captured graph keep their memory."""
     if is_cupy_array(target):
-        target.set(numpy.ascontiguousarray(source, dtype=target.dtype), stream=_cupy.cuda.get_current_stream())
+        host = numpy.require(numpy.asarray(source, dtype=target.dtype).reshape(target.shape), requirements="C")
+        target.set(host, stream=_cupy.cuda.get_current_stream())
     else:
         numpy.copyto(target, source, casting="same_kind")

@@ -149,9 +149,9 @@ def batch_indices(src_lengths, tgt_lengths, max_tokens, seed=0, epoch=0, shuffle
 
 class ShapeBuckets:
     """Few batch shapes for a token budget: each length is padded up to a multiple of
-    ``length_multiple`` (at most ``max_len``, the positions the model has), and the rows up to the
-    most the bucket's longer side holds within ``max_tokens`` (at least the batch's own rows). The
-    number of shapes is then bounded by the number of (source, target) length buckets."""
+    ``length_multiple`` (at most ``max_len``, the positions the model has), and the rows up to a
+    few counts per length bucket (``row_counts``; at least the batch's own rows). The number of
+    shapes is then bounded by the (source, target) length buckets times a few row counts each."""
 
     def __init__(self, max_tokens, length_multiple=8, max_len=None):
         self.max_tokens = check_int("ShapeBuckets: max_tokens", max_tokens, 1)
@@ -164,11 +164,28 @@ class ShapeBuckets:
         padded = -(-n // self.length_multiple) * self.length_multiple
         return max(n, padded if self.max_len is None else min(padded, self.max_len))
 
+    def shortest(self, padded):
+        """The shortest length that pads up to ``padded``."""
+        return (padded - 1) // self.length_multiple * self.length_multiple + 1
+
+    def row_counts(self, src_len, tgt_len):
+        """(full, most, step) of a length bucket: ``full`` rows fill the budget at its padded
+        lengths, a batch of its shortest sentences may hold up to ``most``; row counts are
+        rounded up to multiples of ``step`` (a quarter of ``full``), so a bucket has at most
+        (most − full) / step + 2 row counts and a padded batch at most a quarter more rows than
+        its budget needs."""
+        full = max(1, self.max_tokens // max(src_len, tgt_len))
+        most = max(full, self.max_tokens // max(self.shortest(src_len), self.shortest(tgt_len)))
+        return full, most, -(-full // 4)
+
     def shape(self, batch):
-        """The bucket's (rows, source length, target length) for ``batch``."""
+        """The bucket's (rows, source length, target length) for ``batch``: lengths rounded up to
+        the bucket, rows to at least ``full`` and then up to a multiple of the bucket's step
+        (``row_counts``), never fewer than the batch's own."""
         rows, src_len, tgt_len = batch.shape
         src_len, tgt_len = self.length(src_len), self.length(tgt_len)
-        return (max(rows, self.max_tokens // max(src_len, tgt_len)), src_len, tgt_len)
+        full, most, step = self.row_counts(src_len, tgt_len)
+        return (max(rows, min(most, -(-max(rows, full) // step) * step)), src_len, tgt_len)
 
     def pad(self, batch):
         """``batch`` padded to its bucket's shape (recorded in ``seen``)."""
