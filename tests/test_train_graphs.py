@@ -59,8 +59,14 @@ def test_replayed_steps_train_as_the_eager_steps(tmp_path):
     graphed = run(graph_config(tmp_path / "graphs"), capture)
     eager = run(graph_config(tmp_path / "eager", cuda_graphs="off"))
     np.testing.assert_allclose(losses(tmp_path / "graphs"), losses(tmp_path / "eager"), rtol=2e-5)
-    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
-        np.testing.assert_allclose(a.data, b.data, rtol=1e-4, atol=1e-6)
+    # The key projection's bias has a gradient of exactly 0 in exact arithmetic (softmax ignores
+    # a constant added to every key): Adam turns its rounding noise into steps of lr. Elsewhere
+    # parameters agree to rounding in most elements and to a few such steps in the rest.
+    lr = graphed.adam.current_lr(1)
+    for (name, a), (_, b) in zip(graphed.model.named_parameters(), eager.model.named_parameters()):
+        if not name.endswith("w_k.bias"):
+            np.testing.assert_allclose(a.data, b.data, rtol=0, atol=12 * lr, err_msg=name)
+            assert np.median(np.abs(a.data - b.data)) <= 1e-6, name
     g = graphed.graphs
     assert capture.captured == g.num_graphs >= 1 and capture.replayed == g.replays >= 1
     assert g.replays + g.num_shapes + g.num_graphs >= 12  # every step ran: warm-up, capture + replay, or replay

@@ -231,9 +231,9 @@ class GraphedStep:
         for p in self.params:
             if p.grad is None:
                 p.grad = backend.get_array_module(p.data).zeros_like(p.data)
-        self.adam.prepare_device_step()
+        rebuilt = self.adam.prepare_device_step()
         pointers = tuple(id(a) for p in self.params for a in (p.data, p.grad))
-        if pointers != self._pointers:
+        if rebuilt or pointers != self._pointers:
             for entry in self.entries.values():
                 entry.graph = None
             self._pointers = pointers
