@@ -19,10 +19,12 @@ import warnings
 import numpy as np
 import pytest
 
-from tinyformer import backend, checkpoint, train
+from tinyformer import backend, checkpoint
 from tinyformer.data.batching import ShapeBuckets
 from tinyformer.train import TrainConfig, Trainer
 from tinyformer.train.builders import build_tokenizer
+
+from test_train import cached_corpus, cached_load_corpus  # noqa: F401 (an autouse fixture)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,23 +32,8 @@ pytestmark = [
 ]
 
 STEPS, HALF = 100, 50
-_CORPUS, _LOAD_CORPUS = {}, train.load_corpus
 _RUNS = {}
 _TOKENIZER = {}
-
-
-def cached_load_corpus(config, split):
-    """``train.load_corpus``, each (data, languages, split) computed once (the synthetic task's
-    20,000 pairs take seconds to generate)."""
-    key = (config.data, config.src_lang, config.tgt_lang, config.data_dir, split)
-    if key not in _CORPUS:
-        _CORPUS[key] = _LOAD_CORPUS(config, split)
-    return _CORPUS[key]
-
-
-@pytest.fixture(autouse=True)
-def cached_corpus(monkeypatch):
-    monkeypatch.setattr(train.builders, "load_corpus", cached_load_corpus)
 
 
 def graph_config(save_dir, **overrides):
