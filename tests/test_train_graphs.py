@@ -5,7 +5,7 @@ bounded shapes, --patience and --time-limit. The GPU checks are in test_train_gr
 import numpy as np
 import pytest
 
-from tinyformer import backend, checkpoint
+from tinyformer import Tensor, backend, checkpoint
 from tinyformer import random as tf_random
 from tinyformer.train import Trainer, graphs
 from tinyformer.train import trainer as trainer_module
@@ -167,3 +167,25 @@ def test_time_limit_stops_saves_and_validates(tmp_path, monkeypatch):
     trainer = run(small_config(tmp_path, max_steps=50, eval_every=100, save_every=100, time_limit=2.0))
     assert trainer.step == 3 and validated == [3]  # deadline 120 s; the steps end at 50, 100 and 150 s
     assert checkpoint.list_checkpoints(tmp_path) == [checkpoint.checkpoint_path(tmp_path, 3)]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_steps_replay_without_a_read_back(tmp_path, precision):
+    """The emulated replay runs under ``backend.capturing()``: a read-back in the step would raise."""
+    graphed = run(graph_config(tmp_path / "graphs", precision=precision, max_steps=6), CountingCapture())
+    eager = run(graph_config(tmp_path / "eager", precision=precision, max_steps=6, cuda_graphs="off"))
+    assert graphed.graphs.replays >= 1
+    # padding reorders half-precision sums: bf16 keeps 8 bits of mantissa (3e-3 per rounding)
+    np.testing.assert_allclose(losses(tmp_path / "graphs"), losses(tmp_path / "eager"), rtol=1e-2)
+    if precision == "fp16":
+        assert graphed.scaler.scale == eager.scaler.scale
+
+
+def test_host_reads_and_copies_are_refused_while_capturing():
+    x = np.ones(3, dtype=np.float32)
+    with backend.capturing():
+        for call in (lambda: backend.to_numpy(x), lambda: Tensor(x[:1]).item(),
+                     lambda: backend.copy_into(x, np.zeros(3)), lambda: backend.to_device([1.0], "cuda")):
+            with pytest.raises(backend.CaptureUnavailable, match="inside a captured step"):
+                call()
+    assert backend.to_numpy(x) is not None and not backend.is_capturing()

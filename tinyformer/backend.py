@@ -80,7 +80,10 @@ def check_device(device):
 
 
 def to_device(array, device):
-    """Return ``array`` on ``device`` (``"cpu"`` or ``"cuda"``), copying only when it moves."""
+    """Return ``array`` on ``device`` (``"cpu"`` or ``"cuda"``), copying only when it moves (never
+    inside a captured step: ``check_not_capturing``)."""
+    if device != device_of(array):
+        check_not_capturing(f"a copy to {device} (backend.to_device)")
     check_device(device)
     if device == "cpu":
         return _cupy.asnumpy(array) if is_cupy_array(array) else numpy.asarray(array)
@@ -88,7 +91,9 @@ def to_device(array, device):
 
 
 def to_numpy(array):
-    """A NumPy array holding ``array``'s values (a copy when it lives on the GPU)."""
+    """A NumPy array holding ``array``'s values (a copy when it lives on the GPU); refused while a
+    CUDA graph is captured (``capturing``: a read-back there would freeze one step's value)."""
+    check_not_capturing("backend.to_numpy reads a value back to the host")
     return _cupy.asnumpy(array) if is_cupy_array(array) else numpy.asarray(array)
 
 
@@ -306,6 +311,14 @@ def is_capturing():
     return _capturing
 
 
+def check_not_capturing(what):
+    """Raise ``CaptureUnavailable(what)`` inside ``capturing()``: the host-synchronising calls
+    (``to_numpy``, ``Tensor.item``, host-to-device copies) say so, on the GPU and in the emulated
+    capture on NumPy arrays alike, instead of capturing one step's value for every replay."""
+    if _capturing:
+        raise CaptureUnavailable(f"{what} inside a captured step")
+
+
 class CaptureUnavailable(RuntimeError):
     """CUDA graphs cannot be used here; the message says why (the step then runs eagerly)."""
 
@@ -375,7 +388,9 @@ class GraphCapture:
 
 def copy_into(target, source):
     """Copy the host array ``source`` into the array ``target`` in place (on the current stream
-    for a CuPy ``target``): the static inputs of a captured graph keep their memory."""
+    for a CuPy ``target``): the static inputs of a captured graph keep their memory. Not inside a
+    capture (``check_not_capturing``): the copy would be replayed from a stale host buffer."""
+    check_not_capturing("a host-to-device copy (backend.copy_into)")
     if is_cupy_array(target):
         host = numpy.require(numpy.asarray(source, dtype=target.dtype).reshape(target.shape), requirements="C")
         target.set(host, stream=_cupy.cuda.get_current_stream())

@@ -163,6 +163,7 @@ class Tensor:
         return backend.to_numpy(self.data)
 
     def item(self):
+        backend.check_not_capturing("Tensor.item() reads a value back to the host")
         if self.data.size != 1:
             raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
         return self.data.item()

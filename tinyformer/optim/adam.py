@@ -88,6 +88,12 @@ def _effective_gradient(g, theta, multiplier, weight_decay):
     return g
 
 
+def _on_host(array):
+    """A NumPy array as it is (the reference's "device" buffers are host memory: no read-back);
+    a CuPy array read back (not capturable)."""
+    return backend.to_numpy(array) if backend.is_cupy_array(array) else array
+
+
 def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weight_decay, loss=None, copies=None):
     """What ``kernels.ops.grad_norm_adam_update`` does, on arrays (NumPy; CuPy works too, reading
     the scalars back): the device-side step's specification, and its path where the kernels do not
@@ -99,7 +105,7 @@ def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weig
     or that norm and ``loss`` (a one-element array, or None) are finite. Not applied: nothing but
     ``result`` is written. Applied: g · clip(norm)/s + λθ into the update, clip as ``_clip_factor``.
     """
-    step_size, bias2, scale, max_norm, skip = (float(x) for x in backend.to_numpy(hyper)[:5])
+    step_size, bias2, scale, max_norm, skip = (float(x) for x in _on_host(hyper)[:5])
     total = 0.0
     for g in grads:
         flat = g.reshape(-1).astype(numpy.float64)
@@ -107,7 +113,7 @@ def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weig
     norm = math.sqrt(total) / scale
     with numpy.errstate(over="ignore"):
         reported = numpy.float32(norm)
-    loss_value = None if loss is None else float(backend.to_numpy(loss).reshape(-1)[0])
+    loss_value = None if loss is None else float(_on_host(loss).reshape(-1)[0])
     finite = bool(numpy.isfinite(reported)) and (loss_value is None or math.isfinite(loss_value))
     applied = not skip or finite
     result[0], result[1] = reported, float(applied)
