@@ -235,7 +235,8 @@ class GraphedStep:
         pointers = tuple(id(a) for p in self.params for a in (p.data, p.grad))
         if rebuilt or pointers != self._pointers:
             for entry in self.entries.values():
-                entry.graph = None
+                entry.graph, entry.seed_generators = None, []
+            self.seeds.used = 0  # no graph holds a slot any more
             self._pointers = pointers
 
     def _check_ids(self, batch):
