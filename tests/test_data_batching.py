@@ -93,7 +93,7 @@ def test_shape_buckets_bound_the_shapes_and_keep_the_pairs(pairs, max_tokens, mu
         assert (src_len % multiple == 0 or src_len == 44) and (tgt_len % multiple == 0 or tgt_len == 44)
         real_rows = int((batch.indices >= 0).sum())
         full, most, step = buckets.row_counts(src_len, tgt_len)
-        assert rows == real_rows or (full <= rows <= most and (rows % step == 0 or rows == most))
+        assert rows == real_rows or (full <= rows <= most and ((rows - full) % step == 0 or rows == most))
     real = np.concatenate([b.indices[b.indices >= 0] for b in padded])
     assert sorted(real.tolist()) == list(range(len(pairs)))
     assert sum(b.num_tokens for b in padded) == data.num_target_tokens
@@ -114,6 +114,10 @@ def test_shape_buckets_round_lengths_and_fill_rows_to_the_budget():
     assert [buckets.length(n) for n in (1, 8, 9, 17, 20)] == [8, 8, 16, 20, 20]  # capped at the positions
     batch = make_batch([[4, 5, 6]], [[7, 8, 9, 10, 11, 12, 13, 14, 15]])  # src 4 tokens, tgt 10
     assert buckets.shape(batch) == (6, 8, 16)  # 100 // 16 rows
+    full, most, step = buckets.row_counts(8, 16)
+    assert (full, most, step) == (6, 11, 2)  # a bucket of 9..16 target tokens holds up to 100 // 9 rows
+    assert buckets.shape(make_batch([[4]] * 7, [[5] * 9] * 7)) == (8, 8, 16)  # 6 + 1 step
+    assert buckets.shape(make_batch([[4]] * 11, [[5] * 8] * 11)) == (11, 8, 16)  # 6 + 2 steps = 10 < its own 11
     padded = buckets.pad(batch)
     assert padded.shape == (6, 8, 16) and padded.indices.tolist() == [0, -1, -1, -1, -1, -1]
     assert not padded.src_mask[1:].any() and padded.num_tokens == batch.num_tokens
@@ -133,7 +137,7 @@ def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
     model = tf.nn.Transformer(30, d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=4).to(dtype=np.float64)
     batch = make_batch([[4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17, 18, 19], [20]])
     padded = ShapeBuckets(max_tokens=80, length_multiple=8).pad(batch)
-    assert padded.shape == (12, 8, 8)  # 80 // 8 = 10 rows, rounded up to a multiple of 3
+    assert padded.shape == (10, 8, 8)  # 80 // 8 = 10 rows fill the budget
     results = []
     for b in (batch, padded):
         model.zero_grad()

@@ -171,7 +171,7 @@ class ShapeBuckets:
     def row_counts(self, src_len, tgt_len):
         """(full, most, step) of a length bucket: ``full`` rows fill the budget at its padded
         lengths, a batch of its shortest sentences may hold up to ``most``; row counts are
-        rounded up to multiples of ``step`` (a quarter of ``full``), so a bucket has at most
+        rounded up to ``full`` plus a multiple of ``step`` (a quarter of ``full``), so a bucket has at most
         (most − full) / step + 2 row counts and a padded batch at most a quarter more rows than
         its budget needs."""
         full = max(1, self.max_tokens // max(src_len, tgt_len))
@@ -180,12 +180,12 @@ class ShapeBuckets:
 
     def shape(self, batch):
         """The bucket's (rows, source length, target length) for ``batch``: lengths rounded up to
-        the bucket, rows to at least ``full`` and then up to a multiple of the bucket's step
-        (``row_counts``), never fewer than the batch's own."""
+        the bucket, rows up to ``full`` plus a multiple of the bucket's step (``row_counts``; a batch
+        that fills the budget keeps its shape), never fewer than the batch's own."""
         rows, src_len, tgt_len = batch.shape
         src_len, tgt_len = self.length(src_len), self.length(tgt_len)
         full, most, step = self.row_counts(src_len, tgt_len)
-        return (max(rows, min(most, -(-max(rows, full) // step) * step)), src_len, tgt_len)
+        return (max(rows, min(most, full + -(-max(rows - full, 0) // step) * step)), src_len, tgt_len)
 
     def pad(self, batch):
         """``batch`` padded to its bucket's shape (recorded in ``seen``)."""
