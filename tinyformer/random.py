@@ -125,6 +125,10 @@ def kernel_seed(generator=None):
     """
     if _seed_recorder is not None:
         return _seed_recorder(generator)
+    return _draw_seed(generator)
+
+
+def _draw_seed(generator):
     return int((generator or _default).integers(2 ** 63))
 
 
@@ -144,4 +148,4 @@ def recording_kernel_seeds(recorder):
 def draw_kernel_seeds(generators):
     """One ``kernel_seed`` draw per entry of ``generators`` (None: the default generator), in
     order, as a uint64 array."""
-    return numpy.array([int((g or _default).integers(2 ** 63)) for g in generators], dtype=numpy.uint64)
+    return numpy.array([_draw_seed(g) for g in generators], dtype=numpy.uint64)

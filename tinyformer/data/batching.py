@@ -8,8 +8,8 @@ exactly one batch per epoch; a single pair longer than the budget gets a batch o
 its own; pairs longer than ``max_len`` are dropped and counted.
 
 ``ShapeBuckets`` bounds how many different batch shapes there are (one compiled or captured
-step per shape, as a CUDA graph needs): lengths padded up to a multiple, rows up to the most a
-padded length holds within the budget. Padding is masked everywhere (source keys, causal target
+step per shape, as a CUDA graph needs): lengths padded up to a multiple, rows up to a few counts
+per length bucket. Padding is masked everywhere (source keys, causal target
 positions, ignored loss targets), so a padded batch has the unpadded batch's loss and gradients.
 """
 

@@ -12,7 +12,8 @@ from ..ops._helpers import sum_to_shape
 from ..tensor import Tensor
 from ..validation import check_probability, rectangular_array
 from ._dispatch import KernelFunction
-from .dropout import _check_generator, _dropped, _keep_mask_on_cpu, _kernel_seed
+from ..random import kernel_seed
+from .dropout import _check_generator, _dropped, _keep_mask_on_cpu
 from .masks import KeyLengthMask, causal_mask
 
 _xp = backend.get_array_module
@@ -169,7 +170,7 @@ class ScaledDotProductAttention(KernelFunction):
     def forward_gpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         batch, heads, len_q, dim = q.shape
         len_k = k.shape[2]
-        self.seed = _kernel_seed(generator) if dropout_p else 0
+        self.seed = kernel_seed(generator) if dropout_p else 0
         self.tensor_cores = q.dtype.name in MMA_DTYPES
         if self.tensor_cores:
             self.q, self.k, self.v = q, k, v

@@ -31,7 +31,7 @@ class Dropout(KernelFunction):
 
     def forward_gpu(self, x, p, generator):
         self.scale = _scale(x, p)
-        y, self.keep = kernel_ops.dropout_forward(x, p, _kernel_seed(generator), scale=float(self.scale))
+        y, self.keep = kernel_ops.dropout_forward(x, p, kernel_seed(generator), scale=float(self.scale))
         return y
 
     def backward_cpu(self, g):
@@ -43,12 +43,6 @@ class Dropout(KernelFunction):
 def _scale(x, p):
     """1/(1 − p) as a scalar of x's dtype (a NumPy scalar: CuPy takes it, not a 0-d array)."""
     return x.dtype.type(1.0 / (1.0 - p))
-
-
-def _kernel_seed(generator):
-    """The seed of a kernel's Philox stream (``random.kernel_seed``: a draw from ``generator``, or
-    a slot of a CUDA graph's seed table while one is captured)."""
-    return kernel_seed(generator)
 
 
 def _scaled_by_mask(x, keep, scale):
@@ -85,7 +79,6 @@ def _dropped(x, p, generator):
 
     uniform_blocks(generator, flat_x.size, block)
     return out.reshape(x.shape), keep.reshape(x.shape)
-
 
 
 def _keep_mask_on_cpu(shape, p, generator):

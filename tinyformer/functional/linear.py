@@ -8,7 +8,8 @@ from ..kernels import ops as kernel_ops
 from ..tensor import Function
 from ..validation import check_probability
 from ._dispatch import KernelFunction
-from .dropout import _check_generator, _dropped, _kernel_seed, _scale, _scaled_by_mask
+from ..random import kernel_seed
+from .dropout import _check_generator, _dropped, _scale, _scaled_by_mask
 
 _xp = backend.get_array_module
 
@@ -130,7 +131,7 @@ class LinearReluDropout(KernelFunction):
         self.x, self.weight = x, weight
         self.scale = float(_scale(x, p)) if p else 1.0
         y = x.reshape(-1, x.shape[-1]) @ weight.T
-        z, self.mask = kernel_ops.bias_relu_dropout_forward(y, bias, p, _kernel_seed(generator) if p else 0,
+        z, self.mask = kernel_ops.bias_relu_dropout_forward(y, bias, p, kernel_seed(generator) if p else 0,
                                                             scale=self.scale)
         return z.reshape(x.shape[:-1] + (weight.shape[0],))
 

@@ -5,7 +5,8 @@ from .. import amp, kernels
 from ..kernels import ops as kernel_ops
 from ..validation import check_probability, check_real
 from ._dispatch import KernelFunction
-from .dropout import _check_generator, _dropped, _kernel_seed, _scale, _scaled_by_mask
+from ..random import kernel_seed
+from .dropout import _check_generator, _dropped, _scale, _scaled_by_mask
 from .layer_norm import LayerNorm
 
 
@@ -48,7 +49,7 @@ class ResidualDropoutLayerNorm(KernelFunction):
         self.weight = weight
         self.scale = float(_scale(y, p)) if p else 1.0
         out, self.h, self.keep, self.mean, self.rstd = kernel_ops.residual_layer_norm_forward(
-            x, y, weight, bias, p, _kernel_seed(generator) if p else 0, scale=self.scale, eps=eps)
+            x, y, weight, bias, p, kernel_seed(generator) if p else 0, scale=self.scale, eps=eps)
         return out
 
     def backward_gpu(self, g):

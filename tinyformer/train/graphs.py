@@ -26,6 +26,8 @@ import numpy
 from .. import amp, backend, kernels
 from .. import random as tf_random
 from ..data.batching import ShapeBuckets
+from ..functional import KeyLengthMask
+from ..kernels.ops import DeviceSeed
 from ..tensor import Tensor
 from .evaluation import batch_loss
 
@@ -84,8 +86,6 @@ class _SeedTable:
         self.used = 0
 
     def recorder(self, generators):
-        from ..kernels.ops import DeviceSeed
-
         def slot(generator):
             index = self.used + len(generators)
             if index >= SEED_SLOTS:
@@ -118,8 +118,6 @@ class _StaticBatch:
         backend.copy_into(self.multiplier, numpy.float32(multiplier))
 
     def src_key_mask(self, like=None):
-        from ..functional import KeyLengthMask
-
         return KeyLengthMask(self.src_lengths, self.src.shape[1])  # made on the device, inside the step
 
 
@@ -150,7 +148,6 @@ class GraphedStep:
         self.loss_check = backend.like(numpy.zeros(1, dtype=numpy.float32), self.like)
         self.failed = None  # the reason capture was given up, after its one warning
         self.replays = 0
-        self._pointers = None
 
     @property
     def num_shapes(self):
@@ -226,18 +223,16 @@ class GraphedStep:
         self.seeds.used += len(generators)
 
     def _prepare(self):
-        """Persistent gradient buffers and Adam's device plan, outside any capture. A changed
-        parameter, gradient or moment array invalidates every graph (they hold its address)."""
+        """Persistent gradient buffers and Adam's device plan, outside any capture. New pointer
+        tables (a parameter, gradient, moment or compute copy at a new address: the tables key on
+        them all) invalidate every graph, which holds those addresses."""
         for p in self.params:
             if p.grad is None:
                 p.grad = backend.get_array_module(p.data).zeros_like(p.data)
-        rebuilt = self.adam.prepare_device_step()
-        pointers = tuple(id(a) for p in self.params for a in (p.data, p.grad))
-        if rebuilt or pointers != self._pointers:
+        if self.adam.prepare_device_step():
             for entry in self.entries.values():
                 entry.graph, entry.seed_generators = None, []
             self.seeds.used = 0  # no graph holds a slot any more
-            self._pointers = pointers
 
     def _check_ids(self, batch):
         """The id range checks that the captured step leaves out, on the host."""

@@ -116,6 +116,8 @@ class Trainer:
         self.bad_in_a_row = 0         # skipped updates since the last applied one
         self.interrupts = self._new_guard()
         self._stop_agreed = False     # with several ranks: some rank had a Ctrl-C by the last step
+        self._deadline = None         # time.monotonic() at which time_limit ends this run's training
+        self._time_up = False         # rank 0's clock passed the deadline by the last step (agreed by all)
         self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
         self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
         self.graphs = None            # the captured steps (graphs.GraphedStep) with cuda_graphs "on"
@@ -196,7 +198,8 @@ class Trainer:
         self.model.train()
         self._early_stop = None  # why training ended before max_steps (time_limit, patience), once it has
         self._best_bleu, self._without_gain = None, 0
-        deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
+        self._deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
+        self._time_up = False
         while at.step < c.max_steps and (c.max_epochs is None or at.epoch < c.max_epochs) and not self._early_stop:
             batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=at.epoch)
             while at.batch_in_epoch < len(batches) and at.step < c.max_steps and not self._early_stop:
@@ -213,7 +216,7 @@ class Trainer:
                 if at.step % c.log_every == 0 or at.step == 1:
                     self._log_training(loss, nll, grad_norm, rate.take(), bar)
                 bar.advance()
-                if deadline is not None and self.comm.broadcast_object(time.monotonic() >= deadline):
+                if self._time_up:
                     self._early_stop = f"time limit of {c.time_limit:g} minutes reached"
                 validated = at.step % c.eval_every == 0 or at.step == c.max_steps or bool(self._early_stop)
                 if validated:
@@ -287,8 +290,10 @@ class Trainer:
             if self.buckets is not None:
                 self.buckets.finish()
         self._boundary_rng = None
-        totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(self.interrupts.pending)]))
+        totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(self.interrupts.pending),
+                                                   float(self._lead_out_of_time())]))
         self._stop_agreed = self.interrupts.deferred and totals[2] > 0
+        self._time_up = totals[3] > 0  # rank 0's clock decides, in the step's one collective
         loss, nll = float(totals[0]) / tokens, float(totals[1]) / tokens
         grad_norm, self.last_overflow = None, False
         if math.isfinite(loss):
@@ -304,6 +309,7 @@ class Trainer:
         tokens = sum(b.num_tokens for b in batches)
         scale = self.scaler.scale if self.scaler.enabled else 1.0
         loss_sum, nll_sum, norm, applied = self.graphs.run(batches, tokens, scale)
+        self._time_up = self._lead_out_of_time()  # one process
         loss, nll = loss_sum / tokens, nll_sum / tokens
         grad_norm, self.last_overflow = None, False
         if math.isfinite(loss):
@@ -314,6 +320,10 @@ class Trainer:
                     self.scaler.update(not applied)
         self.position.advance(len(batches), tokens, applied=applied)
         return loss, nll, tokens, grad_norm
+
+    def _lead_out_of_time(self):
+        """Whether this is rank 0 and its clock has passed ``time_limit``'s deadline."""
+        return self.lead and self._deadline is not None and time.monotonic() >= self._deadline
 
     @contextlib.contextmanager
     def _scale_floor_stops(self):
