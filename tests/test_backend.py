@@ -120,3 +120,53 @@ def test_blockwise_ufuncs_equal_the_plain_ones(monkeypatch, set_threads):
     z.backward(tf.Tensor(np.ones_like(a)))
     np.testing.assert_array_equal(z.data, np.maximum(a + b, 0))
     np.testing.assert_array_equal(y.grad, (a + b > 0).astype(np.float32))
+
+
+# ------------------------------------------------------------------ bfloat16 through the bits
+def _special_float32_bits():
+    """Every kind of float32 the bit path must cast as ml_dtypes does: NaNs with every payload
+    position and sign (CUDA's canonical 0x7FFFFFFF among them), ±inf, the largest finite values
+    (some overflow to inf), exact ties (to even, both ways), subnormals, zeros, random values."""
+    nan_payloads = [0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FC00001, 0x7FFF8000, 0x7FFFFFFF, 0x7F808000]
+    nans = nan_payloads + [b | 0x80000000 for b in nan_payloads]
+    infinities = [0x7F800000, 0xFF800000]
+    largest = [0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x7F7F0000, 0xFF7FFFFF, 0xFF7F8000]
+    ties = [0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000, 0x00008000, 0x00018000, 0x3F807FFF, 0x3F808001]
+    subnormals = [0x00000001, 0x00007FFF, 0x00008001, 0x007FFFFF, 0x807FFFFF, 0x80000001]
+    zeros = [0x00000000, 0x80000000]
+    rng = np.random.default_rng(0)
+    return np.concatenate([np.array(nans + infinities + largest + ties + subnormals + zeros, dtype=np.uint32),
+                           rng.integers(0, 2**32, size=4096, dtype=np.uint32)])
+
+
+def test_the_bfloat16_bit_path_casts_every_float32_as_ml_dtypes_does():
+    """NaN stays NaN (sign kept, quiet 0x7FC0), ±inf and overflow, ties to even, subnormals: the bits
+    of backend.to_bfloat16 equal ml_dtypes' cast, and from_bfloat16 is exact."""
+    bits = _special_float32_bits()
+    values = bits.view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = values.astype(backend.bfloat16)
+    got = backend.to_bfloat16(values)
+    assert got.dtype == backend.bfloat16
+    np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+    nan = np.isnan(values)
+    assert np.isnan(got.astype(np.float32)[nan]).all() and not np.isnan(got.astype(np.float32)[~nan]).any()
+    np.testing.assert_array_equal(backend.from_bfloat16(got).view(np.uint32), expected.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("native", [True, False], ids=["native-if-it-passes", "bit-path"])
+def test_a_nan_activation_stays_nan_through_the_bfloat16_cast_on_the_gpu(monkeypatch, native):
+    """backend.cast on CuPy (the native cast where it passes the probe, and the bit path) keeps
+    NaN, the canonical CUDA NaN 0x7FFFFFFF included, and equals ml_dtypes' bits."""
+    import cupy
+    if not native:
+        monkeypatch.setattr(backend, "has_native_bfloat16_cast", lambda: False)
+    bits = _special_float32_bits()
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = bits.view(np.float32).astype(backend.bfloat16).view(np.uint16)
+    got = backend.cast(cupy.asarray(bits).view(np.float32), backend.bfloat16)
+    np.testing.assert_array_equal(cupy.asnumpy(got.view(np.uint16)), expected)
+    back = backend.cast(got, np.float32)
+    assert bool(cupy.isnan(back[:14]).all())

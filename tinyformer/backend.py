@@ -217,12 +217,18 @@ def is_half(dtype):
 
 
 def to_bfloat16(x):
-    """float32 (or any float) -> ``bfloat16`` (round to nearest even) by integer arithmetic on the
-    bits: the same on NumPy and on a CuPy that cannot cast to bfloat16 itself."""
+    """float32 (or any float) -> ``bfloat16`` by integer arithmetic on the bits, as ml_dtypes casts:
+    round to nearest even (the upper 16 bits of ``bits + 0x7FFF + lsb``), overflow to ±inf, and a
+    NaN stays a NaN — the quiet NaN ``sign | 0x7FC0`` (rounding its bits would carry a payload such
+    as CUDA's 0x7FFFFFFF into the sign or the exponent: −0.0, +0.0 or inf). The same on NumPy and
+    on a CuPy that cannot cast to bfloat16 itself."""
     xp = get_array_module(x)
     bits = xp.ascontiguousarray(x, dtype=numpy.float32).view(numpy.uint32)
-    rounded = bits + numpy.uint32(0x7FFF) + ((bits >> numpy.uint32(16)) & numpy.uint32(1))
-    return (rounded >> numpy.uint32(16)).astype(numpy.uint16).view(bfloat16)
+    upper = bits >> numpy.uint32(16)
+    rounded = ((bits + numpy.uint32(0x7FFF) + (upper & numpy.uint32(1))) >> numpy.uint32(16)).astype(numpy.uint16)
+    quiet_nan = ((upper & numpy.uint32(0x8000)) | numpy.uint32(0x7FC0)).astype(numpy.uint16)
+    is_nan = (bits & numpy.uint32(0x7FFFFFFF)) > numpy.uint32(0x7F800000)
+    return xp.where(is_nan, quiet_nan, rounded).view(bfloat16)
 
 
 def from_bfloat16(x):
@@ -232,16 +238,42 @@ def from_bfloat16(x):
 
 
 def cast(array, dtype):
-    """``array.astype(dtype)``; to or from bfloat16 on CuPy through the bits (CuPy before 14 has no
-    bfloat16 casts: the documented fallback), elsewhere the library's own cast."""
+    """``array.astype(dtype)``. To or from bfloat16 on CuPy: the native cast where this CuPy has
+    one that rounds and keeps NaN as ml_dtypes does (CuPy 14; tried once), else through the bits
+    (CuPy before 14 has no bfloat16 casts: the documented fallback); elsewhere the library's own
+    cast."""
     dtype = numpy.dtype(dtype)
     if array.dtype == dtype:
         return array
-    if is_cupy_array(array) and bfloat16 in (dtype, array.dtype):
+    if is_cupy_array(array) and bfloat16 in (dtype, array.dtype) and not has_native_bfloat16_cast():
         if dtype == bfloat16:
             return to_bfloat16(array)
         return from_bfloat16(array).astype(dtype, copy=False)
     return array.astype(dtype)
+
+
+# float32 bit patterns whose bfloat16 the native cast must get right to be used: a tie to even
+# each way, the largest finite value (overflows to inf), ±inf, a subnormal, and NaNs with a
+# payload, CUDA's canonical one (0x7FFFFFFF) and a negative one included.
+BFLOAT16_CAST_PROBE = (0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x00000001, 0x7FFFFFFF,
+                       0xFFFFFFFF, 0x7F800001, 0x7FC00000)
+_native_bfloat16_cast = []
+
+
+def has_native_bfloat16_cast():
+    """Whether CuPy's own ``astype`` to and from bfloat16 gives, on BFLOAT16_CAST_PROBE, the bits
+    of the bit path (= ml_dtypes'); checked once per process."""
+    if not _native_bfloat16_cast:
+        try:
+            bits = numpy.array(BFLOAT16_CAST_PROBE, dtype=numpy.uint32)
+            expected = to_bfloat16(bits.view(numpy.float32)).view(numpy.uint16)
+            native = _cupy.asarray(bits).view(numpy.float32).astype(bfloat16)
+            back = native.astype(numpy.float32).view(numpy.uint32).get()
+            _native_bfloat16_cast.append(bool((native.view(numpy.uint16).get() == expected).all()
+                                              and (back == expected.astype(numpy.uint32) << 16).all()))
+        except Exception:
+            _native_bfloat16_cast.append(False)
+    return _native_bfloat16_cast[0]
 
 
 _native_half_matmul = {}
