@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "hypothesis",
+COMMAND = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "hypothesis",
            "--hypothesis-profile=thorough", "--hypothesis-show-statistics", "tests"]
 TEST_HEADER = re.compile(r"^(\S+::.+):$")
 CASES = re.compile(r"^\s+- (\d+) passing, (\d+) failing, and (\d+) invalid test cases$")

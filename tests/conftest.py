@@ -8,8 +8,11 @@ with ten times its usual number of examples and no deadline.
 
 import os
 import signal
+import subprocess
 import threading
+from pathlib import Path
 
+import children
 import pytest
 from hypothesis import is_hypothesis_test, settings
 
@@ -49,6 +52,26 @@ def known_process_state(monkeypatch):
         os.umask(umask)
         if sigint is not None:
             signal.signal(signal.SIGINT, sigint)
+
+
+_BACKGROUND = []
+
+
+def pytest_configure(config):
+    """A run of the whole suite (no paths given) starts tests/background_builds.py in the
+    controlling process, so the kernel builds run beside the first tests (with pytest-xdist, the
+    workers' tests); a run of chosen files builds what it needs when it needs it."""
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if whole_suite and not hasattr(config, "workerinput") and os.environ.get("TINYFORMER_BACKGROUND_BUILDS") != "0":
+        script = Path(__file__).with_name("background_builds.py")
+        _BACKGROUND.append(children.start([children.PYTHON, script], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+
+
+def pytest_unconfigure(config):
+    """The background build is done long before the run ends; if not (a run stopped early), stop it."""
+    while _BACKGROUND:
+        children.stop(_BACKGROUND.pop())
 
 
 def pytest_collection_modifyitems(items):

@@ -151,7 +151,8 @@ def test_the_bfloat16_bit_path_casts_every_float32_as_ml_dtypes_does():
     np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
     nan = np.isnan(values)
     assert np.isnan(got.astype(np.float32)[nan]).all() and not np.isnan(got.astype(np.float32)[~nan]).any()
-    np.testing.assert_array_equal(backend.from_bfloat16(got).view(np.uint32), expected.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(backend.from_bfloat16(got).view(np.uint32),
+                                  expected.astype(np.float32).view(np.uint32))
 
 
 @pytest.mark.gpu

@@ -102,7 +102,7 @@ SELECTION = [
 def test_the_tests_pass_under_a_hostile_parent():
     """SIGINT ignored, umask 077, LC_ALL=C without UTF-8 mode, TINYFORMER_KERNELS=0,
     TINYFORMER_DEBUG=1, OMP_NUM_THREADS=1, no visible CUDA device, stdin from /dev/null."""
-    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
                            *(str(TESTS / test) for test in SELECTION)],
                           sigint="ignore", umask=0o077, env=HOSTILE, timeout=600)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]

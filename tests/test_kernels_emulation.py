@@ -480,7 +480,7 @@ def test_emulation_under_address_sanitizer():
                  "residual_layer_norm_kernel or bias_relu_dropout_kernel or "
                  "dropout_kernel or kernels_follow_a_changed_registry_geometry or training_step")
     tensor_cores = os.path.join(os.path.dirname(__file__), "test_kernels_mma.py")
-    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, tensor_cores,
-                           "-k", f"({selection}) or {TENSOR_CORE_SELECTION}"], env=env, timeout=1200)
+    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", __file__,
+                           tensor_cores, "-k", f"({selection}) or {TENSOR_CORE_SELECTION}"], env=env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout

@@ -11,6 +11,8 @@ source fails to compile or an attention kernel spills registers.
 
 import argparse
 import ctypes
+import hashlib
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -118,15 +120,23 @@ _COMPILED = {}
 
 
 def _compiled(nvrtc, source, expressions, options):
-    """``nvrtc.compile``'s (log, lowered names), once per process for the same compiler, sources
-    (the file and every header beside it) and options: the tests and the command ask for the same
-    compilations, which take a minute."""
+    """``nvrtc.compile``'s (log, lowered names), once for the same compiler, sources (the file and
+    every header beside it) and options: in memory for this process, and in the build cache
+    (``toolchain.cached_product``) for the next one — the tests, the command and the test run's
+    background build ask for the same compilations, which take a minute."""
     text = registry.read_source(source)
-    headers = tuple(p.read_bytes() for p in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(
-        registry.KERNEL_DIR.glob("*.h")))
-    key = (nvrtc.path, nvrtc.version, source, text, hash(headers), expressions, options)
+    digest = hashlib.sha256(repr((nvrtc.path, nvrtc.version, source, expressions, options)).encode())
+    for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):
+        digest.update(path.read_bytes())
+    key = digest.hexdigest()
     if key not in _COMPILED:
-        _COMPILED[key] = nvrtc.compile(text, source, list(expressions), list(options))
+        def compile_into(partial):
+            log, lowered = nvrtc.compile(text, source, list(expressions), list(options))
+            partial.write_text(json.dumps({"log": log, "lowered": lowered}), encoding="utf-8")
+
+        product = toolchain.cached_product(f"nvrtc-{key[:24]}.json", compile_into)
+        stored = json.loads(product.read_text(encoding="utf-8"))
+        _COMPILED[key] = stored["log"], stored["lowered"]
     return _COMPILED[key]
 
 

@@ -7,6 +7,7 @@ for small shapes. ``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitiz
 (the process must then preload libasan, as ``tests/test_kernels_emulation.py`` does).
 """
 
+import argparse
 import ctypes
 import functools
 import hashlib
@@ -14,12 +15,10 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy
 
-from . import registry
+from . import registry, toolchain
 
 _CTYPES = {
     numpy.dtype(numpy.int32): ctypes.c_int32,
@@ -79,20 +78,16 @@ def build(sanitize=None):
         digest.update(part.encode())
     for path in sorted(registry.KERNEL_DIR.glob("*.cu*")):
         digest.update(path.read_bytes())
-    cache = Path(tempfile.gettempdir()) / f"tinyformer-emulation-{os.getuid()}"
-    cache.mkdir(parents=True, exist_ok=True)
-    library = cache / f"kernels-{digest.hexdigest()[:16]}{'-asan' if sanitize else ''}.so"
-    if library.exists():
-        return library
-    with tempfile.TemporaryDirectory(dir=cache) as work:
-        unit_path = Path(work) / "kernels_emulated.cpp"
+    suffix = "-asan" if sanitize else ""
+
+    def compile_into(partial):
+        unit_path = partial.with_suffix(".cpp")
         unit_path.write_text(unit, encoding="utf-8")
-        partial = Path(work) / library.name
         result = subprocess.run([cxx, *flags, str(unit_path), "-o", str(partial)], capture_output=True, text=True)
         if result.returncode != 0:
             raise EmulationError(f"building the CPU emulation failed ({cxx}):\n{result.stderr[-4000:]}")
-        os.replace(partial, library)  # atomic: a concurrent build sees the old name or the whole file
-    return library
+
+    return toolchain.cached_product(f"kernels-{digest.hexdigest()[:16]}{suffix}.so", compile_into)
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,3 +130,15 @@ def _function(expression, geometry, sanitize):
     """Once per process, geometry and sanitizer setting (as ``launch._module`` compiles for the
     GPU): a launch neither hashes every source file again nor looks its symbol up again."""
     return EmulatedFunction(expression, build(sanitize))
+
+
+def main(argv=None):
+    """``python -m tinyformer.kernels.emulation [--sanitize]``: build the library now (the test run
+    starts this in the background) and print its path."""
+    parser = argparse.ArgumentParser(prog="python -m tinyformer.kernels.emulation", description=main.__doc__)
+    parser.add_argument("--sanitize", action="store_true", help="the AddressSanitizer build")
+    print(build(sanitize=parser.parse_args(argv).sanitize))
+
+
+if __name__ == "__main__":
+    main()

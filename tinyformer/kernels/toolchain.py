@@ -6,10 +6,12 @@ which need neither a GPU nor a driver.
 """
 
 import ctypes.util
+import fcntl
 import glob
 import os
 import site
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -59,3 +61,30 @@ def find_nvrtc():
     if candidates:
         return candidates[0]
     return ctypes.util.find_library("nvrtc")
+
+
+def build_cache():
+    """The folder where built kernels are kept between processes (the system's temp folder), made
+    on first use; every product in it is named by a hash of everything it was built from."""
+    folder = Path(tempfile.gettempdir()) / f"tinyformer-kernels-{os.getuid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def cached_product(name, make):
+    """The path of ``name`` in the build cache, made by ``make(partial_path)`` if it is not there.
+    One process makes it at a time (a lock file beside it): a concurrent one (a test worker, the
+    test run's background build) waits and takes the finished file instead of making it again.
+    The product appears atomically, so no reader sees a half-written file."""
+    cache = build_cache()
+    product = cache / name
+    if product.exists():
+        return product
+    with open(cache / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not product.exists():
+            with tempfile.TemporaryDirectory(dir=cache) as work:
+                partial = Path(work) / name
+                make(partial)
+                os.replace(partial, product)
+    return product

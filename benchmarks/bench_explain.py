@@ -1,0 +1,144 @@
+"""Size and time of `tinyformer explain` pages: the README's figures, measured.
+
+Cases (each a fresh, untrained checkpoint built as `tinyformer train` builds it, unless
+``--checkpoint`` names one; the page's size and plumbing do not depend on training):
+
+- ``small-30``: `small` on Multi30k (its 8k BPE), the first test sentence of 30 BPE tokens, taught
+  its reference (needs ``TINYFORMER_DATA``);
+- ``tiny-128``: `tiny` on the built-in task, a 128-token source and target.
+
+For each: the page's size, the seconds `tinyformer explain` takes (Python, in this process), and,
+where headless Chromium is on the PATH, the seconds Chromium takes to load, draw and self-test it
+(`--dump-dom`), the page's own script time and the self-test's verdict. Prints a Markdown report
+with the command, date, commit and machine.
+
+    python benchmarks/bench_explain.py [--cases small-30,tiny-128] [--checkpoint PATH]
+"""
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tinyformer import checkpoint, cli  # noqa: E402
+from tinyformer.data.tokenizer import Tokenizer  # noqa: E402
+from tinyformer.train import TrainConfig  # noqa: E402
+from tinyformer.train.builders import build_model, build_tokenizer, load_corpus  # noqa: E402
+from tinyformer.train.state import Position, run_metadata  # noqa: E402
+
+CASES = {"small-30": dict(data="multi30k", preset="small"), "tiny-128": dict(vocab_size=120)}
+CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+
+
+def untrained_checkpoint(directory, **options):
+    """A checkpoint of the run `tinyformer train` with ``options`` would start (before any update)."""
+    config = TrainConfig(save_dir=str(directory), **options).resolved()
+    tokenizer = build_tokenizer(config, load_corpus(config, "train"), echo=lambda message: None)
+    model = build_model(config, tokenizer)
+    path = Path(directory) / "checkpoint_0000000.npz"
+    checkpoint.save_checkpoint(path, model.state_dict(), run_metadata(config, model, tokenizer, Position()))
+    return path
+
+
+def sentence_for(case, path):
+    """(source, reference) of ``case`` for the run of checkpoint ``path``."""
+    config = TrainConfig.from_dict(checkpoint.load_checkpoint(path)[1]["config"])
+    if case == "small-30":
+        tokenizer = Tokenizer.load(Path(path).parent / "spm.model")
+        sources, targets = load_corpus(config, "test")
+        return next((s, t) for s, t in zip(sources, targets) if len(tokenizer.encode(s)) == 30)
+    sources, _ = load_corpus(config, "train")
+    tokenizer = Tokenizer.load(Path(path).parent / "spm.model")
+    words, text = " ".join(sources[:200]).split(), ""
+    for word in words:  # the longest prefix of the training sources' words that is at most 128 tokens
+        longer = f"{text} {word}".strip()
+        if len(tokenizer.encode(longer)) > 128:
+            break
+        text = longer
+    return text, text
+
+
+def browse(page):
+    """(seconds, script ms, self-test status) of ``page`` in headless Chromium, or None without it."""
+    if CHROMIUM is None:
+        return None
+    with tempfile.TemporaryDirectory() as profile:
+        args = [CHROMIUM, "--no-sandbox", "--headless", "--disable-gpu", "--no-first-run", "--disable-extensions",
+                "--disable-background-networking", f"--user-data-dir={profile}", "--virtual-time-budget=30000",
+                "--dump-dom", page.resolve().as_uri()]
+        start = time.perf_counter()
+        dom = subprocess.run(args, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL).stdout
+        seconds = time.perf_counter() - start
+    tag = re.search(r'<[^>]*id="self-test"[^>]*>', dom)
+    status = re.search(r'data-status="([^"]*)"', tag.group()) if tag else None
+    ms = re.search(r'data-ms="([^"]*)"', tag.group()) if tag else None
+    return seconds, (ms.group(1) if ms else "?"), (status.group(1) if status else "no self-test element")
+
+
+def measure(case, directory, given):
+    path = Path(given) if given else untrained_checkpoint(directory / case, **CASES[case])
+    source, reference = sentence_for(case, path)
+    page = directory / f"{case}.html"
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["explain", "--checkpoint", str(path), "--source", source, "--reference", reference,
+                         "--output", str(page)])
+    python_seconds = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"bench_explain: tinyformer explain failed for {case} (exit {code})")
+    data = json.loads(re.search(r'id="explain-data">(.*?)</script>', page.read_text(encoding="utf-8"), re.S).group(1))
+    browser = browse(page)
+    return {"case": case, "source tokens": data["kinds"]["enc"]["rows"] - 1,
+            "target tokens": len(data["target"]["ids"]), "MiB": page.stat().st_size / 2 ** 20,
+            "python s": python_seconds, "browser": browser}
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    parser.add_argument("--checkpoint", help="measure this checkpoint instead of an untrained one (one case)")
+    args = parser.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        parser.error(f"--cases: unknown case {unknown[0]!r}; choose from {', '.join(CASES)}")
+    if "small-30" in cases and not args.checkpoint and not os.environ.get("TINYFORMER_DATA"):
+        parser.error("--cases small-30 needs TINYFORMER_DATA (the directory holding multi30k/)")
+    print(f"`python benchmarks/bench_explain.py --cases {','.join(cases)}`, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_commit()}, "
+          f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"Chromium: {'yes' if CHROMIUM else 'not found'}\n")
+    print("| case | source / target tokens | page MiB | `tinyformer explain` s | Chromium s (page scripts ms) | "
+          "self-test |\n|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as directory:
+        for case in cases:
+            r = measure(case, Path(directory), args.checkpoint)
+            browser = r["browser"]
+            seen = (f"{browser[0]:.1f} ({browser[1]})", browser[2]) if browser else ("n/a (no Chromium)", "n/a")
+            print(f"| {case} | {r['source tokens']} / {r['target tokens']} | {r['MiB']:.1f} | {r['python s']:.1f} | "
+                  f"{seen[0]} | {seen[1]} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
