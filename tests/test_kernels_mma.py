@@ -46,15 +46,24 @@ def test_the_layout_reference_is_the_ptx_isas():
     assert not regs[:, 2:].any()
 
 
-def test_a_read_before_its_cp_async_group_is_waited_for_sees_no_data(monkeypatch):
-    """The emulation performs a copy only when a wait lets its group complete: the probe's group 1,
-    read after wait_group 1 instead of 0, is still the zero-initialised buffer."""
-    dev = Device("cpu", "float16")
-    source = np.arange(1, 64 * 8 + 1, dtype=np.float16)
-    out = np.zeros_like(source)
-    launch.launch("cp_async_probe", "float16", (1,), (32,), (source, out, np.int32(32)))
-    np.testing.assert_array_equal(out, source)  # with the waits where they belong
-    assert dev.dtype == "float16"
+def test_a_read_before_its_cp_async_group_is_waited_for_sees_no_data():
+    """The emulation performs a copy only when a wait lets its group complete: the probe reading
+    group 1 after wait_group 1 (read_early) sees the shared memory as it was before the copies
+    (the probe's stale marker, 0xA5A5 in every element), group 0 already landed; with the
+    wait_group 0 back before the read, it sees the data. Lanes 29-31 copy nothing: zero fill."""
+    source = np.arange(1, 64 * 8 + 1, dtype=np.uint16).view(np.float16)
+    valid = 29
+    landed = source.view(np.uint16).reshape(2, 32, 8).copy()
+    landed[:, valid:] = 0
+    stale = np.full((32, 8), 0xA5A5, np.uint16)
+    got = {}
+    for read_early in (1, 0):
+        out = np.zeros_like(source)
+        launch.launch("cp_async_probe", "float16", (1,), (32,), (source, out, np.int32(valid), np.int32(read_early)))
+        got[read_early] = out.view(np.uint16).reshape(2, 32, 8)
+    np.testing.assert_array_equal(got[1][0], landed[0])  # group 0 was waited for
+    np.testing.assert_array_equal(got[1][1], stale)  # group 1 was not: no data, not even its zero fill
+    np.testing.assert_array_equal(got[0], landed)  # the wait moved back before the read
 
 
 # ------------------------------------------------------------------------ attention

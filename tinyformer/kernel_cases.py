@@ -591,7 +591,7 @@ def mma_instructions(dev, seed=0):
     source = _bits(dev, rng, 64 * chunk)
     out = on_device(numpy.zeros_like(backend.to_numpy(source)))
     valid = 29
-    launch.launch("cp_async_probe", kind, (1,), (32,), (source, out, numpy.int32(valid)))
+    launch.launch("cp_async_probe", kind, (1,), (32,), (source, out, numpy.int32(valid), numpy.int32(0)))
     expected_bits = _storage_bits(source).reshape(2, 32, chunk).copy()
     expected_bits[:, valid:] = 0
     comparisons.append(compared("cp.async groups", _storage_bits(out), expected_bits.reshape(-1), 0.0, 0.0))

@@ -64,14 +64,25 @@ __global__ void mma_probe(const T* __restrict__ a, const T* __restrict__ b, cons
 }
 
 // cp.async groups: lane l copies chunk l of `src` in group 0 and chunk 32 + l in group 1 (the
-// chunks of lanes >= `valid` zero-filled); after wait_group 1 it reads group 0's chunk back into
-// out[l], after wait_group 0 group 1's into out[32 + l] (through shared memory, after a barrier).
+// chunks of lanes >= `valid` zero-filled) into shared memory that first holds kStale in every
+// word; after wait_group 1 it reads group 0's chunk back into out[l], after wait_group 0 group
+// 1's into out[32 + l] (a neighbour's chunks, after a barrier). `read_early` != 0 reads group 1's
+// chunks too after wait_group 1, before their group is waited for (wait_group 0 follows the
+// read): the CPU emulation performs a copy only in the wait that completes its group, so there
+// the read sees kStale; on a GPU it is a race whose result is undefined.
+namespace tf_mma_probe {
+constexpr unsigned kStale = 0xA5A5A5A5u;  // 0xA5A5 in every 16-bit element
+}  // namespace tf_mma_probe
+
 template <typename T>
-__global__ void cp_async_probe(const T* __restrict__ src, T* __restrict__ out, int valid) {
+__global__ void cp_async_probe(const T* __restrict__ src, T* __restrict__ out, int valid, int read_early) {
+    using namespace tf_mma_probe;
     __shared__ tf::CopyChunk staged[2 * tf::kWarp];
     const int lane = threadIdx.x, other = (lane + 1) % tf::kWarp;  // read a neighbour's copy
     const tf::CopyChunk* from = reinterpret_cast<const tf::CopyChunk*>(src);
     tf::CopyChunk* to = reinterpret_cast<tf::CopyChunk*>(out);
+    for (int w = 0; w < 4; ++w) staged[lane].words[w] = staged[tf::kWarp + lane].words[w] = kStale;
+    __syncthreads();
     tf::cp_async_chunk(&staged[lane], &from[lane], lane < valid);
     tf::cp_async_commit();
     tf::cp_async_chunk(&staged[tf::kWarp + lane], &from[tf::kWarp + lane], lane < valid);
@@ -79,9 +90,11 @@ __global__ void cp_async_probe(const T* __restrict__ src, T* __restrict__ out, i
     tf::cp_async_wait<1>();
     __syncthreads();
     to[other] = staged[other];
+    if (read_early) to[tf::kWarp + other] = staged[tf::kWarp + other];
+    __syncthreads();  // every read above is done before a wait below lands a group-1 copy
     tf::cp_async_wait<0>();
     __syncthreads();
-    to[tf::kWarp + other] = staged[tf::kWarp + other];
+    if (!read_early) to[tf::kWarp + other] = staged[tf::kWarp + other];
 }
 
 // y = T(x) rounded to nearest even, back = float(y): the conversions the kernels use.
