@@ -24,6 +24,7 @@ from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
 #    15 %. The band only has to be narrower than the fall of the curve, so that a run that stops
 #    learning fails it; a precision bug (no loss scaling, a half-precision sum) shows as NaN, a curve
 #    that stops falling or an early deviation.
+pytestmark = pytest.mark.xdist_group("precision-curves")  # one worker trains the module's curves once
 CURVE_STEPS, CURVE_WINDOW, EARLY_STEPS = 150, 25, 10
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
