@@ -470,17 +470,29 @@ TENSOR_CORE_SELECTION = ("follow_the_ptx_layouts or fully_masked_rows_give or dr
                          "reads_every_layout and fused")
 
 
+# What reruns under ASan: of this file, every kernel's tests and the training step; of
+# test_kernels_mma.py, TENSOR_CORE_SELECTION (one expression for both files). In three parts, so
+# that a run on several workers (pytest-xdist) runs them side by side.
+SANITIZED_SELECTION = ("(attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel "
+                       "or residual_layer_norm_kernel or bias_relu_dropout_kernel or dropout_kernel or "
+                       f"kernels_follow_a_changed_registry_geometry or training_step) or {TENSOR_CORE_SELECTION}")
+TENSOR_CORE_TESTS = os.path.join(os.path.dirname(__file__), "test_kernels_mma.py")
+SANITIZED = {
+    "attention": (__file__, f"({SANITIZED_SELECTION}) and attention_kernel"),
+    "other-kernels": (__file__, f"({SANITIZED_SELECTION}) and not attention_kernel"),
+    "tensor-cores": (TENSOR_CORE_TESTS, SANITIZED_SELECTION),
+}
+
+
 @pytest.mark.skipif(os.environ.get("TINYFORMER_EMULATION_SANITIZE") == "1", reason="already under ASan")
-def test_emulation_under_address_sanitizer():
+@pytest.mark.parametrize("part", SANITIZED)
+def test_emulation_under_address_sanitizer(part):
     libasan = _libasan()
     if libasan is None:
         pytest.skip("the C++ compiler has no AddressSanitizer runtime")
     env = dict(TINYFORMER_EMULATION_SANITIZE="1", LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
-    selection = ("attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel or "
-                 "residual_layer_norm_kernel or bias_relu_dropout_kernel or "
-                 "dropout_kernel or kernels_follow_a_changed_registry_geometry or training_step")
-    tensor_cores = os.path.join(os.path.dirname(__file__), "test_kernels_mma.py")
-    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", __file__,
-                           tensor_cores, "-k", f"({selection}) or {TENSOR_CORE_SELECTION}"], env=env, timeout=1200)
+    path, selection = SANITIZED[part]
+    result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", path,
+                           "-k", selection], env=env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout
+    assert re.search(r"\b[1-9]\d* passed", result.stdout), result.stdout[-3000:]
