@@ -101,6 +101,8 @@ def like(array, reference):
     """``array`` on the device of ``reference`` (masks and index arrays follow their tensor)."""
     if hasattr(array, "dtype") and is_cupy_array(reference) != is_cupy_array(array):
         return to_device(array, device_of(reference))
+    if type(array) is numpy.ndarray and isinstance(reference, numpy.ndarray) and type(reference) is not numpy.ndarray:
+        return array.view(type(reference))  # the emulated device memory of train.graphs.EmulatedCapture
     return array
 
 
@@ -401,6 +403,11 @@ class GraphCapture:
                                      f"{str(error).splitlines()[0] if str(error) else ''}") from error
         graph.upload(self.stream)
         return graph
+
+    @staticmethod
+    def adopt(array):
+        """``array`` as memory of the captured step: as it is (it lives on the device)."""
+        return array
 
     def replay(self, graph):
         graph.launch(self.stream)

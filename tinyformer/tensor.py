@@ -155,6 +155,7 @@ class Tensor:
         return f"Tensor({body}, dtype={self.dtype}{extra})"
 
     def __bool__(self):
+        backend.check_not_capturing("bool(Tensor) reads a value back to the host")
         return bool(self.data)
 
     # ----------------------------------------------------------------- conversions

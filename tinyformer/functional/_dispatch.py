@@ -28,18 +28,21 @@ class KernelFunction(Function):
         self.uses_kernel = bool(self.kernel_applies(*args, **params))
         if self.uses_kernel:
             return self.forward_gpu(*args, **params)
+        self.device_type = _emulated_device_type(args)
         half = next((a.dtype for a in args if hasattr(a, "dtype") and backend.is_half(a.dtype)), None)
         if half is None:
-            return self.forward_cpu(*args, **params)
+            return _on_device(self.forward_cpu(*args, **params), self.device_type)
         out = self.forward_cpu(*(_float32(a) for a in args), **params)
         if type(out) is tuple:
-            return tuple(o if i in self.float32_outputs else _round(o, half) for i, o in enumerate(out))
-        return out if 0 in self.float32_outputs else _round(out, half)
+            out = tuple(o if i in self.float32_outputs else _round(o, half) for i, o in enumerate(out))
+        else:
+            out = out if 0 in self.float32_outputs else _round(out, half)
+        return _on_device(out, self.device_type)
 
     def backward(self, *grad_outputs):
         if self.uses_kernel:
             return self.backward_gpu(*grad_outputs)
-        return self.backward_cpu(*(_float32(g) for g in grad_outputs))
+        return _on_device(self.backward_cpu(*(_float32(g) for g in grad_outputs)), self.device_type)
 
     def check_forward(self, *args, **params):
         """Raise on inputs that neither path takes (Chainer's ``check_type_forward``); none by default."""
@@ -60,6 +63,24 @@ class KernelFunction(Function):
 
     def backward_gpu(self, *grad_outputs):
         raise NotImplementedError
+
+
+def _emulated_device_type(args):
+    """The NumPy array subclass of the first array among ``args`` (the emulated device memory of
+    ``train.graphs.EmulatedCapture``), or None (plain NumPy, CuPy)."""
+    first = next((a for a in args if hasattr(a, "dtype")), None)
+    return type(first) if isinstance(first, numpy.ndarray) and type(first) is not numpy.ndarray else None
+
+
+def _on_device(out, device_type):
+    """The reference's outputs (an array, None or a tuple of them) where its inputs live: plain
+    NumPy arrays it made become views of ``device_type`` (emulated device memory); without one,
+    as they are."""
+    if device_type is None:
+        return out
+    if type(out) is tuple:
+        return tuple(o.view(device_type) if type(o) is numpy.ndarray else o for o in out)
+    return out.view(device_type) if type(out) is numpy.ndarray else out
 
 
 def _float32(array):

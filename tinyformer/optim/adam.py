@@ -89,9 +89,15 @@ def _effective_gradient(g, theta, multiplier, weight_decay):
 
 
 def _on_host(array):
-    """A NumPy array as it is (the reference's "device" buffers are host memory: no read-back);
-    a CuPy array read back (not capturable)."""
-    return backend.to_numpy(array) if backend.is_cupy_array(array) else array
+    """A NumPy array as a plain ndarray (the reference's "device" buffers are host memory, the
+    emulated device's of ``train.graphs.EmulatedCapture`` too: no read-back); a CuPy array read
+    back (not capturable)."""
+    return backend.to_numpy(array) if backend.is_cupy_array(array) else numpy.asarray(array)
+
+
+def _plain(array):
+    """A NumPy array as a plain ndarray (``_on_host``); a CuPy array as it is."""
+    return array if backend.is_cupy_array(array) else numpy.asarray(array)
 
 
 def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weight_decay, loss=None, copies=None):
@@ -108,7 +114,7 @@ def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weig
     step_size, bias2, scale, max_norm, skip = (float(x) for x in _on_host(hyper)[:5])
     total = 0.0
     for g in grads:
-        flat = g.reshape(-1).astype(numpy.float64)
+        flat = _plain(g).reshape(-1).astype(numpy.float64)
         total += float(flat @ flat)
     norm = math.sqrt(total) / scale
     with numpy.errstate(over="ignore"):

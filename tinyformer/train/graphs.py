@@ -29,6 +29,7 @@ from ..data.batching import ShapeBuckets
 from ..functional import KeyLengthMask
 from ..kernels.ops import DeviceSeed
 from ..tensor import Tensor
+from .emulated_capture import EmulatedCapture
 from .evaluation import batch_loss
 
 __all__ = ["GraphedStep", "EmulatedCapture", "graphs_unavailable_reason"]
@@ -46,34 +47,6 @@ def graphs_unavailable_reason(config, comm_size, device_array):
     if not kernels.use_kernels(device_array):
         return "CUDA graphs need tinyformer's kernels (TINYFORMER_KERNELS is off)"
     return None
-
-
-class EmulatedCapture:
-    """``backend.GraphCapture``'s interface on NumPy arrays, for testing the graph logic without a
-    GPU: a "graph" is the callable itself, run again at every replay. It checks what a capture
-    checks that can be checked on the CPU: the callable runs under ``backend.capturing()``."""
-
-    def begin(self):
-        pass
-
-    end = begin
-
-    def on_stream(self):
-        return contextlib.nullcontext()
-
-    def capture(self, fn):
-        return fn
-
-    def replay(self, graph):
-        with backend.capturing():
-            graph()
-
-    def pool_bytes(self):
-        return 0
-
-    @staticmethod
-    def kernel_nodes(graph):
-        return None
 
 
 class _SeedTable:
@@ -138,6 +111,8 @@ class GraphedStep:
                  shape_multiple=8, quietly=contextlib.nullcontext):
         self.model, self.adam, self.precision, self.label_smoothing = model, adam, precision, label_smoothing
         self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:
+            p.data = capture.adopt(p.data)
         self.like = self.params[0].data
         self.vocab = (model.src_vocab_size, model.tgt_vocab_size)
         self.buckets = ShapeBuckets(max_tokens, shape_multiple, max_len)
@@ -223,13 +198,19 @@ class GraphedStep:
         self.seeds.used += len(generators)
 
     def _prepare(self):
-        """Persistent gradient buffers and Adam's device plan, outside any capture. New pointer
-        tables (a parameter, gradient, moment or compute copy at a new address: the tables key on
-        them all) invalidate every graph, which holds those addresses."""
+        """Persistent gradient buffers and Adam's device plan, outside any capture; parameters,
+        gradients and moments as the capture's memory (``adopt``: as they are on the GPU, emulated
+        device arrays under ``EmulatedCapture``). New pointer tables (a parameter, gradient, moment
+        or compute copy at a new address: the tables key on them all) invalidate every graph, which
+        holds those addresses."""
         for p in self.params:
             if p.grad is None:
                 p.grad = backend.get_array_module(p.data).zeros_like(p.data)
-        if self.adam.prepare_device_step():
+            p.data, p.grad = self.capture.adopt(p.data), self.capture.adopt(p.grad)
+        rebuilt = self.adam.prepare_device_step()
+        self.adam.m, self.adam.v = ([None if a is None else self.capture.adopt(a) for a in moments]
+                                    for moments in (self.adam.m, self.adam.v))
+        if rebuilt:
             for entry in self.entries.values():
                 entry.graph, entry.seed_generators = None, []
             self.seeds.used = 0  # no graph holds a slot any more
