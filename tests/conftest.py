@@ -1,4 +1,5 @@
-"""Hypothesis profiles, the process state every test starts from, and shared fixtures.
+"""Hypothesis profiles, the process state every test starts from, and shared fixtures (among them
+the trained models of ``trained_models``, built once per test run).
 
 Profiles: random examples on a developer's machine (``dev``), a fixed set in CI (``ci``), and
 ``thorough`` (``python benchmarks/fuzz_thorough.py``, which runs ``python -m pytest -m hypothesis
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import children
 import pytest
+import trained_models
 from hypothesis import is_hypothesis_test, settings
 
 from tinyformer import backend
@@ -103,3 +105,18 @@ def set_threads():
     backend.set_num_threads(old)
     yield backend.set_num_threads
     backend.set_num_threads(old)
+
+
+@pytest.fixture(scope="session")
+def trained_synthetic(tmp_path_factory):
+    """The built-in task's `tiny`, trained until it translates (``trained_models.SYNTHETIC``), once
+    per test run: a read-only ``trained_models.TrainedRun``."""
+    return trained_models.trained_once(tmp_path_factory, "synthetic", trained_models.SYNTHETIC)
+
+
+@pytest.fixture(scope="session")
+def trained_multi30k(tmp_path_factory):
+    """A `tiny` trained a few dozen steps on Multi30k (``trained_models.MULTI30K``), once per test
+    run; skipped without the data."""
+    trained_models.multi30k_or_skip()
+    return trained_models.trained_once(tmp_path_factory, "multi30k", trained_models.MULTI30K)

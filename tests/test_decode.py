@@ -1,4 +1,5 @@
-"""Greedy and beam search, the length penalty, and translate(): equivalences, limits, a trained copy model."""
+"""Greedy and beam search, the length penalty, and translate(): equivalences, limits, a trained copy
+model, and the built-in task's `tiny` trained until it translates (conftest's ``trained_synthetic``)."""
 
 import math
 
@@ -47,9 +48,36 @@ def copy_model64(copy_model):
     return model.double()
 
 
-@pytest.fixture(params=["random", "trained"])
+@pytest.fixture(scope="module")
+def translator(trained_synthetic):
+    """(model, tokenizer, test sources, test references) of the built-in task's trained `tiny`."""
+    model, tokenizer = trained_synthetic.load()
+    sources, references = trained_synthetic.corpus("test")
+    return model, tokenizer, sources, references
+
+
+@pytest.fixture(scope="module")
+def translator64(translator):
+    """The trained translation model in float64, and a padded batch of test sources (EOS included)."""
+    model, tokenizer, sources, _ = translator
+    copy = nn.Transformer(**model.config)
+    copy.load_state_dict(model.state_dict())
+    return copy.double().eval(), padded([tokenizer.encode(s) + [EOS_ID] for s in sources[:5]])
+
+
+def padded(rows):
+    batch = np.full((len(rows), max(map(len, rows))), PAD_ID)
+    for i, row in enumerate(rows):
+        batch[i, :len(row)] = row
+    return batch
+
+
+@pytest.fixture(params=["random", "trained", "translation"])
 def model64(request):
-    return random_model() if request.param == "random" else request.getfixturevalue("copy_model64")
+    """(float64 model, sources): untrained, the trained copy model, the trained translation model."""
+    if request.param == "translation":
+        return request.getfixturevalue("translator64")
+    return (random_model() if request.param == "random" else request.getfixturevalue("copy_model64")), SRC
 
 
 def strip(row):
@@ -92,16 +120,18 @@ def test_length_penalty_is_gnmt():
 
 # ---------------------------------------------------------------------------- equivalences
 def test_cached_greedy_equals_uncached(model64):
-    cached = greedy_decode(model64, SRC, max_len_b=8, return_scores=True)
-    uncached = greedy_decode(model64, SRC, max_len_b=8, use_cache=False, return_scores=True)
+    model, src = model64
+    cached = greedy_decode(model, src, max_len_b=8, return_scores=True)
+    uncached = greedy_decode(model, src, max_len_b=8, use_cache=False, return_scores=True)
     assert [h.tokens for h in cached] == [h.tokens for h in uncached]
     np.testing.assert_allclose([h.score for h in cached], [h.score for h in uncached], rtol=1e-9)
 
 
 @pytest.mark.parametrize("beam_size", [2, 4])
 def test_cached_beam_equals_uncached(model64, beam_size):
-    cached = beam_search(model64, SRC, beam_size=beam_size, max_len_b=6, return_scores=True)
-    uncached = beam_search(model64, SRC, beam_size=beam_size, max_len_b=6, use_cache=False,
+    model, src = model64
+    cached = beam_search(model, src, beam_size=beam_size, max_len_b=6, return_scores=True)
+    uncached = beam_search(model, src, beam_size=beam_size, max_len_b=6, use_cache=False,
                            return_scores=True)
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
     np.testing.assert_allclose([h.score for hyps in cached for h in hyps],
@@ -109,8 +139,9 @@ def test_cached_beam_equals_uncached(model64, beam_size):
 
 
 def test_beam_size_one_equals_greedy(model64):
-    greedy = greedy_decode(model64, SRC, max_len_b=10, return_scores=True)
-    beam = beam_search(model64, SRC, beam_size=1, max_len_b=10, return_scores=True)
+    model, src = model64
+    greedy = greedy_decode(model, src, max_len_b=10, return_scores=True)
+    beam = beam_search(model, src, beam_size=1, max_len_b=10, return_scores=True)
     assert all(len(hyps) == 1 for hyps in beam)
     assert [h.tokens for h in greedy] == [hyps[0].tokens for hyps in beam]
     np.testing.assert_allclose([h.score for h in greedy], [hyps[0].score for hyps in beam], rtol=1e-12)
@@ -273,6 +304,42 @@ def test_trained_copy_model_copies(copy_model):
     greedy = greedy_decode(copy_model, src)
     assert np.mean([h == r for h, r in zip(beam, reference)]) >= 0.9
     assert np.mean([h == r for h, r in zip(greedy, reference)]) >= 0.9
+
+
+TRANSLATED = 64  # test sentences of the built-in task translated by the tests below
+EXACT_MATCH = 0.9
+
+
+def test_the_trained_translation_model_is_trained(trained_synthetic):
+    """What the fixture's own validation measured at its last step: its loss far below the first
+    steps', and greedy exact match on 100 validation sentences."""
+    first, last = trained_synthetic.metrics()[0], trained_synthetic.metrics("val")[-1]
+    assert last["step"] == trained_synthetic.config.max_steps and last["bleu_sentences"] == 100
+    assert last["nll"] < 0.3 and first["nll"] > 4 and last["exact_match_greedy"] >= EXACT_MATCH
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_trained_translation_model_translates_the_built_in_task(translator, beam_size):
+    """Greedy and beam search (α = 0.6) give the task's German, rules and numbers, for nearly every
+    test sentence (the sentences the model was not trained on)."""
+    model, tokenizer, sources, references = translator
+    found = translate(model, tokenizer, sources[:TRANSLATED], beam_size=beam_size, alpha=0.6)
+    right = [f == r for f, r in zip(found, references)]
+    assert np.mean(right) >= EXACT_MATCH, [(f, r) for f, r, ok in zip(found, references, right) if not ok]
+
+
+def test_beam_search_finds_at_least_greedy_score_on_the_trained_model(translator):
+    """With α = 0 both rank by log-probability: on a trained model, whose next-token distributions are
+    sharp, a beam of 4 finds hypotheses at least as probable as greedy's, and never a wrong
+    translation where greedy's is right."""
+    model, tokenizer, sources, references = translator
+    src = padded([tokenizer.encode(s) + [EOS_ID] for s in sources[:TRANSLATED]])
+    greedy = greedy_decode(model, src, return_scores=True)
+    beam = beam_search(model, src, beam_size=4, alpha=0.0, return_scores=True)
+    for g, hyps, reference in zip(greedy, beam, references):
+        assert hyps[0].score >= g.score - 1e-5 * abs(g.score)
+        if tokenizer.decode(g.tokens) == reference:
+            assert tokenizer.decode(hyps[0].tokens) == reference
 
 
 # ---------------------------------------------------------------------------- translate

@@ -6,6 +6,7 @@ import shutil
 import struct
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import children
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 
 import tinyformer as tf
 from tinyformer import decode, functional as F, nn, viz
+from tinyformer.data import synthetic
 
 pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is part of the test extra")
 
@@ -48,19 +50,37 @@ class CharTokenizer:
     def id_to_piece(self, i):
         return self.pieces[i]
 
+    def piece_to_id(self, piece):
+        return self.pieces.index(piece)
 
-@pytest.fixture(scope="module")
-def model():
-    """Untrained: max_len 12 keeps its translations (at most 11 tokens), and so its figures, small."""
-    return nn.Transformer.from_preset("tiny", vocab_size=len(CharTokenizer.pieces), seed=0, max_len=12)
+
+class Translator(NamedTuple):
+    model: object
+    tokenizer: object
+    sentence: str
+    expected: str  # its translation, where the model has learned it
+
+
+@pytest.fixture(scope="module", params=["untrained", "trained"])
+def translator(request):
+    """An untrained `tiny` over letters (max_len 12 keeps its translations, at most 11 tokens, and so its
+    figures small), and the built-in task's `tiny` trained until it translates (its own copy)."""
+    if request.param == "untrained":
+        model = nn.Transformer.from_preset("tiny", vocab_size=len(CharTokenizer.pieces), seed=0, max_len=12)
+        return Translator(model, CharTokenizer(), "abcde", None)
+    model, tokenizer = request.getfixturevalue("trained_synthetic").load()
+    return Translator(model, tokenizer, "Tomorrow I see 347 small cats",
+                      synthetic.translate_sentence("tomorrow", "I", "see", 347, "small", "cat"))
 
 
 # ---------------------------------------------------------------- attention heatmaps
-def test_attention_maps_are_the_probabilities_of_every_layer_and_head(model):
-    found = viz.attention_maps(model, CharTokenizer(), "abcde", beam_size=1)
-    assert found["source"] == ["a", "b", "c", "d", "e", "</s>"]
+def test_attention_maps_are_the_probabilities_of_every_layer_and_head(translator):
+    model, tokenizer, sentence, expected = translator
+    found = viz.attention_maps(model, tokenizer, sentence, beam_size=1)
+    assert found["source"] == [tokenizer.id_to_piece(i) for i in tokenizer.encode(sentence)] + ["</s>"]
     assert found["target"][0] == "<s>"
-    assert found["translation"] == decode.translate(model, CharTokenizer(), ["abcde"], beam_size=1)[0]
+    assert found["translation"] == decode.translate(model, tokenizer, [sentence], beam_size=1)[0]
+    assert expected is None or found["translation"] == expected
     assert sorted(found["maps"]) == sorted((kind, layer) for kind in viz.ATTENTION_KINDS for layer in (1, 2))
     src_len, tgt_len = len(found["source"]), len(found["target"])
     shapes = {"encoder_self": (4, src_len, src_len), "decoder_self": (4, tgt_len, tgt_len),
@@ -72,11 +92,12 @@ def test_attention_maps_are_the_probabilities_of_every_layer_and_head(model):
             assert np.all(np.triu(weights, k=1) == 0)
 
 
-def test_attention_maps_leave_the_model_as_they_found_it(model):
+def test_attention_maps_leave_the_model_as_they_found_it(translator):
+    model, tokenizer, sentence, _ = translator
     model.train()
     attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
     attentions[0].keep_attention = True  # a student's own switch stays as it was
-    viz.attention_maps(model, CharTokenizer(), "abc")
+    viz.attention_maps(model, tokenizer, sentence)
     for module in model.modules():
         assert module.training
         assert "forward" not in vars(module)  # the switch is an attribute, forward is never shadowed
@@ -99,20 +120,22 @@ def first_layer_probabilities(attention, x, causal):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def test_attention_maps_are_the_probabilities_the_reference_computes(model):
-    found = viz.attention_maps(model, CharTokenizer(), "abcde")
+def test_attention_maps_are_the_probabilities_the_reference_computes(translator):
+    model, tokenizer, sentence, _ = translator
+    found = viz.attention_maps(model, tokenizer, sentence)
     for kind, tokens, embed, stack in (("encoder_self", found["source"], model.src_embed, model.encoder),
                                        ("decoder_self", found["target"], model.tgt_embed, model.decoder)):
-        ids = np.array([[CharTokenizer.pieces.index(p) for p in tokens]])
+        ids = np.array([[tokenizer.piece_to_id(p) for p in tokens]])
         with tf.no_grad():  # post-LN: the first layer attends over the embedded tokens themselves
             x = model.positional(embed(ids) * np.sqrt(model.d_model)).data[0].astype(np.float64)
         expected = first_layer_probabilities(stack.layers[0].self_attn, x, causal=kind == "decoder_self")
         np.testing.assert_allclose(found["maps"][kind, 1], expected, rtol=1e-4, atol=1e-6)
 
 
-def test_plot_attention_writes_one_png_per_kind_and_layer_with_one_panel_per_head(model, tmp_path):
-    found = viz.attention_maps(model, CharTokenizer(), "abcde", beam_size=2)
-    translation, paths = viz.plot_attention(model, CharTokenizer(), "abcde", tmp_path / "maps", beam_size=2)
+def test_plot_attention_writes_one_png_per_kind_and_layer_with_one_panel_per_head(translator, tmp_path):
+    model, tokenizer, sentence, _ = translator
+    found = viz.attention_maps(model, tokenizer, sentence, beam_size=2)
+    translation, paths = viz.plot_attention(model, tokenizer, sentence, tmp_path / "maps", beam_size=2)
     assert translation == found["translation"]
     assert sorted(p.name for p in paths) == sorted(f"{kind}_layer{n}.png" for kind in viz.ATTENTION_KINDS
                                                    for n in (1, 2))
@@ -123,13 +146,16 @@ def test_plot_attention_writes_one_png_per_kind_and_layer_with_one_panel_per_hea
         assert path.stat().st_size > 0
         kind = path.name.rsplit("_layer", 1)[0]
         assert png_size(path) == pixels(viz.attention_figure_size(4, *lengths[kind]))
-    # six source tokens, four heads in a row: 4 × (3.5 + 0.8) by (3.5 + 0.8) + 0.6 inches
-    assert png_size(tmp_path / "maps" / "encoder_self_layer1.png") == (1720, 490)
 
 
-def test_an_empty_sentence_is_refused(model):
+def test_the_attention_figure_size_is_documented():
+    # six tokens, four heads in a row: 4 × (3.5 + 0.8) by (3.5 + 0.8) + 0.6 inches
+    assert pixels(viz.attention_figure_size(4, 6, 6)) == (1720, 490)
+
+
+def test_an_empty_sentence_is_refused(translator):
     with pytest.raises(ValueError, match="empty"):
-        viz.attention_maps(model, CharTokenizer(), "   ")
+        viz.attention_maps(translator.model, translator.tokenizer, "   ")
 
 
 # ---------------------------------------------------------------- schedule and curves

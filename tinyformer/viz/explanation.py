@@ -34,8 +34,19 @@ CHUNK_VALUES = 1 << 24
 
 
 def softmax_backward(probs, grad_probs):
-    """dL/dS = P∘(dP − rowsum(P∘dP)) over the last axis: the backward of P = softmax(S)."""
-    return probs * (grad_probs - numpy.sum(probs * grad_probs, axis=-1, keepdims=True))
+    """dL/dS = P∘(dP − rowsum(P∘dP)) over the last axis: the backward of P = softmax(S).
+
+    Each row is computed from D = dP − dP_im, dP centred at the row's most probable key m: as
+    Σ_j P_ij = 1, P∘(D − rowsum(P∘D)) is the same dL/dS, but D_im = 0 and every other term of
+    rowsum(P∘D) is as small as its P_ik, so nothing of the size of dP cancels. Written as above,
+    a saturated row (P_im = 1 to float64) would get round-off of about 2⁻⁵³·|dP| instead of its
+    true values of about P_ik·|dP_ij − dP_im| (10⁻²⁰ and less in a trained model), and rows
+    that sum to 0 only to that round-off; centred, they sum to 0 to a few float64 units of their
+    own terms, and a row with one visible key (P_im = 1, the others 0) is exactly 0.
+    """
+    centre = numpy.take_along_axis(grad_probs, numpy.argmax(probs, axis=-1)[..., None], axis=-1)
+    centred = grad_probs - centre
+    return probs * (centred - numpy.sum(probs * centred, axis=-1, keepdims=True))
 
 
 def rollout(maps):
