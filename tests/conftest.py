@@ -59,6 +59,7 @@ def known_process_state(monkeypatch):
 _BACKGROUND = []
 
 
+@pytest.hookimpl(trylast=True)  # after the tmp_path plugin has set up the run's temporary directory
 def pytest_configure(config):
     """A run of the whole suite (no paths given) starts tests/background_builds.py in the
     controlling process, so the kernel builds run beside the first tests (with pytest-xdist, the
@@ -66,7 +67,9 @@ def pytest_configure(config):
     whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
     if whole_suite and not hasattr(config, "workerinput") and os.environ.get("TINYFORMER_BACKGROUND_BUILDS") != "0":
         script = Path(__file__).with_name("background_builds.py")
-        _BACKGROUND.append(children.start([children.PYTHON, script], stdout=subprocess.DEVNULL,
+        shared = config._tmp_path_factory.getbasetemp()  # the workers' own lie below it (pytest-xdist)
+        data = {"TINYFORMER_DATA": os.environ.get("TINYFORMER_DATA")}
+        _BACKGROUND.append(children.start([children.PYTHON, script, shared], env=data, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
 
 

@@ -2,8 +2,8 @@
 the NumPy references in functional/optim (the cases of tinyformer/kernel_cases.py). These
 run in CI, where there is no GPU.
 
-The emulation runs every CUDA thread as an OS thread, so shapes are small. The whole file
-runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
+The emulation runs a block's CUDA threads as fibers on one OS thread, so shapes are small. Most
+of the file runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
 """
 
 import os

@@ -95,8 +95,14 @@ def _locked(path):
 
 def trained_once(tmp_path_factory, name, options):
     """The TrainedRun of ``TrainConfig(**options)``, trained by the first process of this test run
-    that asks for ``name``."""
-    root = shared_directory(tmp_path_factory)
+    that asks for ``name`` (the run's background build, tests/background_builds.py, asks first)."""
+    return train_into(shared_directory(tmp_path_factory), name, options)
+
+
+def train_into(root, name, options):
+    """The TrainedRun ``root``/trained-``name``, trained now unless a process has done so (one at a
+    time, under the lock beside it)."""
+    root = Path(root)
     final = root / f"trained-{name}"
     with _locked(root / f"trained-{name}.lock"):
         if not (final / RECORD).exists():

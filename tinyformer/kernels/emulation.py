@@ -2,8 +2,8 @@
 kernel and the 16-bit tensor-core attention (``registry.emulated_instantiations()``).
 
 CI has no GPU; this runs the very kernel source on the CPU so that tests can compare its
-results with the NumPy references. Slow (every CUDA thread is an OS thread) and meant
-for small shapes. ``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer
+results with the NumPy references. A block's CUDA threads are fibers on the calling thread,
+switched at barriers (cpu_emulation.h): much slower than a GPU, meant for small shapes. ``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer
 (the process must then preload libasan, as ``tests/test_kernels_emulation.py`` does).
 """
 
