@@ -17,9 +17,10 @@ Run as ``python tests/background_builds.py SHARED_TMP_DIR``; the test run does t
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+import children
 
 
 def main(shared):
@@ -33,7 +34,7 @@ def main(shared):
     if toolchain.find_nvrtc() is not None and toolchain.cuda_include_dirs():
         compile_check.compile_all()
     if cxx:
-        libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+        libasan = children.run([cxx, "-print-file-name=libasan.so"], timeout=60).stdout.strip()
         if os.path.isabs(libasan) and os.path.exists(libasan):
             emulation.build(sanitize=True)
     data = os.environ.get("TINYFORMER_DATA")
