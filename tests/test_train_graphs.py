@@ -1,13 +1,14 @@
 """--cuda-graphs: the graph step's logic on NumPy arrays (``graphs.EmulatedCapture`` stands in for
-the CUDA capture: a replay runs the captured step again), the fallback, the seed slots, the
-bounded shapes, --patience and --time-limit. The GPU checks are in test_train_graphs_gpu.py."""
+the CUDA capture: a replay runs the captured step again), the fallback, the seed slots (the tests
+with dropout run the step through the emulated CUDA kernels: ``emulated_kernels``), the bounded
+shapes, --patience and --time-limit. The GPU checks are in test_train_graphs_gpu.py."""
 
 import operator
 
 import numpy as np
 import pytest
 
-from tinyformer import Tensor, backend, checkpoint
+from tinyformer import Tensor, backend, checkpoint, kernels
 from tinyformer import random as tf_random
 from tinyformer.kernels.ops import DeviceSeed
 from tinyformer.train import Trainer, graphs
@@ -31,6 +32,27 @@ class CountingCapture(graphs.EmulatedCapture):
     def replay(self, graph):
         self.replayed += 1
         super().replay(graph)
+
+
+@pytest.fixture
+def emulated_kernels(monkeypatch):
+    """The graphed step (``GraphedStep.run``: warm-up, capture, replay and the eager fallback) on the
+    GPU's kernel path: the fused ops and Adam run their CUDA kernels through the CPU emulation, the
+    dropout kernels reading their seeds from the seed slots at each launch. Validation and
+    decoding keep the NumPy reference (through the emulation they would take most of the test)."""
+    inside = []
+    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: bool(inside))
+    run_step = graphs.GraphedStep.run
+
+    def run_on_kernels(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return run_step(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(graphs.GraphedStep, "run", run_on_kernels)
+    return inside
 
 
 def graph_config(save_dir, **overrides):
@@ -88,12 +110,14 @@ def test_the_shapes_are_few_and_logged(tmp_path):
     assert logged and logged[-1]["graph_shapes"] == g.num_shapes and logged[-1]["graphs"] == g.num_graphs
 
 
-def test_resume_with_graphs_continues_exactly(tmp_path):
+def test_resume_with_graphs_continues_exactly(tmp_path, emulated_kernels):
+    """Through the kernels: the replays' dropout masks come from the seed slots."""
+    small = {"dropout": 0.1, "save_every": 6, "max_tokens": 64}  # small batches: the emulated kernels are slow
     straight = tmp_path / "straight"
-    run(graph_config(straight, dropout=0.1, save_every=6), CountingCapture())
+    assert run(graph_config(straight, **small), CountingCapture()).graphs.seeds.used > 0  # the kernels took seeds
     interrupted = tmp_path / "interrupted"
-    run(graph_config(interrupted, dropout=0.1, save_every=6, max_steps=6), CountingCapture())
-    run(graph_config(interrupted, dropout=0.1, save_every=6), CountingCapture(), resume=True)
+    run(graph_config(interrupted, max_steps=6, **small), CountingCapture())
+    run(graph_config(interrupted, **small), CountingCapture(), resume=True)
     assert losses(interrupted) == losses(straight)
     a, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 12))
     b, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(interrupted, 12))
@@ -101,13 +125,14 @@ def test_resume_with_graphs_continues_exactly(tmp_path):
         np.testing.assert_array_equal(a[name], b[name])
 
 
-def test_a_failed_capture_warns_once_and_changes_no_result(tmp_path):
-    """With dropout: the replays' masks come from the seed slots filled before each replay (the
-    emulated capture makes them as the kernels do, from kernel seeds), the eager steps' from the
-    seeds they draw; the same draws, so the same bits."""
-    graphed = run(graph_config(tmp_path / "graphs", dropout=0.1), CountingCapture())
+def test_a_failed_capture_warns_once_and_changes_no_result(tmp_path, emulated_kernels):
+    """With dropout, through the kernels: the replays' dropout kernels read their seeds from the
+    slots filled before each replay, the eager steps' get the seeds they draw; the same draws, so
+    the same bits."""
+    small = {"dropout": 0.1, "max_tokens": 64}  # small batches: the emulated kernels are slow
+    graphed = run(graph_config(tmp_path / "graphs", **small), CountingCapture())
     with pytest.warns(RuntimeWarning, match="--cuda-graphs: an op synchronised; the steps run eagerly") as caught:
-        fallback = run(graph_config(tmp_path / "failed", dropout=0.1), CountingCapture(fail="an op synchronised"))
+        fallback = run(graph_config(tmp_path / "failed", **small), CountingCapture(fail="an op synchronised"))
     assert len([w for w in caught if "--cuda-graphs" in str(w.message)]) == 1
     assert fallback.graphs.failed == "an op synchronised" and fallback.graphs.num_graphs == 0
     assert graphed.graphs.replays >= 6 and graphed.graphs.seeds.used > 0

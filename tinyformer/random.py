@@ -14,7 +14,7 @@ import numpy
 
 __all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "uniform_blocks",
            "get_rng_state", "set_rng_state", "kernel_seed", "recording_kernel_seeds", "kernel_seed_recorder",
-           "draw_kernel_seeds", "kernel_seeded_masks", "masks_from_kernel_seeds"]
+           "draw_kernel_seeds"]
 
 _default = numpy.random.default_rng(0)
 
@@ -149,28 +149,6 @@ def recording_kernel_seeds(recorder):
 def kernel_seed_recorder():
     """The recorder ``kernel_seed`` calls now (``recording_kernel_seeds``), or None: it draws."""
     return _seed_recorder
-
-
-_kernel_seeded_masks = False
-
-
-@contextlib.contextmanager
-def kernel_seeded_masks():
-    """Make the dropout masks of NumPy arrays as the kernels make them on the device: one
-    ``kernel_seed`` per call, the mask from Philox keyed by it (read from its slot when the op
-    runs, for a ``DeviceSeed``), no samples drawn on the host. ``train.graphs.EmulatedCapture``
-    runs the step so: a captured step's masks then come from its seed slots, as on the GPU."""
-    global _kernel_seeded_masks
-    outer, _kernel_seeded_masks = _kernel_seeded_masks, True
-    try:
-        yield
-    finally:
-        _kernel_seeded_masks = outer
-
-
-def masks_from_kernel_seeds():
-    """True inside ``kernel_seeded_masks()``."""
-    return _kernel_seeded_masks
 
 
 def draw_kernel_seeds(generators):

@@ -4,8 +4,7 @@ import numpy
 
 from .. import backend, kernels
 from ..kernels import ops as kernel_ops
-from ..kernels.philox import philox_uniform
-from ..random import kernel_seed, masks_from_kernel_seeds, uniform_blocks, uniform_like
+from ..random import kernel_seed, uniform_blocks, uniform_like
 from ..validation import check_probability
 from ._dispatch import KernelFunction
 
@@ -78,7 +77,7 @@ def _dropped(x, p, generator):
         numpy.multiply(flat_x[start:stop], keep[start:stop], out=out[start:stop])
         out[start:stop] *= scale
 
-    _uniform_samples(generator, flat_x.size, block)
+    uniform_blocks(generator, flat_x.size, block)
     return out.reshape(x.shape), keep.reshape(x.shape)
 
 
@@ -86,22 +85,9 @@ def _keep_mask_on_cpu(shape, p, generator):
     """keep = [u ≥ p] for one ``generator.random(shape, float32)`` draw, drawn in blocks."""
     keep = numpy.empty(shape, dtype=bool)
     flat = keep.reshape(-1)
-    _uniform_samples(generator, flat.size, lambda start, stop, samples: numpy.greater_equal(
+    uniform_blocks(generator, flat.size, lambda start, stop, samples: numpy.greater_equal(
         samples, p, out=flat[start:stop]))
     return keep
-
-
-def _uniform_samples(generator, size, fn):
-    """``uniform_blocks(generator, size, fn)``; inside ``random.kernel_seeded_masks()`` instead the
-    samples Philox(seed, 0, i) of one ``kernel_seed(generator)``, as kernels/dropout.cu draws them (a
-    ``DeviceSeed`` is read from its table now, as a kernel reads it at its launch)."""
-    if not masks_from_kernel_seeds():
-        uniform_blocks(generator, size, fn)
-        return
-    seed = kernel_seed(generator)
-    if isinstance(seed, kernel_ops.DeviceSeed):
-        seed = int(numpy.asarray(seed.table)[seed.index])
-    fn(0, size, philox_uniform(seed, 0, numpy.arange(size, dtype=numpy.uint64)))
 
 
 def _check_generator(generator, name):

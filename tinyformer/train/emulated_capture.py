@@ -5,9 +5,10 @@ A real capture runs the step's Python once, executes none of its kernels and rec
 (with the addresses of their dropout seeds); a replay executes the recorded kernels. The
 emulation runs the step under ``backend.capturing()`` while recording and restores the device
 memory afterwards (nothing executed), keeping the kernel seeds the step was handed; a replay runs
-the step again, handing it the same seeds. On its stream the dropout masks come from those
-seeds as the kernels make them (``random.kernel_seeded_masks``): a replay's masks are those of
-the seed slots the graph's owner fills, as on the GPU.
+the step again, handing it the same seeds. Where the step takes the kernel path (the emulated CUDA
+kernels: tests patch ``kernels.on_gpu``), its dropout kernels read those seeds from the seed slots
+at each launch, so a replay's masks are those of the slots the graph's owner fills, as on the GPU;
+on the NumPy reference path dropout draws its masks on the host and no seed is recorded.
 """
 
 import contextlib
@@ -120,7 +121,7 @@ class EmulatedCapture:
         return array if isinstance(array, DeviceArray) else numpy.asarray(array).view(DeviceArray)
 
     def on_stream(self):
-        return tf_random.kernel_seeded_masks()
+        return contextlib.nullcontext()
 
     def capture(self, fn):
         outer, seeds = tf_random.kernel_seed_recorder(), []
