@@ -49,7 +49,7 @@ def train_curve(save_dir, precision, *options):
     return save_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept by its worker: other modules' tests may run between this one's
 def curves(tmp_path_factory):
     """One run per precision from seed 0: run directories."""
     root = tmp_path_factory.mktemp("precision")
@@ -66,7 +66,7 @@ def window_gaps(curve, reference):
     return [abs(a - b) / b for a, b in zip(windows(curve), windows(reference))]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def band(curves, tmp_path_factory):
     """The largest relative gap between the windows of the fp32 run and an fp32 run from seed 1."""
     with pytest.MonkeyPatch.context() as patch:
