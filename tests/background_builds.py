@@ -2,7 +2,8 @@
 the first tests instead of inside the tests that need them, in the order the tests need them:
 
 - the CPU emulation of the kernels;
-- the trained models of ``trained_models`` (into the run's shared temporary directory);
+- the trained models of ``trained_models`` and the precision tests' loss curves (into the run's
+  shared temporary directory);
 - every kernel instantiation compiled with NVRTC for sm_80 and sm_90, where NVRTC is installed;
 - the emulation under AddressSanitizer, where the compiler has its runtime.
 
@@ -31,6 +32,9 @@ def main(shared):
     if cxx:
         emulation.build(sanitize=False)
     trained_models.train_into(shared, "synthetic", trained_models.SYNTHETIC)
+    import test_train_precision
+    for run in test_train_precision.CURVE_RUNS:
+        test_train_precision.shared_curve(shared, *run)
     if toolchain.find_nvrtc() is not None and toolchain.cuda_include_dirs():
         compile_check.compile_all()
     if cxx:

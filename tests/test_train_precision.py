@@ -2,9 +2,12 @@
 checkpoints that load in any precision, and running out of GPU memory."""
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import trained_models
 
 from test_train import QUIET, cached_corpus, cached_load_corpus, small_config  # noqa: F401 (fixture)
 from tinyformer import backend, checkpoint, cli, train
@@ -24,7 +27,6 @@ from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
 #    15 %. The band only has to be narrower than the fall of the curve, so that a run that stops
 #    learning fails it; a precision bug (no loss scaling, a half-precision sum) shows as NaN, a curve
 #    that stops falling or an early deviation.
-pytestmark = pytest.mark.xdist_group("precision-curves")  # one worker trains the module's curves once
 CURVE_STEPS, CURVE_WINDOW, EARLY_STEPS = 150, 25, 10
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
@@ -49,13 +51,31 @@ def train_curve(save_dir, precision, *options):
     return save_dir
 
 
-@pytest.fixture(scope="session")  # kept by its worker: other modules' tests may run between this one's
+# The runs the curve tests compare: (name, precision, options).
+CURVE_RUNS = [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32-seed1", "fp32", "--seed", "1")]
+
+
+def shared_curve(root, name, precision, *options):
+    """The run ``name`` (train_curve's) in ``root``, made once per test run whatever the number of
+    workers: the first process that asks (the run's background build, tests/background_builds.py,
+    asks first) trains it under a lock, the others read it (as trained_models does)."""
+    root = Path(root)
+    save_dir = root / f"precision-{name}"
+    with trained_models.locked(root / f"precision-{name}.lock"):
+        if not (save_dir / "done").exists():
+            shutil.rmtree(save_dir, ignore_errors=True)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(train.builders, "load_corpus", cached_load_corpus)
+                train_curve(save_dir, precision, *options)
+            (save_dir / "done").touch()
+    return save_dir
+
+
+@pytest.fixture(scope="session")
 def curves(tmp_path_factory):
     """One run per precision from seed 0: run directories."""
-    root = tmp_path_factory.mktemp("precision")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train.builders, "load_corpus", cached_load_corpus)
-        return {precision: train_curve(root / precision, precision) for precision in ("fp32", "bf16", "fp16")}
+    root = trained_models.shared_directory(tmp_path_factory)
+    return {run[0]: shared_curve(root, *run) for run in CURVE_RUNS[:3]}
 
 
 def windows(values):
@@ -69,9 +89,7 @@ def window_gaps(curve, reference):
 @pytest.fixture(scope="session")
 def band(curves, tmp_path_factory):
     """The largest relative gap between the windows of the fp32 run and an fp32 run from seed 1."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train.builders, "load_corpus", cached_load_corpus)
-        other = train_curve(tmp_path_factory.mktemp("precision") / "fp32-seed1", "fp32", "--seed", "1")
+    other = shared_curve(trained_models.shared_directory(tmp_path_factory), *CURVE_RUNS[3])
     reference = losses(curves["fp32"])
     band = max(window_gaps(losses(other), reference))
     fall = 1 - windows(reference)[-1] / windows(reference)[0]

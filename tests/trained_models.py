@@ -84,7 +84,8 @@ def shared_directory(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def _locked(path):
+def locked(path):
+    """Holds an exclusive fcntl lock on ``path`` (made if missing) for the with-block."""
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -104,7 +105,7 @@ def train_into(root, name, options):
     time, under the lock beside it)."""
     root = Path(root)
     final = root / f"trained-{name}"
-    with _locked(root / f"trained-{name}.lock"):
+    with locked(root / f"trained-{name}.lock"):
         if not (final / RECORD).exists():
             partial = root / f"trained-{name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
