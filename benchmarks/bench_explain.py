@@ -17,11 +17,9 @@ with the command, date, commit and machine.
 
 import argparse
 import contextlib
-import datetime
 import io
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -33,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402
 from tinyformer import checkpoint, cli  # noqa: E402
 from tinyformer.data.tokenizer import Tokenizer  # noqa: E402
 from tinyformer.train import TrainConfig  # noqa: E402
@@ -106,14 +105,6 @@ def measure(case, directory, given):
             "python s": python_seconds, "browser": browser}
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
@@ -125,10 +116,8 @@ def main(argv=None):
         parser.error(f"--cases: unknown case {unknown[0]!r}; choose from {', '.join(CASES)}")
     if "small-30" in cases and not args.checkpoint and not os.environ.get("TINYFORMER_DATA"):
         parser.error("--cases small-30 needs TINYFORMER_DATA (the directory holding multi30k/)")
-    print(f"`python benchmarks/bench_explain.py --cases {','.join(cases)}`, "
-          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_commit()}, "
-          f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"Chromium: {'yes' if CHROMIUM else 'not found'}\n")
+    print(provenance.header(f"python benchmarks/bench_explain.py --cases {','.join(cases)}",
+                            f"Chromium: {'yes' if CHROMIUM else 'not found'}") + "\n")
     print("| case | source / target tokens | page MiB | `tinyformer explain` s | Chromium s (page scripts ms) | "
           "self-test |\n|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as directory:

@@ -12,12 +12,8 @@ commit and machine.
 
 import argparse
 import contextlib
-import datetime
 import io
 import json
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402
 from tinyformer import cli  # noqa: E402
 
 WINDOW, EARLY = 25, 10
@@ -56,21 +53,11 @@ def largest_window_gap(curve, reference):
     return float(np.max(np.abs(a - b) / b))
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
     args = parser.parse_args(argv)
-    print(f"`python benchmarks/precision_drift.py --steps {args.steps}`, "
-          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_commit()}, "
-          f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}\n")
+    print(provenance.header(f"python benchmarks/precision_drift.py --steps {args.steps}") + "\n")
     with tempfile.TemporaryDirectory() as directory:
         runs = {name: train(Path(directory) / name, precision, args.steps, seed)
                 for name, precision, seed in (("fp32", "fp32", 0), ("fp32-seed1", "fp32", 1),
