@@ -3,11 +3,12 @@ kernel and the 16-bit tensor-core attention (``registry.emulated_instantiations(
 
 CI has no GPU; this runs the very kernel source on the CPU so that tests can compare its
 results with the NumPy references. A block's CUDA threads are fibers on the calling thread,
-switched at barriers (cpu_emulation.h): much slower than a GPU, meant for small shapes. ``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer
-(the process must then preload libasan, as ``tests/test_kernels_emulation.py`` does).
+switched at barriers (cpu_emulation.h): much slower than a GPU, meant for small shapes.
+``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer (the process must then preload
+libasan, as ``tests/test_kernels_emulation.py`` does). The test run builds the library in the
+background (tests/background_builds.py).
 """
 
-import argparse
 import ctypes
 import functools
 import hashlib
@@ -131,14 +132,3 @@ def _function(expression, geometry, sanitize):
     GPU): a launch neither hashes every source file again nor looks its symbol up again."""
     return EmulatedFunction(expression, build(sanitize))
 
-
-def main(argv=None):
-    """``python -m tinyformer.kernels.emulation [--sanitize]``: build the library now (the test run
-    starts this in the background) and print its path."""
-    parser = argparse.ArgumentParser(prog="python -m tinyformer.kernels.emulation", description=main.__doc__)
-    parser.add_argument("--sanitize", action="store_true", help="the AddressSanitizer build")
-    print(build(sanitize=parser.parse_args(argv).sanitize))
-
-
-if __name__ == "__main__":
-    main()
