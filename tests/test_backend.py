@@ -171,3 +171,26 @@ def test_a_nan_activation_stays_nan_through_the_bfloat16_cast_on_the_gpu(monkeyp
     np.testing.assert_array_equal(cupy.asnumpy(got.view(np.uint16)), expected)
     back = backend.cast(got, np.float32)
     assert bool(cupy.isnan(back[:14]).all())
+
+
+def test_ml_dtypes_is_imported_only_when_bfloat16_is_asked_for():
+    """Importing ml_dtypes takes over a second (it registers its dtypes with NumPy): a float32
+    program, the command line included, never pays it; ``backend.bfloat16``, ``HALF_DTYPES`` and the
+    bf16 precision bring it in, and the dtype predicates know bfloat16 from every other dtype."""
+    import children
+    script = """
+import sys
+import numpy
+from tinyformer import amp, backend, cli, train
+assert backend.is_floating(numpy.float32) and not backend.is_half(numpy.float32) and not backend.is_bfloat16("u2")
+assert "ml_dtypes" not in sys.modules, "imported by a float32 program"
+assert amp.PRECISIONS["bf16"].compute_dtype == backend.bfloat16 and "ml_dtypes" in sys.modules
+assert backend.HALF_DTYPES == (numpy.dtype(numpy.float16), backend.bfloat16)
+assert backend.is_bfloat16(backend.bfloat16) and backend.is_half(backend.bfloat16) and backend.is_floating(backend.bfloat16)
+assert not backend.is_bfloat16(numpy.float16) and backend.is_half(numpy.float16) and not backend.is_bfloat16("V2")
+print("ok")
+"""
+    result = children.run([children.PYTHON, "-c", script])
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    with pytest.raises(AttributeError, match="no attribute 'bfloat17'"):
+        backend.bfloat17

@@ -38,18 +38,25 @@ __all__ = ["Precision", "PRECISIONS", "get_precision", "autocast", "active_dtype
 @dataclasses.dataclass(frozen=True)
 class Precision:
     """A training or inference precision: ``name`` (fp32, bf16, fp16), the ``compute_dtype`` of
-    matrix products and attention (None for fp32: no autocast) and whether gradients need loss
-    scaling (fp16's 5-bit exponent underflows below 6e-8)."""
+    matrix products and attention (None for fp32: no autocast), named by ``compute_dtype_name``,
+    and whether gradients need loss scaling (fp16's 5-bit exponent underflows below 6e-8)."""
 
     name: str
-    compute_dtype: object
+    compute_dtype_name: str | None
     loss_scaling: bool
+
+    @property
+    def compute_dtype(self):
+        """The NumPy dtype (``backend.bfloat16`` for bf16, made only when asked for), or None."""
+        if self.compute_dtype_name is None:
+            return None
+        return backend.bfloat16 if self.compute_dtype_name == "bfloat16" else numpy.dtype(self.compute_dtype_name)
 
 
 PRECISIONS = {
     "fp32": Precision("fp32", None, False),
-    "bf16": Precision("bf16", backend.bfloat16, False),
-    "fp16": Precision("fp16", numpy.dtype(numpy.float16), True),
+    "bf16": Precision("bf16", "bfloat16", False),
+    "fp16": Precision("fp16", "float16", True),
 }
 
 

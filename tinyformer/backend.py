@@ -10,10 +10,10 @@ import contextlib
 import os
 import re
 
-import ml_dtypes
 import numpy
 
 from .validation import check_int
+
 
 try:  # CuPy is optional: the ``gpu`` extra.
     import cupy as _cupy
@@ -23,11 +23,29 @@ except Exception:  # ImportError, or a broken CUDA install raising at import tim
 DEFAULT_DTYPE = numpy.float32
 """Floating dtype given to data created from Python floats (as in PyTorch)."""
 
-bfloat16 = numpy.dtype(ml_dtypes.bfloat16)
-"""The one bfloat16 dtype of both backends: ``ml_dtypes.bfloat16`` (a NumPy dtype; CuPy 14 takes it too)."""
+# ``bfloat16``: the one bfloat16 dtype of both backends, ``ml_dtypes.bfloat16`` (a NumPy dtype;
+# CuPy 14 takes it too). ``HALF_DTYPES``: the 16-bit floating dtypes of mixed precision
+# (``tinyformer.amp``), float16 and bfloat16. Both are made on first use (``__getattr__``):
+# importing ml_dtypes takes over a second (it registers a dozen dtypes with NumPy), which a
+# float32 program, and every process the command line starts, need not pay.
 
-HALF_DTYPES = (numpy.dtype(numpy.float16), bfloat16)
-"""The 16-bit floating dtypes of mixed precision (``tinyformer.amp``)."""
+
+def __getattr__(name):
+    """``backend.bfloat16`` and ``backend.HALF_DTYPES``, made on first use (PEP 562)."""
+    if name not in ("bfloat16", "HALF_DTYPES"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import ml_dtypes
+
+    globals()["bfloat16"] = numpy.dtype(ml_dtypes.bfloat16)
+    globals()["HALF_DTYPES"] = (numpy.dtype(numpy.float16), globals()["bfloat16"])
+    return globals()[name]
+
+
+def is_bfloat16(dtype):
+    """Whether ``dtype`` is ``bfloat16``, without importing ml_dtypes for any other dtype (an array
+    of bfloat16 exists only once it is imported)."""
+    dtype = numpy.dtype(dtype)
+    return dtype.kind == "V" and dtype == __getattr__("bfloat16")
 
 DEVICES = ("cpu", "cuda")
 
@@ -210,12 +228,12 @@ def raw_module(code, options, name_expressions):
 def is_floating(dtype):
     """Floating point, bfloat16 included (ml_dtypes' dtype has kind 'V', not 'f')."""
     dtype = numpy.dtype(dtype)
-    return dtype.kind == "f" or dtype == bfloat16
+    return dtype.kind == "f" or is_bfloat16(dtype)
 
 
 def is_half(dtype):
     """float16 or bfloat16."""
-    return numpy.dtype(dtype) in HALF_DTYPES
+    return numpy.dtype(dtype) == numpy.float16 or is_bfloat16(dtype)
 
 
 def to_bfloat16(x):
@@ -230,7 +248,7 @@ def to_bfloat16(x):
     rounded = ((bits + numpy.uint32(0x7FFF) + (upper & numpy.uint32(1))) >> numpy.uint32(16)).astype(numpy.uint16)
     quiet_nan = ((upper & numpy.uint32(0x8000)) | numpy.uint32(0x7FC0)).astype(numpy.uint16)
     is_nan = (bits & numpy.uint32(0x7FFFFFFF)) > numpy.uint32(0x7F800000)
-    return xp.where(is_nan, quiet_nan, rounded).view(bfloat16)
+    return xp.where(is_nan, quiet_nan, rounded).view(__getattr__("bfloat16"))
 
 
 def from_bfloat16(x):
@@ -247,8 +265,8 @@ def cast(array, dtype):
     dtype = numpy.dtype(dtype)
     if array.dtype == dtype:
         return array
-    if is_cupy_array(array) and bfloat16 in (dtype, array.dtype) and not has_native_bfloat16_cast():
-        if dtype == bfloat16:
+    if is_cupy_array(array) and (is_bfloat16(dtype) or is_bfloat16(array.dtype)) and not has_native_bfloat16_cast():
+        if is_bfloat16(dtype):
             return to_bfloat16(array)
         return from_bfloat16(array).astype(dtype, copy=False)
     return array.astype(dtype)
@@ -269,7 +287,7 @@ def has_native_bfloat16_cast():
         try:
             bits = numpy.array(BFLOAT16_CAST_PROBE, dtype=numpy.uint32)
             expected = to_bfloat16(bits.view(numpy.float32)).view(numpy.uint16)
-            native = _cupy.asarray(bits).view(numpy.float32).astype(bfloat16)
+            native = _cupy.asarray(bits).view(numpy.float32).astype(__getattr__("bfloat16"))
             back = native.astype(numpy.float32).view(numpy.uint32).get()
             _native_bfloat16_cast.append(bool((native.view(numpy.uint16).get() == expected).all()
                                               and (back == expected.astype(numpy.uint32) << 16).all()))
