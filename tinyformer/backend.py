@@ -14,7 +14,6 @@ import numpy
 
 from .validation import check_int
 
-
 try:  # CuPy is optional: the ``gpu`` extra.
     import cupy as _cupy
 except Exception:  # ImportError, or a broken CUDA install raising at import time.
