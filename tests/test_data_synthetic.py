@@ -2,6 +2,7 @@
 
 import pytest
 
+from tinyformer.data import synthetic
 from tinyformer.data.synthetic import number_to_german, synthetic_pairs, translate_sentence
 
 
@@ -40,3 +41,22 @@ def test_splits_are_deterministic_disjoint_and_sized():
 def test_unknown_split():
     with pytest.raises(ValueError, match="split"):
         synthetic_pairs("dev")
+
+
+def _draw_with_choice(rng):
+    """The parts of a sentence as the task first drew them, with ``Generator.choice``: the data of
+    every seed (and so every trained model and recorded figure) must stay what it was."""
+    adverb = rng.choice([None] + list(synthetic._ADVERBS)) if rng.random() < 0.5 else None
+    subject, verb = str(rng.choice(list(synthetic._SUBJECTS))), str(rng.choice(list(synthetic._VERBS)))
+    number = 1 if rng.random() < 1 / 4 else int(rng.integers(2, 1000))
+    adjective = str(rng.choice(list(synthetic._ADJECTIVES)))
+    noun = str(rng.choice([k[0] for k in synthetic._NOUNS]))
+    return (None if adverb is None else str(adverb)), subject, verb, number, adjective, noun
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_the_splits_are_those_generator_choice_draws(monkeypatch, seed):
+    sizes = {"train": 3000, "val": 200, "test": 200}
+    fast = [synthetic_pairs(split, seed, sizes) for split in ("train", "val", "test")]
+    monkeypatch.setattr(synthetic, "_draw", _draw_with_choice)
+    assert fast == [synthetic_pairs(split, seed, sizes) for split in ("train", "val", "test")]

@@ -91,15 +91,24 @@ def _english_sentence(adverb, subject, verb, number, adjective, noun):
     return sentence[0].upper() + sentence[1:]
 
 
+_ADVERB_CHOICES = [None] + list(_ADVERBS)
+_SUBJECT_CHOICES, _VERB_CHOICES = list(_SUBJECTS), list(_VERBS)
+_ADJECTIVE_CHOICES, _NOUN_CHOICES = list(_ADJECTIVES), [k[0] for k in _NOUNS]
+
+
+def _pick(rng, options):
+    """``rng.choice(options)``: the same draw from the generator (an index below ``len(options)``),
+    without turning the list into an array each time (five times faster over a split)."""
+    return options[int(rng.integers(0, len(options)))]
+
+
 def _draw(rng):
-    adverb = rng.choice([None] + list(_ADVERBS)) if rng.random() < 0.5 else None
-    subject = str(rng.choice(list(_SUBJECTS)))
-    verb = str(rng.choice(list(_VERBS)))
+    adverb = _pick(rng, _ADVERB_CHOICES) if rng.random() < 0.5 else None
+    subject = _pick(rng, _SUBJECT_CHOICES)
+    verb = _pick(rng, _VERB_CHOICES)
     # one in four objects is singular (agreement with "ein-"); the rest spread over 2..999
     number = 1 if rng.random() < 1 / 4 else int(rng.integers(2, 1000))
-    adjective = str(rng.choice(list(_ADJECTIVES)))
-    noun = str(rng.choice([k[0] for k in _NOUNS]))
-    return (None if adverb is None else str(adverb)), subject, verb, number, adjective, noun
+    return adverb, subject, verb, number, _pick(rng, _ADJECTIVE_CHOICES), _pick(rng, _NOUN_CHOICES)
 
 
 def synthetic_pairs(split, seed=0, sizes=None):
