@@ -80,8 +80,11 @@ def test_a_changed_registry_geometry_reaches_the_compiled_kernels(monkeypatch):
     monkeypatch.setattr(registry, "ROW_BLOCK", 512)
     monkeypatch.setattr(registry, "ATTENTION_WARPS", 2)
     monkeypatch.setattr(registry, "ATTENTION_ROWS_PER_WARP", {32: 8, 64: 3, 128: 1})
-    reports = compile_check.compile_all(("sm_80",), sources=["softmax.cu", "attention.cu"], nvrtc=nvrtc)
-    assert "attention_forward<float, 64, 3>" in {r.expression for r in reports}
+    # a row kernel and each attention kernel with tiles (the new rows per warp name the instantiation)
+    only = ["softmax_backward<float>", "attention_forward<float, 64, 3>", "attention_backward_kv<__half, 32, 8>",
+            "attention_backward_q<__nv_bfloat16, 128, 1>"]
+    reports = compile_check.compile_all(("sm_80",), sources=["softmax.cu", "attention.cu"], nvrtc=nvrtc, only=only)
+    assert sorted(r.expression for r in reports) == sorted(only)
     for r in reports:
         assert r.shared_bytes == _expected_shared_bytes(r.expression), r.expression
     assert {r.expression: r.shared_bytes for r in reports}["softmax_backward<float>"] == 4 * 512 // 32

@@ -195,18 +195,27 @@ def test_adam_plan_refuses_compute_copies_of_two_dtypes():
         ops.AdamPlan(p, zeros, zeros, zeros, copies=[np.zeros(3, np.float16), p[0].astype(backend.bfloat16)])
 
 
+# Other block sizes than the registry's, for the row kernels, the attention kernels and the
+# tensor-core attention. One geometry for this file's test and test_kernels_mma.py's, so that
+# both use one rebuilt emulation library (a build takes about ten seconds).
+CHANGED_GEOMETRY = {"ROW_BLOCK": 64, "COLUMN_BLOCK": 32, "LAYER_NORM_ROWS_PER_CHUNK": 3, "ADAM_BLOCK": 64,
+                    "ADAM_CHUNK": 100, "DROPOUT_MAX_BLOCKS": 3, "ATTENTION_WARPS": 2,
+                    "ATTENTION_ROWS_PER_WARP": {32: 1, 64: 3, 128: 5}, "MMA_ATTENTION_WARPS": 2,
+                    "MMA_ATTENTION_TILE": {32: 16, 64: 32, 128: 48}, "MMA_PAD": 16}
+
+
+def change_geometry(monkeypatch):
+    """Sets CHANGED_GEOMETRY in the registry for the test (monkeypatch undoes it)."""
+    for name, value in CHANGED_GEOMETRY.items():
+        assert hasattr(registry, name), name
+        monkeypatch.setattr(registry, name, value)
+
+
 def test_kernels_follow_a_changed_registry_geometry(monkeypatch):
     """Other block sizes in the registry: the emulation is rebuilt with them, the launches use
     them, and every kernel still matches its reference (a source that kept its own rows per warp
     or warps per block would leave rows unprocessed)."""
-    monkeypatch.setattr(registry, "ROW_BLOCK", 64)
-    monkeypatch.setattr(registry, "COLUMN_BLOCK", 32)
-    monkeypatch.setattr(registry, "LAYER_NORM_ROWS_PER_CHUNK", 3)
-    monkeypatch.setattr(registry, "ADAM_BLOCK", 64)
-    monkeypatch.setattr(registry, "ADAM_CHUNK", 100)
-    monkeypatch.setattr(registry, "DROPOUT_MAX_BLOCKS", 3)
-    monkeypatch.setattr(registry, "ATTENTION_WARPS", 2)
-    monkeypatch.setattr(registry, "ATTENTION_ROWS_PER_WARP", {32: 1, 64: 3, 128: 5})
+    change_geometry(monkeypatch)
     launches = []
     original = launch.launch
 

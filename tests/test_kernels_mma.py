@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
+from test_kernels_emulation import change_geometry
 from tinyformer import Tensor, functional as F, kernels
 from tinyformer import kernel_cases as cases
 from tinyformer.kernel_cases import Device, rand
@@ -140,9 +141,9 @@ def test_projection_layout_is_read_in_place_and_other_layouts_are_copied(monkeyp
 
 
 def test_attention_follows_a_changed_registry_geometry(monkeypatch):
-    monkeypatch.setattr(registry, "MMA_ATTENTION_WARPS", 2)
-    monkeypatch.setattr(registry, "MMA_ATTENTION_TILE", {32: 16, 64: 32, 128: 48})
-    monkeypatch.setattr(registry, "MMA_PAD", 16)
+    """Two warps per block, other key tiles and padding (test_kernels_emulation's CHANGED_GEOMETRY)."""
+    change_geometry(monkeypatch)
+    assert (registry.MMA_ATTENTION_WARPS, registry.MMA_ATTENTION_TILE[64], registry.MMA_PAD) == (2, 32, 16)
     for dim in registry.HEAD_DIMS:
         cases.attention_mma(Device("cpu", "bfloat16"), 1, 2, 45, 70, dim, lengths=[66], causal=True, dropout_p=0.2,
                             seed=5, rng_seed=dim).check()

@@ -140,13 +140,16 @@ def _compiled(nvrtc, source, expressions, options):
     return _COMPILED[key]
 
 
-def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None):
-    """Compile each source for each architecture; returns the per-kernel reports."""
+def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None):
+    """Compile each source for each architecture; returns the per-kernel reports. ``only``: the
+    instantiations to compile (name expressions), where not every one is wanted."""
     nvrtc = nvrtc or Nvrtc()
     includes = [f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in toolchain.cuda_include_dirs()]
     reports = []
     for source in sources or registry.KERNELS:
-        expressions = registry.instantiations(source)
+        expressions = [e for e in registry.instantiations(source) if only is None or e in only]
+        if not expressions:
+            continue
         for arch in archs:
             options = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
             log, lowered = _compiled(nvrtc, source, tuple(expressions), tuple(options))
