@@ -13,6 +13,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import background_builds
 import children
 import pytest
 import trained_models
@@ -69,8 +70,9 @@ def pytest_configure(config):
         script = Path(__file__).with_name("background_builds.py")
         shared = config._tmp_path_factory.getbasetemp()  # the workers' own lie below it (pytest-xdist)
         data = {"TINYFORMER_DATA": os.environ.get("TINYFORMER_DATA")}
-        _BACKGROUND.append(children.start([children.PYTHON, script, shared], env=data, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+        for part in background_builds.PARTS:
+            _BACKGROUND.append(children.start([children.PYTHON, script, shared, part], env=data,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def pytest_unconfigure(config):
@@ -80,8 +82,12 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """Under the thorough profile, a hypothesis test whose ``@settings`` names its own number of
-    examples runs THOROUGH_FACTOR times that many (the others already get the profile's count)."""
+    """The tests that need a product of the background build run after all the others, in the
+    order the products are ready (``background_builds.WAITING``); pytest-xdist hands tests out in
+    this order. Under the thorough profile, a hypothesis test whose ``@settings`` names its own
+    number of examples runs THOROUGH_FACTOR times that many (the others already get the profile's
+    count)."""
+    items.sort(key=background_builds.waiting_rank)  # stable: the files' order otherwise
     if settings.get_current_profile_name() != "thorough":
         return
     scaled = set()
