@@ -155,12 +155,14 @@ def test_resume_cannot_change_the_recipe(trained_run, capsys):
     assert code == 2 and "cannot change" in capsys.readouterr().err
 
 
-def test_translate_plots_the_attention_of_the_first_non_empty_line(trained_run, tmp_path):
+def test_translate_plots_the_attention_of_the_first_non_empty_line(trained_synthetic, tmp_path):
+    """On the trained model (an untrained one's hypotheses run to the length limit: each figure
+    then holds some sixty target labels and takes seconds to draw)."""
     pytest.importorskip("matplotlib")
     source = tmp_path / "in.txt"
     source.write_text("\nI see 3 red cats\nToday we buy 1 old car\nWe sell 2 new houses\n", encoding="utf-8")
     out, maps = tmp_path / "out.txt", tmp_path / "maps"
-    code = cli.main(["translate", "--checkpoint", str(trained_run / "checkpoint_0000004.npz"), "--input", str(source),
+    code = cli.main(["translate", "--checkpoint", str(trained_synthetic.checkpoint), "--input", str(source),
                      "--output", str(out), "--beam", "1", "--plot-attention", str(maps)])
     assert code == 0
     assert len(out.read_text(encoding="utf-8").split("\n")) == 5  # the translations are still written

@@ -58,5 +58,17 @@ def _draw_with_choice(rng):
 def test_the_splits_are_those_generator_choice_draws(monkeypatch, seed):
     sizes = {"train": 3000, "val": 200, "test": 200}
     fast = [synthetic_pairs(split, seed, sizes) for split in ("train", "val", "test")]
+    synthetic._splits.cache_clear()  # drawn once per process: draw again, with choice
     monkeypatch.setattr(synthetic, "_draw", _draw_with_choice)
-    assert fast == [synthetic_pairs(split, seed, sizes) for split in ("train", "val", "test")]
+    try:
+        assert fast == [synthetic_pairs(split, seed, sizes) for split in ("train", "val", "test")]
+    finally:
+        synthetic._splits.cache_clear()
+
+
+def test_a_split_is_drawn_once_per_process_and_handed_out_as_new_lists():
+    english, german = synthetic_pairs("val", 11, {"val": 30, "test": 10, "train": 50})
+    english.append("changed")
+    again = synthetic_pairs("val", 11, {"val": 30, "test": 10, "train": 50})
+    assert len(again[0]) == 30 and again[0] is not english and "changed" not in again[0]
+    assert synthetic._splits.cache_info().hits >= 1

@@ -15,6 +15,8 @@ Sentences look like ``[adverb] subject verb number adjective noun``; train, val
 and test splits are disjoint and depend only on the seed, so nothing is downloaded.
 """
 
+import functools
+
 import numpy
 
 from ..validation import check_int
@@ -120,8 +122,17 @@ def synthetic_pairs(split, seed=0, sizes=None):
     sizes = dict(SPLIT_SIZES, **(sizes or {}))
     if split not in sizes:
         raise ValueError(f"synthetic_pairs: split must be one of {tuple(sizes)}, got {split!r}")
+    english, german = _splits(seed, tuple(sizes.items()))[split]
+    return list(english), list(german)
+
+
+@functools.lru_cache(maxsize=4)
+def _splits(seed, sizes):
+    """{split: (english, german)} of every split, drawn once per process for a seed and sizes (a
+    run asks for its training and validation splits, which share the generator)."""
+    sizes = dict(sizes)
     rng = numpy.random.default_rng(seed)
-    seen = set()
+    seen, splits = set(), {}
     for name in ("test", "val", "train"):
         english, german = [], []
         while len(english) < sizes[name]:
@@ -132,6 +143,5 @@ def synthetic_pairs(split, seed=0, sizes=None):
             seen.add(sentence)
             english.append(sentence)
             german.append(translate_sentence(*parts))
-        if name == split:
-            return english, german
-    raise AssertionError("unreachable")
+        splits[name] = tuple(english), tuple(german)
+    return splits
