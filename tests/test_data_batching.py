@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tinyformer.data import BOS_ID, EOS_ID, PAD_ID
@@ -160,3 +160,65 @@ def test_a_batch_knows_its_source_lengths_and_makes_its_key_mask():
     np.testing.assert_array_equal(padded.src_key_mask().mask, padded.src_mask)
     holes = make_batch([[5, PAD_ID, 7]], [[9]])  # padding inside a sentence: the boolean mask it is
     assert holes.src_lengths is None and holes.src_key_mask() is holes.src_mask
+
+
+# ------------------------------------------------------------------ the compact layout equals the plain one
+def _batch_indices_pair_by_pair(src_lengths, tgt_lengths, max_tokens, seed=0, epoch=0, shuffle=True):
+    """The packing as first written, a Python step per pair: the reference of the per-batch one."""
+    src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
+    rng = np.random.default_rng([seed, epoch])
+    longest = np.maximum(src_lengths, tgt_lengths)
+    tie_break = rng.permutation(len(longest))
+    order = tie_break[np.lexsort((src_lengths[tie_break], longest[tie_break]))]
+    batches, current, width = [], [], 0
+    for i in order:
+        new_width = max(width, int(longest[i]))
+        if current and (len(current) + 1) * new_width > max_tokens:
+            batches.append(current)
+            current, new_width = [], int(longest[i])
+        current.append(int(i))
+        width = new_width
+    if current:
+        batches.append(current)
+    if shuffle:
+        batches = [batches[j] for j in rng.permutation(len(batches))]
+    return [b for b in batches]
+
+
+@settings(max_examples=80, deadline=None)
+@given(pairs=lengths, max_tokens=st.integers(1, 300), seed=st.integers(0, 5), shuffle=st.booleans())
+@example(pairs=[(10, 3)] * 5 + [(4, 12)] * 3, max_tokens=24, seed=0, shuffle=False)  # batches that fit exactly
+@example(pairs=[(50, 2), (3, 3), (60, 1)], max_tokens=40, seed=1, shuffle=True)  # pairs over the budget
+def test_batches_are_those_of_the_pair_by_pair_packing(pairs, max_tokens, seed, shuffle):
+    src, tgt = np.array(pairs).T
+    got = batch_indices(src, tgt, max_tokens, seed=seed, epoch=1, shuffle=shuffle)
+    assert [b.tolist() for b in got] == _batch_indices_pair_by_pair(src, tgt, max_tokens, seed, 1, shuffle)
+    assert all(b.dtype == np.int64 for b in got)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pairs=lengths, max_len=st.integers(1, 45), max_tokens=st.integers(20, 300))
+def test_a_batch_of_the_flat_arrays_is_make_batch_of_the_lists(pairs, max_len, max_tokens):
+    rng = np.random.default_rng(len(pairs))
+    src = [rng.integers(4, 100, s).tolist() for s, _ in pairs]
+    tgt = [rng.integers(4, 100, t).tolist() for _, t in pairs]
+    data = ParallelData(src, tgt, max_len=max_len)
+    kept = [i for i in range(len(src)) if len(src[i]) < max_len and len(tgt[i]) < max_len]
+    assert data.original_index.tolist() == kept and data.num_dropped == len(src) - len(kept)
+    batches = data.batches(max_tokens, seed=3)
+    assert len(batches[:]) == len(batches)
+    for batch in batches:
+        expected = make_batch([src[kept[i]] for i in batch.indices], [tgt[kept[i]] for i in batch.indices],
+                              batch.indices)
+        for name in ("src", "tgt_in", "tgt_out", "src_mask", "indices"):
+            np.testing.assert_array_equal(getattr(batch, name), getattr(expected, name))
+            assert getattr(batch, name).dtype == getattr(expected, name).dtype
+        assert batch.num_tokens == expected.num_tokens
+
+
+def test_flat_sequences_refuse_offsets_that_do_not_cover_the_ids():
+    from tinyformer.data.batching import FlatSequences
+    with pytest.raises(ValueError, match="offsets must run from 0 to len"):
+        FlatSequences(np.arange(5, dtype=np.int32), [0, 2, 4])
+    flat = FlatSequences.from_lists([[5, 6], [], [7]])
+    assert flat.lengths.tolist() == [2, 0, 1] and flat[2].tolist() == [7] and len(flat) == 3

@@ -13,6 +13,8 @@ per length bucket. Padding is masked everywhere (source keys, causal target
 positions, ignored loss targets), so a padded batch has the unpadded batch's loss and gradients.
 """
 
+import collections.abc
+
 import numpy
 
 from .. import backend
@@ -20,7 +22,7 @@ from ..functional.masks import KeyLengthMask
 from ..validation import check_int
 from .special import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["Batch", "ParallelData", "ShapeBuckets", "batch_indices", "make_batch", "pad"]
+__all__ = ["Batch", "Batches", "FlatSequences", "ParallelData", "ShapeBuckets", "batch_indices", "make_batch", "pad"]
 
 
 def pad(sequences, pad_id=PAD_ID, dtype=numpy.int64):
@@ -132,19 +134,26 @@ def batch_indices(src_lengths, tgt_lengths, max_tokens, seed=0, epoch=0, shuffle
     longest = numpy.maximum(src_lengths, tgt_lengths)
     tie_break = rng.permutation(len(longest))
     order = tie_break[numpy.lexsort((src_lengths[tie_break], longest[tie_break]))]
-    batches, current, width = [], [], 0
-    for i in order:
-        new_width = max(width, int(longest[i]))
-        if current and (len(current) + 1) * new_width > max_tokens:
-            batches.append(current)
-            current, new_width = [], int(longest[i])
-        current.append(int(i))
-        width = new_width
-    if current:
-        batches.append(current)
+    batches = numpy.split(order, _batch_starts(longest[order], max_tokens)[1:]) if len(order) else []
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
-    return [numpy.asarray(b, dtype=numpy.int64) for b in batches]
+    return batches
+
+
+def _batch_starts(widths, max_tokens):
+    """Where each batch starts in ``widths`` (the pairs' padded lengths, in length order) when they
+    are packed greedily: a pair joins the batch unless the batch, with it, would cost more than
+    ``max_tokens`` (rows × its width, the widest so far); a pair alone always makes a batch. As the
+    widths never fall, pair j joins a batch that starts at s when (j − s + 1) · widths[j] ≤
+    max_tokens, and only the next max_tokens // widths[s] pairs can: one NumPy comparison per batch
+    instead of a Python step per pair."""
+    starts, start, count = [], 0, len(widths)
+    while start < count:
+        starts.append(start)
+        candidates = widths[start + 1:start + max(max_tokens // int(widths[start]), 1)]
+        over = numpy.arange(2, len(candidates) + 2) * candidates > max_tokens
+        start += 1 + (int(over.argmax()) if over.any() else len(candidates))
+    return starts
 
 
 class ShapeBuckets:
@@ -194,38 +203,115 @@ class ShapeBuckets:
         return batch if shape == batch.shape else batch.padded_to(*shape)
 
 
+class FlatSequences:
+    """Sequences of token ids as one flat array and the offsets where each starts (the last offset
+    is the end): a corpus of millions of sentences in a few arrays, sliced without Python lists."""
+
+    def __init__(self, ids, offsets):
+        self.ids, self.offsets = ids, numpy.asarray(offsets, dtype=numpy.int64)
+        if self.offsets.ndim != 1 or not len(self.offsets) or self.offsets[0] != 0 or self.offsets[-1] != len(ids):
+            raise ValueError(f"FlatSequences: offsets must run from 0 to len(ids) = {len(ids)}")
+
+    @classmethod
+    def from_lists(cls, sequences, dtype=numpy.int32):
+        lengths = numpy.fromiter((len(s) for s in sequences), dtype=numpy.int64, count=len(sequences))
+        offsets = numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int64)
+        ids = numpy.fromiter((i for s in sequences for i in s), dtype=dtype, count=int(offsets[-1]))
+        return cls(ids, offsets)
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self):
+        return numpy.diff(self.offsets)
+
+    def __getitem__(self, row):
+        return self.ids[self.offsets[row]:self.offsets[row + 1]]
+
+    def padded(self, rows, before=None, after=None, pad_id=PAD_ID):
+        """The sequences ``rows`` as one (len(rows), longest + extras) int64 array padded with
+        ``pad_id``, with ``before`` put in front of each and ``after`` behind it (BOS, EOS)."""
+        rows = numpy.asarray(rows, dtype=numpy.int64)
+        starts, lengths = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
+        shift = 0 if before is None else 1
+        width = int(lengths.max(initial=0)) + shift + (0 if after is None else 1)
+        out = numpy.full((len(rows), width), pad_id, dtype=numpy.int64)
+        total = int(lengths.sum())
+        row_of = numpy.repeat(numpy.arange(len(rows)), lengths)
+        column = numpy.arange(total) - numpy.repeat(numpy.cumsum(lengths) - lengths, lengths)
+        out[row_of, column + shift] = self.ids[numpy.repeat(starts, lengths) + column]
+        if before is not None:
+            out[:, 0] = before
+        if after is not None:
+            out[numpy.arange(len(rows)), lengths + shift] = after
+        return out
+
+
 class ParallelData:
-    """Tokenised sentence pairs, with overlong ones dropped (and counted), ready to batch."""
+    """Tokenised sentence pairs, with overlong ones dropped (and counted), ready to batch.
+
+    The pairs live in two ``FlatSequences`` (from lists of id sequences, or ``from_flat`` for a
+    corpus encoded into arrays); an epoch's batches are built as training visits them."""
 
     def __init__(self, src_ids, tgt_ids, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
         if len(src_ids) != len(tgt_ids):
             raise ValueError(f"ParallelData: {len(src_ids)} source but {len(tgt_ids)} target sentences")
+        self._keep(FlatSequences.from_lists(src_ids), FlatSequences.from_lists(tgt_ids), max_len, pad_id, bos_id,
+                   eos_id)
+
+    @classmethod
+    def from_flat(cls, src, tgt, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
+        """From two FlatSequences of as many sentences (memory-mapped arrays stay so)."""
+        if len(src) != len(tgt):
+            raise ValueError(f"ParallelData: {len(src)} source but {len(tgt)} target sentences")
+        data = cls.__new__(cls)
+        data._keep(src, tgt, max_len, pad_id, bos_id, eos_id)
+        return data
+
+    def _keep(self, src, tgt, max_len, pad_id, bos_id, eos_id):
         if max_len is not None:
             max_len = check_int("ParallelData: max_len", max_len, 1)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        keep = [
-            i for i, (s, t) in enumerate(zip(src_ids, tgt_ids))
-            if max_len is None or (len(s) + 1 <= max_len and len(t) + 1 <= max_len)
-        ]
-        self.num_dropped = len(src_ids) - len(keep)
-        self.original_index = numpy.asarray(keep, dtype=numpy.int64)
-        self.src = [list(src_ids[i]) for i in keep]
-        self.tgt = [list(tgt_ids[i]) for i in keep]
-        self.src_lengths = numpy.array([len(s) + 1 for s in self.src], dtype=numpy.int64)
-        self.tgt_lengths = numpy.array([len(t) + 1 for t in self.tgt], dtype=numpy.int64)
+        self._src, self._tgt = src, tgt
+        src_lengths, tgt_lengths = src.lengths + 1, tgt.lengths + 1  # with EOS, with BOS
+        keep = numpy.ones(len(src), dtype=bool) if max_len is None else (src_lengths <= max_len) & (tgt_lengths <= max_len)
+        self.original_index = numpy.flatnonzero(keep).astype(numpy.int64)
+        self.num_dropped = len(src) - len(self.original_index)
+        self.src_lengths, self.tgt_lengths = src_lengths[keep], tgt_lengths[keep]
 
     def __len__(self):
-        return len(self.src)
+        return len(self.original_index)
 
     @property
     def num_target_tokens(self):
         return int(self.tgt_lengths.sum())
 
     def batches(self, max_tokens, seed=0, epoch=0, shuffle=True):
-        """The epoch's batches (a list of Batch), in the order training should visit them."""
-        groups = batch_indices(self.src_lengths, self.tgt_lengths, max_tokens, seed, epoch, shuffle)
-        return [self.batch(g) for g in groups]
+        """The epoch's batches in the order training should visit them: a sequence of Batch, each
+        made when it is asked for (an epoch of a large corpus is never padded all at once)."""
+        return Batches(self, batch_indices(self.src_lengths, self.tgt_lengths, max_tokens, seed, epoch, shuffle))
 
     def batch(self, indices):
-        return make_batch([self.src[i] for i in indices], [self.tgt[i] for i in indices],
-                          indices, self.pad_id, self.bos_id, self.eos_id)
+        """The Batch of the pairs ``indices`` (positions among the kept pairs)."""
+        indices = numpy.asarray(indices, dtype=numpy.int64)
+        rows = self.original_index[indices]
+        src = self._src.padded(rows, after=self.eos_id, pad_id=self.pad_id)
+        tgt_in = self._tgt.padded(rows, before=self.bos_id, pad_id=self.pad_id)
+        tgt_out = self._tgt.padded(rows, after=self.eos_id, pad_id=self.pad_id)
+        return Batch(src, tgt_in, tgt_out, indices, self.pad_id)
+
+
+class Batches(collections.abc.Sequence):
+    """An epoch's batches: ``len``, indexing and slices (lists) of Batch, each built when asked for."""
+
+    def __init__(self, data, groups):
+        self.data, self.groups = data, groups
+
+    def __len__(self):
+        return len(self.groups)
+
+    def __getitem__(self, which):
+        if isinstance(which, slice):
+            return [self.data.batch(g) for g in self.groups[which]]
+        return self.data.batch(self.groups[which])
