@@ -12,9 +12,7 @@ session fixtures); the others wait on the lock, then read what it wrote. A run i
 the tests (its files are made so): a test that changes one copies it first.
 """
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -25,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tinyformer import checkpoint
+from tinyformer.filecache import locked
 from tinyformer.train import LOG_FILE, TrainConfig, Trainer, load_corpus, load_model
 
 RECORD = "trained.json"
@@ -81,17 +80,6 @@ def shared_directory(tmp_path_factory):
     of the worker's own, else the run's."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Holds an exclusive fcntl lock on ``path`` (made if missing) for the with-block."""
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def trained_once(tmp_path_factory, name, options):

@@ -252,33 +252,48 @@ class ParallelData:
     """Tokenised sentence pairs, with overlong ones dropped (and counted), ready to batch.
 
     The pairs live in two ``FlatSequences`` (from lists of id sequences, or ``from_flat`` for a
-    corpus encoded into arrays); an epoch's batches are built as training visits them."""
+    corpus encoded into arrays); an epoch's batches are built as training visits them. A pair is
+    dropped when a side with its EOS or BOS is longer than ``max_len`` tokens ("too long"), or,
+    with ``max_ratio``, when its longer side has more than ``max_ratio`` times the tokens of its
+    shorter one ("length ratio", Moses' clean-corpus rule counted in subwords); ``dropped`` counts
+    each reason, ``num_dropped`` all."""
 
-    def __init__(self, src_ids, tgt_ids, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
+    def __init__(self, src_ids, tgt_ids, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, max_ratio=None):
         if len(src_ids) != len(tgt_ids):
             raise ValueError(f"ParallelData: {len(src_ids)} source but {len(tgt_ids)} target sentences")
-        self._keep(FlatSequences.from_lists(src_ids), FlatSequences.from_lists(tgt_ids), max_len, pad_id, bos_id,
-                   eos_id)
+        self._keep(FlatSequences.from_lists(src_ids), FlatSequences.from_lists(tgt_ids), max_len, max_ratio, None,
+                   pad_id, bos_id, eos_id)
 
     @classmethod
-    def from_flat(cls, src, tgt, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID):
-        """From two FlatSequences of as many sentences (memory-mapped arrays stay so)."""
+    def from_flat(cls, src, tgt, max_len=None, max_ratio=None, rows=None, pad_id=PAD_ID, bos_id=BOS_ID,
+                  eos_id=EOS_ID):
+        """From two FlatSequences of as many sentences (memory-mapped arrays stay so); ``rows``: the
+        sentences to take (all by default), e.g. all but those held out for validation."""
         if len(src) != len(tgt):
             raise ValueError(f"ParallelData: {len(src)} source but {len(tgt)} target sentences")
         data = cls.__new__(cls)
-        data._keep(src, tgt, max_len, pad_id, bos_id, eos_id)
+        data._keep(src, tgt, max_len, max_ratio, rows, pad_id, bos_id, eos_id)
         return data
 
-    def _keep(self, src, tgt, max_len, pad_id, bos_id, eos_id):
+    def _keep(self, src, tgt, max_len, max_ratio, rows, pad_id, bos_id, eos_id):
         if max_len is not None:
             max_len = check_int("ParallelData: max_len", max_len, 1)
+        if max_ratio is not None and not max_ratio >= 1:
+            raise ValueError(f"ParallelData: max_ratio must be at least 1, got {max_ratio!r}")
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self._src, self._tgt = src, tgt
-        src_lengths, tgt_lengths = src.lengths + 1, tgt.lengths + 1  # with EOS, with BOS
-        keep = numpy.ones(len(src), dtype=bool) if max_len is None else (src_lengths <= max_len) & (tgt_lengths <= max_len)
-        self.original_index = numpy.flatnonzero(keep).astype(numpy.int64)
-        self.num_dropped = len(src) - len(self.original_index)
-        self.src_lengths, self.tgt_lengths = src_lengths[keep], tgt_lengths[keep]
+        rows = numpy.arange(len(src), dtype=numpy.int64) if rows is None else numpy.asarray(rows, dtype=numpy.int64)
+        src_tokens, tgt_tokens = src.lengths[rows], tgt.lengths[rows]
+        too_long = numpy.zeros(len(rows), dtype=bool) if max_len is None else \
+            (src_tokens + 1 > max_len) | (tgt_tokens + 1 > max_len)  # with EOS, with BOS
+        off_ratio = numpy.zeros(len(rows), dtype=bool) if max_ratio is None else \
+            ~too_long & (numpy.maximum(src_tokens, tgt_tokens) > max_ratio * numpy.maximum(
+                numpy.minimum(src_tokens, tgt_tokens), 1))
+        keep = ~(too_long | off_ratio)
+        self.dropped = {"too long": int(too_long.sum()), "length ratio": int(off_ratio.sum())}
+        self.num_dropped = len(rows) - int(keep.sum())
+        self.original_index = rows[keep]
+        self.src_lengths, self.tgt_lengths = src_tokens[keep] + 1, tgt_tokens[keep] + 1
 
     def __len__(self):
         return len(self.original_index)

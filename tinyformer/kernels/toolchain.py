@@ -6,13 +6,14 @@ which need neither a GPU nor a driver.
 """
 
 import ctypes.util
-import fcntl
 import glob
 import os
 import site
 import sys
 import tempfile
 from pathlib import Path
+
+from .. import filecache
 
 
 def _toolkit_roots():
@@ -72,19 +73,6 @@ def build_cache():
 
 
 def cached_product(name, make):
-    """The path of ``name`` in the build cache, made by ``make(partial_path)`` if it is not there.
-    One process makes it at a time (a lock file beside it): a concurrent one (a test worker, the
-    test run's background build) waits and takes the finished file instead of making it again.
-    The product appears atomically, so no reader sees a half-written file."""
-    cache = build_cache()
-    product = cache / name
-    if product.exists():
-        return product
-    with open(cache / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not product.exists():
-            with tempfile.TemporaryDirectory(dir=cache) as work:
-                partial = Path(work) / name
-                make(partial)
-                os.replace(partial, product)
-    return product
+    """The path of ``name`` in the build cache, made by ``make(partial_path)`` if it is not there
+    (``filecache.cached_product``: one process makes it, a concurrent one waits and takes it)."""
+    return filecache.cached_product(build_cache(), name, make)

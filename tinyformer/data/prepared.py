@@ -1,0 +1,206 @@
+"""A parallel corpus of one's own, prepared for training: the raw cleaning, a joint BPE trained on a
+seeded sample, and every kept pair as token ids in compact arrays, made once into a cache and
+memory-mapped by each later run, resume and rank.
+
+The cache (``--corpus-cache``; by default ``corpus-cache`` beside the run directory) holds a
+folder per set of corpus files, named by a digest of their SHA-256s, and in it:
+
+- ``kept-<rules>.npy``, ``.json``: which lines survive the raw cleaning (``corpus.clean_pairs``:
+  an empty side, a duplicate with ``--dedup``) and the counts per reason;
+- ``tokenizer-<digest>.model``: the joint BPE for a vocabulary size, sample size and seed;
+- ``arrays-<tokenizer>-<rules>/``: the kept pairs' ids, ``src_ids.npy``, ``src_offsets.npy``,
+  ``tgt_ids.npy``, ``tgt_offsets.npy`` (``batching.FlatSequences``; uint16 ids for a vocabulary
+  that fits, else int32), encoded by the tokenizer whose SHA-256 names the folder;
+- ``heldout-<rules>-<seed>-<size>.json``: the raw text of the validation pairs taken from the
+  training pairs when the run has no ``--valid``.
+
+Each product appears whole under its name (``filecache.cached_product``), so concurrent processes
+wait for the first and then read. Pairs longer than ``max_len`` or beyond the length ratio are
+dropped later, from the lengths (``ParallelData``): the arrays do not depend on them.
+
+The tokenizer's sample is drawn here, not by sentencepiece's ``input_sentence_size``: with the
+same seed, that one gives a different model in each process, and a cache needs the same one.
+"""
+
+import array
+import dataclasses
+import hashlib
+import itertools
+import json
+from pathlib import Path
+
+import numpy
+
+from .. import filecache
+from .batching import FlatSequences
+from .corpus import CleaningReport, clean_pairs, file_fingerprints, held_out, read_pairs
+from .tokenizer import Tokenizer
+
+__all__ = ["PreparedCorpus", "prepare_corpus", "heldout_text", "read_text", "default_cache_dir"]
+
+FORMAT = 1  # the layout of the arrays; a new one makes new cache entries
+ENCODE_CHUNK = 20_000  # pairs encoded at a time
+
+
+@dataclasses.dataclass
+class PreparedCorpus:
+    """The kept pairs of a corpus as ids (``src``, ``tgt``: FlatSequences), the ``tokenizer`` that
+    encoded them, the raw cleaning's ``report``, and ``folder``, the cache entry of these files."""
+
+    files: object
+    tokenizer: Tokenizer
+    src: FlatSequences
+    tgt: FlatSequences
+    report: CleaningReport
+    folder: Path
+    dedup: bool
+
+    def __len__(self):
+        return len(self.src)
+
+
+def default_cache_dir(save_dir):
+    """``corpus-cache`` beside the run directory: the runs kept together share prepared corpora."""
+    return Path(save_dir).resolve().parent / "corpus-cache"
+
+
+def _digest(value, size=16):
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:size]
+
+
+def _rules(dedup):
+    return "dedup" if dedup else "all"
+
+
+def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=False, tokenizer=None, echo=print):
+    """The PreparedCorpus of ``files`` (``corpus.CorpusFiles``), from the cache in ``cache_dir`` or
+    made there now. ``tokenizer``: the run's own (a resumed run, or one handed a tokenizer); else
+    the joint BPE of ``vocab_size`` pieces trained on at most ``sample_size`` of the kept
+    sentences, drawn with ``seed``."""
+    fingerprints = file_fingerprints(files)
+    folder = Path(cache_dir) / _digest({"files": sorted(fingerprints.values()), "tsv": files.target is None,
+                                        "format": FORMAT})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "files.json").write_text(json.dumps(fingerprints, indent=1), encoding="utf-8")
+    rules = _rules(dedup)
+    made = []
+
+    def note(what):
+        def make(partial):
+            made.append(what)
+            return what(partial)
+        return make
+
+    kept_path = filecache.cached_product(folder, f"kept-{rules}.npy", note(lambda p: _clean(files, dedup, p)))
+    kept = numpy.load(kept_path, mmap_mode="r")
+    report = CleaningReport(**json.loads(kept_path.with_suffix(".json").read_text(encoding="utf-8")))
+    if not report.kept:
+        raise _empty_error(files, report)
+    if tokenizer is None:
+        spec = _digest({"vocab_size": vocab_size, "sample_size": sample_size, "seed": seed, "rules": rules})
+        path = filecache.cached_product(folder, f"tokenizer-{spec}.model",
+                                        note(lambda p: _train_tokenizer(files, kept, vocab_size, sample_size, seed,
+                                                                         p, echo)))
+        tokenizer = Tokenizer.load(path)
+    arrays = filecache.cached_product(folder, f"arrays-{tokenizer.sha256[:16]}-{rules}",
+                                      note(lambda p: _encode(files, kept, tokenizer, p, echo)))
+    src = FlatSequences(numpy.load(arrays / "src_ids.npy", mmap_mode="r"), numpy.load(arrays / "src_offsets.npy"))
+    tgt = FlatSequences(numpy.load(arrays / "tgt_ids.npy", mmap_mode="r"), numpy.load(arrays / "tgt_offsets.npy"))
+    echo(f"{files.option}: {files.describe()}: {report.describe()}; "
+         + ("prepared into" if made else "read from the cache in") + f" {folder}")
+    return PreparedCorpus(files, tokenizer, src, tgt, report, folder, dedup)
+
+
+def _empty_error(files, report):
+    from .corpus import CorpusError
+
+    return CorpusError(f"{files.option}: {files.describe()}: no pair is left after cleaning ({report.describe()})")
+
+
+def _clean(files, dedup, partial):
+    """Which lines of ``files`` the raw cleaning keeps, as a bool array (its counts in a file beside)."""
+    report, number, kept_numbers = CleaningReport(), [-1], array.array("q")
+
+    def numbered():
+        for number[0], pair in enumerate(read_pairs(files)):
+            yield pair
+
+    for _ in clean_pairs(numbered(), report, dedup=dedup):
+        kept_numbers.append(number[0])  # clean_pairs hands on a kept pair as soon as it has read it
+    kept = numpy.zeros(report.read, dtype=bool)
+    kept[numpy.frombuffer(kept_numbers, dtype=numpy.int64)] = True
+    numpy.save(partial, kept)
+    counts = partial.with_suffix(".json")
+    counts.write_text(json.dumps(dataclasses.asdict(report)), encoding="utf-8")
+    counts.replace(partial.parent.parent / counts.name)  # before the array appears, which says both are there
+
+
+def _kept_pairs(files, kept):
+    """The pairs of ``files`` that the cleaning kept, in order."""
+    return itertools.compress(read_pairs(files), kept)
+
+
+def _train_tokenizer(files, kept, vocab_size, sample_size, seed, partial, echo):
+    """The joint BPE on the kept sources, then the kept targets (as the built-in data sets train
+    it), or on a seeded sample of ``sample_size`` of those sentences."""
+    count = int(kept.sum())
+    chosen = None
+    if 2 * count > sample_size:
+        chosen = numpy.zeros(2 * count, dtype=bool)
+        chosen[numpy.random.default_rng(seed).choice(2 * count, sample_size, replace=False)] = True
+    echo(f"{files.option}: training a joint BPE tokenizer ({vocab_size} pieces) on "
+         + (f"{sample_size:,} of the {2 * count:,} sentences, sampled with seed {seed}" if chosen is not None
+            else f"{count:,} sentence pairs"))
+
+    def side(index):
+        return (pair[index] for pair in _kept_pairs(files, kept))
+
+    sentences = itertools.chain(side(0), side(1))
+    if chosen is not None:
+        sentences = itertools.compress(sentences, chosen)
+    Tokenizer.train(sentences, partial.parent, vocab_size=vocab_size, name=partial.stem)  # writes ``partial``
+
+
+def _encode(files, kept, tokenizer, partial, echo):
+    """Every kept pair's ids into the arrays of a FlatSequences per side, ENCODE_CHUNK pairs at a time."""
+    dtype = numpy.uint16 if len(tokenizer) <= numpy.iinfo(numpy.uint16).max + 1 else numpy.int32
+    sides = {"src": ([], []), "tgt": ([], [])}
+    pairs = _kept_pairs(files, kept)
+    while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
+        for index, name in enumerate(sides):
+            encoded = tokenizer.encode_batch([pair[index] for pair in chunk])
+            lengths = numpy.fromiter(map(len, encoded), dtype=numpy.int64, count=len(encoded))
+            sides[name][0].append(numpy.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype,
+                                                 count=int(lengths.sum())))
+            sides[name][1].append(lengths)
+    partial.mkdir()
+    for name, (ids, lengths) in sides.items():
+        lengths = numpy.concatenate(lengths) if lengths else numpy.zeros(0, dtype=numpy.int64)
+        numpy.save(partial / f"{name}_ids.npy", numpy.concatenate(ids) if ids else numpy.zeros(0, dtype=dtype))
+        numpy.save(partial / f"{name}_offsets.npy", numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int64))
+
+
+def heldout_text(prepared, size, seed):
+    """(positions among the kept pairs, (sources, targets)) of the ``size`` pairs held out for
+    validation from a corpus given without ``--valid`` (``corpus.held_out``), cached."""
+    positions = held_out(len(prepared), size, seed)
+    name = f"heldout-{_rules(prepared.dedup)}-{seed}-{size}.json"
+
+    def make(partial):
+        kept = numpy.load(prepared.folder / f"kept-{_rules(prepared.dedup)}.npy", mmap_mode="r")
+        wanted = numpy.zeros(len(prepared), dtype=bool)
+        wanted[positions] = True
+        pairs = list(itertools.compress(_kept_pairs(prepared.files, kept), wanted))
+        partial.write_text(json.dumps([list(side) for side in zip(*pairs)]), encoding="utf-8")
+
+    sources, targets = json.loads(filecache.cached_product(prepared.folder, name, make).read_text(encoding="utf-8"))
+    return positions, (sources, targets)
+
+
+def read_text(files):
+    """(sources, targets) of ``files`` as they are (a validation or test set: nothing dropped)."""
+    sources, targets = [], []
+    for source, target in read_pairs(files):
+        sources.append(source)
+        targets.append(target)
+    return sources, targets
