@@ -100,6 +100,9 @@ def _train(args):
     print(f"checkpoints, tokenizer and metrics.jsonl are in {trainer.save_dir}")
     if args.no_test:
         return 0
+    if trainer.config.data == "files" and trainer.config.test_data is None:
+        print("no --test corpus was given: no test evaluation")
+        return 0
     sources, references = load_corpus(trainer.config, "test")
     with amp.autocast(trainer.config.precision):
         result = evaluate(trainer.model, trainer.tokenizer, sources, references,
@@ -114,9 +117,19 @@ def _resumed_config(given):
     change applied; the others may only repeat the saved values."""
     from .train.config import RESUMABLE, flag_of
 
+    from .train.config import OPTIONS
+
     config = _saved_config(Path(given.get("save_dir") or _default_save_dir(given)))
+
+    def as_saved(name, value):  # a relative corpus path given again names the saved absolute one
+        check = OPTIONS[name].check
+        try:
+            return check(name, value) if check else value
+        except ValueError:
+            return value
+
     changed = [flag_of(name) for name, value in given.items()
-               if name not in RESUMABLE and value != getattr(config, name)]
+               if name not in RESUMABLE and as_saved(name, value) != getattr(config, name)]
     if changed:
         raise UsageError(f"--resume continues the saved run: {', '.join(changed)} cannot change (only "
                          f"{', '.join(_resumable_flags())} can)")
@@ -142,7 +155,8 @@ def _flag_wording(error):
 def _default_save_dir(given):
     from .train.config import default_save_dir
 
-    return default_save_dir(given.get("data", "synthetic"), given.get("preset"))
+    data = given.get("data") or ("files" if given.get("train_data") else "synthetic")
+    return default_save_dir(data, given.get("preset"))
 
 
 def _saved_config(save_dir):
@@ -162,10 +176,15 @@ def _add_train_options(parser):
     from .train.config import DEFAULTS, OPTIONS, flag_of
 
     for name, option in OPTIONS.items():
-        if flag_of(name):
+        if not flag_of(name):
+            continue
+        help_text = _option_help(option, DEFAULTS[name]).replace("%", "%%")
+        if option.kind is bool:  # a switch: given means True
+            parser.add_argument(flag_of(name), dest=name, action="store_const", const=True, default=None,
+                                help=help_text)
+        else:
             kind = str if option.kind is str else _checked(option.kind, option.check)
-            parser.add_argument(flag_of(name), dest=name, type=kind, default=None,
-                                help=_option_help(option, DEFAULTS[name]).replace("%", "%%"))
+            parser.add_argument(flag_of(name), dest=name, type=kind, default=None, help=help_text)
 
 
 def _option_help(option, default):
@@ -176,7 +195,8 @@ def _option_help(option, default):
 
     notes = []
     if isinstance(option.choices, dict):
-        notes.append("; ".join(f"{', '.join(values)} for {data}" for data, values in option.choices.items()))
+        notes.append("; ".join(f"{', '.join(values) if values else 'any language code'} for {data}"
+                               for data, values in option.choices.items()))
     elif option.choices:
         notes.append(", ".join(option.choices))
     if option.per_data:

@@ -10,6 +10,7 @@ state, the position and each rank's dropout generator state; every rank builds t
 """
 
 import dataclasses
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -55,15 +56,21 @@ def build_parts(config, resume=False, echo=print, comm=None):
     if comm.size > 1:
         distributed.check_agreement(comm, _run_facts(config, resume))
     newest = prepare_save_dir(save_dir, resume, echo) if lead else None
-    # Only rank 0 may download Multi30k; the others read it once rank 0 has it.
-    early = lead or config.data == "synthetic"
-    train_text, val_text = (load_corpus(config, "train"), load_corpus(config, "val")) if early else (None, None)
-    tokenizer = _shared_tokenizer(comm, lambda: build_tokenizer(config, train_text, echo))
-    if not early:
-        train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
-    train_data, val_data = build_data(config, tokenizer, train_text), build_data(config, tokenizer, val_text)
+    if config.data == "files":
+        tokenizer, train_data, val_data, val_text = build_corpus_data(config, comm, echo)
+    else:
+        # Only rank 0 may download Multi30k; the others read it once rank 0 has it.
+        early = lead or config.data == "synthetic"
+        train_text, val_text = (load_corpus(config, "train"), load_corpus(config, "val")) if early else (None, None)
+        tokenizer = _shared_tokenizer(comm, lambda: build_tokenizer(config, train_text, echo))
+        if not early:
+            train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
+        train_data = build_data(config, tokenizer, train_text, config.max_ratio)
+        val_data = build_data(config, tokenizer, val_text)
     if train_data.num_dropped:
-        echo(f"dropped {train_data.num_dropped} training pairs longer than {config.max_len} tokens")
+        reasons = {"too long": f"longer than {config.max_len} tokens",
+                   "length ratio": f"with a length ratio over {config.max_ratio:g}" if config.max_ratio else ""}
+        echo("dropped " + ", ".join(f"{n:,} training pairs {reasons[why]}" for why, n in train_data.dropped.items() if n))
     model = build_model(config, tokenizer)
     adam = build_optimizer(config, model)
     scaler = build_scaler(config)
@@ -154,6 +161,8 @@ def prepare_save_dir(save_dir, resume, echo=print):
 def load_corpus(config, split):
     """(source lines, target lines) of ``split`` ("train", "val" or "test") for the configured data."""
     check_languages(config.data, config.src_lang, config.tgt_lang)
+    if config.data == "files":
+        return _corpus_text(config, split)
     if config.data == "synthetic":
         from ..data.synthetic import synthetic_pairs
 
@@ -177,10 +186,94 @@ def build_tokenizer(config, train_text, echo=print):
     return Tokenizer.train(train_text[0] + train_text[1], path.parent, vocab_size=config.vocab_size, name=path.stem)
 
 
-def build_data(config, tokenizer, text):
-    """``text`` (sources, targets) encoded, pairs longer than ``max_len`` tokens dropped."""
+def build_data(config, tokenizer, text, max_ratio=None):
+    """``text`` (sources, targets) encoded, pairs longer than ``max_len`` tokens (or beyond
+    ``max_ratio``) dropped."""
     src, tgt = text
-    return ParallelData(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt), max_len=config.max_len)
+    return ParallelData(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt), max_len=config.max_len,
+                        max_ratio=max_ratio)
+
+
+CORPUS_OPTIONS = {"train": ("train_data", "--train"), "val": ("valid_data", "--valid"), "test": ("test_data", "--test")}
+
+
+def _corpus_files(config, split):
+    """The CorpusFiles of a split of a run on its own corpus, checked against the SHA-256 the run
+    recorded when it started (``data_files``): a file changed since is refused, naming it."""
+    from ..data.corpus import CorpusError, file_fingerprints, find_corpus
+
+    field, option = CORPUS_OPTIONS[split]
+    files = find_corpus(getattr(config, field), config.src_lang, config.tgt_lang, option)
+    recorded = (config.data_files or {}).get(option)
+    if recorded is not None:
+        for path, digest in file_fingerprints(files).items():
+            if recorded.get(path) not in (None, digest):
+                raise CorpusError(f"{option}: {path} has changed since the run was trained on it (SHA-256 "
+                                  f"{recorded[path][:12]}... then, {digest[:12]}... now)")
+    return files
+
+
+def _corpus_text(config, split):
+    from ..data.corpus import CorpusError
+    from ..data.prepared import heldout_text, prepare_corpus, read_text
+
+    field, option = CORPUS_OPTIONS[split]
+    if getattr(config, field) is not None and split != "train":
+        return read_text(_corpus_files(config, split))
+    if split == "test":
+        raise CorpusError(f"the run on {config.train_data} was given no --test corpus: score files of your own "
+                          "with tinyformer eval --hypotheses H --references R")
+    if split == "train":
+        return read_text(_corpus_files(config, "train"))
+    from ..data.tokenizer import Tokenizer
+
+    prepared = prepare_corpus(_corpus_files(config, "train"), _cache_dir(config), config.vocab_size,
+                              config.tokenizer_sample, config.seed, config.dedup,
+                              Tokenizer.load(Path(config.save_dir) / TOKENIZER_FILE), echo=lambda *a: None)
+    return heldout_text(prepared, config.valid_size, config.seed)[1]
+
+
+def _cache_dir(config):
+    from ..data.prepared import default_cache_dir
+
+    return Path(config.corpus_cache) if config.corpus_cache else default_cache_dir(config.save_dir)
+
+
+def build_corpus_data(config, comm, echo=print):
+    """(tokenizer, training data, validation data, validation text) of a run on its own corpus
+    (``--train``): the prepared corpus from the cache (made there by the first process that asks,
+    ``data.prepared``), its tokenizer copied into the run, and the validation pairs from ``--valid``
+    or held out of the training pairs. Records the files' SHA-256 in ``config.data_files``."""
+    from ..data.corpus import file_fingerprints
+    from ..data.prepared import heldout_text, prepare_corpus, read_text
+    from ..data.tokenizer import Tokenizer
+
+    files = {split: _corpus_files(config, split) for split in CORPUS_OPTIONS if getattr(config, CORPUS_OPTIONS[split][0])}
+    if config.data_files is None:
+        config.data_files = {f.option: file_fingerprints(f) for f in files.values()}
+    own = Path(config.save_dir) / TOKENIZER_FILE
+    handed = Tokenizer.load(own) if own.exists() else None
+    prepared = prepare_corpus(files["train"], _cache_dir(config), config.vocab_size, config.tokenizer_sample,
+                              config.seed, config.dedup, handed, echo if comm.rank == 0 else (lambda *a: None))
+    tokenizer = prepared.tokenizer
+    if handed is None and comm.rank == 0:
+        own.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tokenizer.path, own.with_name(own.name + ".tmp"))
+        own.with_name(own.name + ".tmp").replace(own)
+        tokenizer = Tokenizer.load(own)
+    rows = None
+    if "val" in files:
+        val_text = read_text(files["val"])
+        val_data = build_data(config, tokenizer, val_text)
+    else:
+        positions, val_text = heldout_text(prepared, config.valid_size, config.seed)
+        rows = numpy.setdiff1d(numpy.arange(len(prepared), dtype=numpy.int64), positions)
+        val_data = ParallelData.from_flat(prepared.src, prepared.tgt, max_len=config.max_len, rows=positions)
+        echo(f"--train: {config.valid_size:,} of its pairs held out for validation (chosen by seed {config.seed}); "
+             "give --valid to validate on a corpus of your own")
+    train_data = ParallelData.from_flat(prepared.src, prepared.tgt, max_len=config.max_len,
+                                        max_ratio=config.max_ratio, rows=rows)
+    return tokenizer, train_data, val_data, val_text
 
 
 def build_model(config, tokenizer):

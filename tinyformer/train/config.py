@@ -9,11 +9,13 @@ are compared are all derived from these declarations.
 
 import dataclasses
 import functools
+import os
 from pathlib import Path
 
 from .. import backend
 from ..amp import PRECISIONS
 from ..distributed import COMMS
+from ..data.corpus import LANGUAGE_CODE
 from ..data.multi30k import LANGUAGES as MULTI30K_LANGUAGES
 from ..nn import TransformerConfig
 from ..nn.presets import PRESETS
@@ -22,8 +24,9 @@ from ..validation import check_int, check_probability, check_real
 __all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
            "DATASETS", "LANGUAGES", "flag_of", "default_save_dir", "check_languages", "check_model_overrides"]
 
-DATASETS = ("synthetic", "multi30k")
-LANGUAGES = {"synthetic": ("en", "de"), "multi30k": MULTI30K_LANGUAGES}
+# "files": a corpus of one's own (--train PREFIX), in any two languages (LANGUAGES None).
+DATASETS = ("synthetic", "multi30k", "files")
+LANGUAGES = {"synthetic": ("en", "de"), "multi30k": MULTI30K_LANGUAGES, "files": None}
 
 # Checks of tinyformer.validation: check(name, value) returns the value or raises a ValueError
 # "NAME must be ..., got VALUE".
@@ -81,6 +84,17 @@ def _check_preset(name, value):
     return value
 
 
+def _corpus_path(name, value):
+    """A corpus prefix or file, made absolute: the run finds it again from any directory."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must name a corpus (a file prefix or a tab-separated file), got {value!r}")
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def _at_least_one(name, value):
+    return check_real(name, value, minimum=1)
+
+
 def _check_device(name, value):
     return backend.check_device(value)
 
@@ -116,24 +130,45 @@ class TrainConfig:
     tgt_lang: str = option("de", help="target language", flag="--tgt", choices=LANGUAGES)
     data_dir: str = option(help="directory holding the Multi30k files", resumable=True,
                            unset="$TINYFORMER_DATA, the user cache, or a download")
+    # A corpus of one's own, named as fairseq names one (--trainpref): PREFIX.<src> and PREFIX.<tgt>.
+    train_data: str = option(help="train on your own corpus: PREFIX.<src> and PREFIX.<tgt> (plain or .gz, one "
+                             "sentence per line) or a tab-separated file; sets --data files", flag="--train",
+                             unset="none", check=_corpus_path)
+    valid_data: str = option(help="validation corpus of --train, named as --train", flag="--valid",
+                             unset="--valid-size pairs held out of --train", check=_corpus_path)
+    test_data: str = option(help="test corpus of --train for the final evaluation, named as --train", flag="--test",
+                            unset="none: no test evaluation", check=_corpus_path, resumable=True)
+    valid_size: int = option(1000, help="without --valid: pairs held out of --train for validation (chosen by --seed)",
+                             kind=int, check=positive_int)
+    max_ratio: float = option(help="drop training pairs whose longer side has more than this many times the "
+                              "subwords of the shorter one (Moses' clean-corpus rule)",
+                              per_data={"synthetic": None, "multi30k": None, "files": 9.0}, unset="no limit",
+                              kind=float, check=_at_least_one)
+    dedup: bool = option(False, help="drop exact repeats of a training pair of --train", kind=bool)
+    tokenizer_sample: int = option(1_000_000, help="train the BPE on at most this many sentences of --train, "
+                                   "sampled with --seed", kind=int, check=positive_int)
+    corpus_cache: str = option(help="where the prepared corpora of --train are kept, shared by runs and ranks",
+                               unset="corpus-cache beside --save-dir", resumable=True)
+    # What the run was trained on: {"--train": {path: SHA-256}, ...}, set when it starts.
+    data_files: dict = option(help="the corpus files of the run and their SHA-256", unset="none", kind=dict, flag="")
     # The built-in task: `tiny` reaches >= 95% exact match in a few CPU minutes; Multi30k: `small`.
-    preset: str = option(help="model size", per_data={"synthetic": "tiny", "multi30k": "small"},
+    preset: str = option(help="model size", per_data={"synthetic": "tiny", "multi30k": "small", "files": "small"},
                          choices=tuple(PRESETS), check=_check_preset)
     # A joint BPE (§5.1: one source-target vocabulary, 37k for WMT): 8k for Multi30k's 29k pairs.
-    vocab_size: int = option(help="joint BPE vocabulary size", per_data={"synthetic": 600, "multi30k": 8000},
+    vocab_size: int = option(help="joint BPE vocabulary size", per_data={"synthetic": 600, "multi30k": 8000, "files": 8000},
                              kind=int, check=positive_int, model_argument=("src_vocab_size", "tgt_vocab_size"))
     # §5.1 batches 25k source + 25k target tokens; a CPU or one small GPU takes a few thousand.
-    max_tokens: int = option(help="padded tokens per batch", per_data={"synthetic": 2048, "multi30k": 4096},
+    max_tokens: int = option(help="padded tokens per batch", per_data={"synthetic": 2048, "multi30k": 4096, "files": 4096},
                              kind=int, check=positive_int)
     accum: int = option(1, help="batches per optimiser step and rank, for gradient accumulation (a step takes "
                         "nproc × accum batches)", kind=int, check=positive_int)
-    max_steps: int = option(help="optimiser steps to train for", per_data={"synthetic": 1000, "multi30k": 3000},
+    max_steps: int = option(help="optimiser steps to train for", per_data={"synthetic": 1000, "multi30k": 3000, "files": 3000},
                             kind=int, check=positive_int, resumable=True)
     max_epochs: int = option(help="stop after this many epochs as well", unset="no limit", kind=int,
                              check=positive_int, resumable=True)
     # §5.3 warms up over 4,000 of 100,000 steps; these short runs over their first 20-27 %.
     warmup_steps: int = option(help="warm-up steps of the Noam schedule, §5.3",
-                               per_data={"synthetic": 200, "multi30k": 800},
+                               per_data={"synthetic": 200, "multi30k": 800, "files": 800},
                                kind=int, check=positive_int)
     lr_factor: float = option(1.0, help="Noam factor: lr = factor * d_model^-0.5 * min(...)", kind=float,
                               check=positive_real)
@@ -157,7 +192,7 @@ class TrainConfig:
                        model_argument=("seed",), training_only=True)
     # The synthetic task's matrices are too small to gain from more BLAS threads, and spinning ones
     # slow down many-fold on a machine whose other core is busy.
-    threads: int = option(help="BLAS threads", per_data={"synthetic": 1, "multi30k": None}, unset="all",
+    threads: int = option(help="BLAS threads", per_data={"synthetic": 1, "multi30k": None, "files": None}, unset="all",
                           kind=int, check=positive_int, resumable=True)
     device: str = option("cpu", help="where to train", choices=backend.DEVICES, check=_check_device, resumable=True)
     # Mixed precision (README "Mixed precision"): the master weights and Adam's moments stay fp32.
@@ -214,14 +249,23 @@ class TrainConfig:
     def resolved(self):
         """A copy with every default filled in and every field checked (ConfigError names the field)."""
         values = {}
+        data = self.data
+        if self.train_data is not None and data in (None, "synthetic"):
+            data = "files"  # --train names the data
         for name, opt in OPTIONS.items():
-            value = getattr(self, name)
+            value = data if name == "data" else getattr(self, name)
             if value is None:
                 value = opt.per_data[values["data"]] if opt.per_data else DEFAULTS[name]
             values[name] = value if value is None or opt.check is None else _checked(name, opt, value)
         if values["save_dir"] is None:
             values["save_dir"] = default_save_dir(values["data"], values["preset"])
         check_languages(values["data"], values["src_lang"], values["tgt_lang"])
+        if values["data"] == "files" and values["train_data"] is None:
+            raise ConfigError("data", "data 'files' needs the corpus: give --train PREFIX")
+        for name in ("train_data", "valid_data", "test_data"):
+            if values[name] is not None and values["data"] != "files":
+                raise ConfigError(name, f"{name} is a corpus of your own, which replaces --data {values['data']}: "
+                                  "give one of them")
         return TrainConfig(**values)
 
     def to_dict(self):
@@ -263,10 +307,15 @@ def default_save_dir(data="synthetic", preset=None):
 
 
 def check_languages(data, src_lang, tgt_lang):
-    """Both languages must be ones the data has, and differ (before a tokenizer is trained)."""
+    """Both languages must be ones the data has (any language code for a corpus of one's own), and
+    differ (before a tokenizer is trained)."""
     data = _checked("data", OPTIONS["data"], data)
     for name, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
-        if lang not in LANGUAGES[data]:
+        if LANGUAGES[data] is None:
+            if not isinstance(lang, str) or not LANGUAGE_CODE.fullmatch(lang):
+                raise ConfigError(name, f"{name} {lang!r} is not a language code: two or three lowercase letters "
+                                  "and an optional variant, such as en, de, pt_BR or zh-Hans")
+        elif lang not in LANGUAGES[data]:
             raise ConfigError(name, f"{name} {lang!r}: the {data} data has the languages {', '.join(LANGUAGES[data])}")
     if src_lang == tgt_lang:
         raise ConfigError("tgt_lang", f"source and target language are both {src_lang!r}")
