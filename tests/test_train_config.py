@@ -23,11 +23,21 @@ def train_options():
     return {a.dest: a for a in commands.choices["train"]._actions if a.dest != "help"}
 
 
+# Fields the command line does not set: a dict of Transformer arguments, and the corpus files'
+# SHA-256 that the run records when it starts.
+FLAGLESS = {"model_overrides", "data_files"}
+
+
+def resolved_for(data):
+    """The defaults of ``data`` (a corpus of one's own needs its --train)."""
+    return TrainConfig(data=data, train_data="corpus" if data == "files" else None).resolved()
+
+
 def test_the_command_line_has_one_option_per_field():
     options = train_options()
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert set(options) - CLI_ONLY == fields - {"model_overrides"}  # a dict has no flag
-    for name in fields - {"model_overrides"}:
+    assert set(options) - CLI_ONLY == fields - FLAGLESS
+    for name in fields - FLAGLESS:
         assert options[name].option_strings == [flag_of(name)]
     assert [flag_of(n) for n in ("src_lang", "beam_size", "max_grad_norm")] == ["--src", "--beam", "--max-grad-norm"]
 
@@ -36,7 +46,7 @@ def test_the_command_line_has_one_option_per_field():
 def test_each_help_text_names_the_real_default(data):
     """What a field resolves to when not given is what its help says: "default V", "V for DATA"
     (defaults that depend on the data), or "default: WHAT" (None, and what that means)."""
-    resolved, plain = TrainConfig(data=data).resolved(), TrainConfig().resolved()
+    resolved, plain = resolved_for(data), TrainConfig().resolved()
     assert resolved.save_dir == f"runs/{data}-{resolved.preset}"
     for name, action in train_options().items():
         if name in CLI_ONLY or name == "save_dir":
@@ -52,12 +62,14 @@ def test_each_help_text_names_the_real_default(data):
 
 def test_help_texts_hold_the_recipe():
     options = train_options()
-    assert "(default 600 for synthetic, 8000 for multi30k)" in options["vocab_size"].help
+    assert "(default 600 for synthetic, 8000 for multi30k, 8000 for files)" in options["vocab_size"].help
     assert "(default 0.1)" in options["label_smoothing"].help  # §5.4, not "the preset's"
     assert "default: the preset's" in options["dropout"].help
-    assert "(default 1 for synthetic, all for multi30k)" in options["threads"].help
-    assert "(base, big, small, tiny; default tiny for synthetic, small for multi30k)" in options["preset"].help
-    assert "en, de for synthetic; en, de, fr for multi30k" in options["src_lang"].help
+    assert "(default 1 for synthetic, all for multi30k, all for files)" in options["threads"].help
+    assert "(base, big, small, tiny; default tiny for synthetic, small for multi30k, small for files)" in \
+        options["preset"].help
+    assert "en, de for synthetic; en, de, fr for multi30k; any language code for files" in options["src_lang"].help
+    assert "(default no limit for synthetic, no limit for multi30k, 9.0 for files)" in options["max_ratio"].help
 
 
 def test_defaults_follow_the_data_and_none_means_the_default():
@@ -74,7 +86,7 @@ def test_defaults_follow_the_data_and_none_means_the_default():
 
 
 def test_every_field_that_may_stay_none_says_what_none_means():
-    resolved = [TrainConfig(data=data).resolved() for data in DATASETS]
+    resolved = [resolved_for(data) for data in DATASETS]
     for name, option in OPTIONS.items():
         if any(getattr(config, name) is None for config in resolved):
             assert option.unset, name
@@ -139,8 +151,8 @@ def test_a_bad_number_is_refused_in_the_same_words_by_the_api_and_the_command_li
      "--tgt 'xx': the multi30k data has the languages en, de, fr"),
     (["--src", "de", "--tgt", "de"], dict(src_lang="de", tgt_lang="de"), "source and target language are both 'de'",
      "source and target language are both 'de'"),
-    (["--data", "wmt"], dict(data="wmt"), "data must be one of ('synthetic', 'multi30k'), got 'wmt'",
-     "--data must be one of ('synthetic', 'multi30k'), got 'wmt'"),
+    (["--data", "wmt"], dict(data="wmt"), "data must be one of ('synthetic', 'multi30k', 'files'), got 'wmt'",
+     "--data must be one of ('synthetic', 'multi30k', 'files'), got 'wmt'"),
     (["--device", "tpu"], dict(device="tpu"), "device must be one of ('cpu', 'cuda'), got 'tpu'",
      "--device must be one of ('cpu', 'cuda'), got 'tpu'"),
 ])
@@ -164,7 +176,7 @@ def saved_run(tmp_path):
     return tmp_path, config
 
 
-@pytest.mark.parametrize("name", sorted(set(OPTIONS) - {"model_overrides", "save_dir"}))
+@pytest.mark.parametrize("name", sorted(set(OPTIONS) - FLAGLESS - {"save_dir"}))
 def test_resume_changes_exactly_the_resumable_fields(name, saved_run):
     run, saved = saved_run
     given = {"save_dir": str(run), name: "changed"}
