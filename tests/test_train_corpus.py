@@ -13,7 +13,7 @@ import trained_models
 
 from tinyformer import checkpoint, cli
 from tinyformer.data.synthetic import synthetic_pairs
-from tinyformer.train import TrainConfig, build_parts, evaluate
+from tinyformer.train import TrainConfig, build_parts, evaluate, load_corpus
 
 QUICK = ["--preset", "tiny", "--vocab-size", "200", "--max-tokens", "512", "--max-steps", "6", "--save-every", "3",
          "--eval-every", "6", "--bleu-samples", "5", "--warmup-steps", "4", "--no-progress"]
@@ -94,14 +94,16 @@ def test_a_second_run_and_a_resume_read_the_prepared_corpus_and_changed_files_ar
 
 
 def test_without_valid_the_validation_pairs_are_held_out_of_the_training_pairs_by_seed(corpus, tmp_path):
-    runs = iter(range(3))
+    runs, configs = iter(range(3)), []
 
     def parts(seed):
         config = TrainConfig(train_data=str(corpus["train"]), save_dir=str(tmp_path / f"run{next(runs)}"),
-                             preset="tiny", vocab_size=200, valid_size=50, seed=seed)
-        return build_parts(config.resolved(), echo=lambda *a: None)
+                             preset="tiny", vocab_size=200, valid_size=50, seed=seed).resolved()
+        configs.append(config)
+        return build_parts(config, echo=lambda *a: None)
 
     a, b, c = parts(0), parts(0), parts(1)
+    assert load_corpus(configs[0], "val") == a.val_text  # as `tinyformer eval --split val` reads it
     assert len(a.val_data) == 50 and len(a.train_data) == 1450
     assert np.array_equal(a.val_data.original_index, b.val_data.original_index)
     assert not np.array_equal(a.val_data.original_index, c.val_data.original_index)
