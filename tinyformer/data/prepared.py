@@ -107,7 +107,8 @@ def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=Fals
     src = FlatSequences(numpy.load(arrays / "src_ids.npy", mmap_mode="r"), numpy.load(arrays / "src_offsets.npy"))
     tgt = FlatSequences(numpy.load(arrays / "tgt_ids.npy", mmap_mode="r"), numpy.load(arrays / "tgt_offsets.npy"))
     echo(f"{files.option}: {files.describe()}: {report.describe()}; "
-         + ("prepared into" if made else "read from the cache in") + f" {folder}")
+         + ("prepared into" if made else "read from the cache in") + f" {folder}"
+         + (" (the cache held none made from these files' SHA-256)" if made else ""))
     return PreparedCorpus(files, tokenizer, src, tgt, report, folder, dedup)
 
 
