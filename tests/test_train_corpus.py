@@ -5,6 +5,7 @@ in one line when it is bad, and equal to the built-in Multi30k when given Multi3
 import gzip
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,18 @@ def test_a_corpus_of_ones_own_trains_and_the_run_evaluates_on_its_test_files(cor
     assert sorted(recorded) == ["--test", "--train", "--valid"]
     assert {Path(p).name for p in recorded["--train"]} == {"train.en", "train.de.gz"}
     assert all(len(digest) == 64 for files in recorded.values() for digest in files.values())
-    assert cli.main(["eval", "--checkpoint", str(checkpoint.list_checkpoints(run)[-1]), "--limit", "5",
-                     "--beam", "1"]) == 0
+    newest = checkpoint.list_checkpoints(run)[-1]
+    assert cli.main(["eval", "--checkpoint", str(newest), "--limit", "5", "--beam", "1"]) == 0
     assert "test: exact match" in capsys.readouterr().out
+    averaged = run / "averaged.npz"
+    assert cli.main(["average", "--dir", str(run), "--last", "2", "--output", str(averaged)]) == 0
+    (tmp_path / "in.txt").write_text("We see 3 red cars\n\nToday I buy 1 old book\n", encoding="utf-8")
+    assert cli.main(["translate", "--checkpoint", str(averaged), "--input", str(tmp_path / "in.txt"), "--output",
+                     str(tmp_path / "out.txt"), "--beam", "2"]) == 0
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")) == 4
+    assert cli.main(["explain", "--checkpoint", str(newest), "--source", "We see 3 red cars", "--output",
+                     str(tmp_path / "page.html")]) == 0
+    assert (tmp_path / "page.html").stat().st_size > 10_000
 
 
 def test_a_second_run_and_a_resume_read_the_prepared_corpus_and_changed_files_are_noticed(corpus, tmp_path,
@@ -131,8 +141,8 @@ def test_each_cleaning_rule_drops_and_counts_its_pairs(tmp_path, capsys):
     assert dropped > 0
 
 
-@pytest.mark.parametrize("case", ["line counts", "missing file", "invalid UTF-8", "same language", "empty after cleaning",
-                                  "valid without train", "train with multi30k"])
+@pytest.mark.parametrize("case", ["line counts", "missing file", "invalid UTF-8", "same language",
+                                  "empty after cleaning", "valid without train", "train with multi30k"])
 def test_bad_input_is_refused_in_one_line_and_nothing_is_half_written(case, tmp_path, capsys):
     prefix, run = tmp_path / "data" / "train", tmp_path / "runs" / "bad"
     pairs = built_in("train", 50)
@@ -171,6 +181,32 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_half_written(case, tmp_
     assert not checkpoint.list_checkpoints(run)
     cache = tmp_path / "runs" / "corpus-cache"
     assert not cache.exists() or not [p for p in cache.rglob("*") if p.name.startswith(".")]  # no partial product
+
+
+PREPARE = """
+import sys
+from tinyformer.data.corpus import find_corpus
+from tinyformer.data.prepared import prepare_corpus
+prepared = prepare_corpus(find_corpus(sys.argv[1], "en", "de"), sys.argv[2], 200, 1_000_000)
+print(prepared.tokenizer.sha256, int(prepared.src.ids.sum()), int(prepared.tgt.offsets[-1]))
+"""
+
+
+def test_processes_preparing_one_corpus_at_once_share_one_cache_entry(corpus, tmp_path):
+    """As the ranks of a run (or two runs started together) do: one process prepares the corpus
+    under the cache's locks, the other waits and reads the same tokenizer and arrays."""
+    import children
+
+    cache = tmp_path / "cache"
+    started = [children.start([children.PYTHON, "-c", PREPARE, corpus["train"], cache], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for _ in range(2)]
+    results = [child.communicate(timeout=300) for child in started]
+    assert all(child.returncode == 0 for child in started), results
+    outputs = [out for out, _ in results]
+    assert sorted("prepared into" in out for out in outputs) == [False, True]
+    assert sum("read from the cache" in out for out in outputs) == 1
+    assert len({out.strip().splitlines()[-1] for out in outputs}) == 1
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 1 and not list(cache.rglob(".*"))
 
 
 # ------------------------------------------------------------------ Multi30k given as files of one's own

@@ -92,7 +92,7 @@ def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=Fals
         return make
 
     kept_path = filecache.cached_product(folder, f"kept-{rules}.npy", note(lambda p: _clean(files, dedup, p)))
-    kept = numpy.load(kept_path, mmap_mode="r")
+    kept = numpy.load(kept_path, mmap_mode="r", allow_pickle=False)
     report = CleaningReport(**json.loads(kept_path.with_suffix(".json").read_text(encoding="utf-8")))
     if not report.kept:
         raise _empty_error(files, report)
@@ -104,8 +104,9 @@ def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=Fals
         tokenizer = Tokenizer.load(path)
     arrays = filecache.cached_product(folder, f"arrays-{tokenizer.sha256[:16]}-{rules}",
                                       note(lambda p: _encode(files, kept, tokenizer, p, echo)))
-    src = FlatSequences(numpy.load(arrays / "src_ids.npy", mmap_mode="r"), numpy.load(arrays / "src_offsets.npy"))
-    tgt = FlatSequences(numpy.load(arrays / "tgt_ids.npy", mmap_mode="r"), numpy.load(arrays / "tgt_offsets.npy"))
+    src, tgt = (FlatSequences(numpy.load(arrays / f"{side}_ids.npy", mmap_mode="r", allow_pickle=False),
+                              numpy.load(arrays / f"{side}_offsets.npy", allow_pickle=False))
+                for side in ("src", "tgt"))
     echo(f"{files.option}: {files.describe()}: {report.describe()}; "
          + ("prepared into" if made else "read from the cache in") + f" {folder}"
          + (" (the cache held none made from these files' SHA-256)" if made else ""))
@@ -188,7 +189,8 @@ def heldout_text(prepared, size, seed):
     name = f"heldout-{_rules(prepared.dedup)}-{seed}-{size}.json"
 
     def make(partial):
-        kept = numpy.load(prepared.folder / f"kept-{_rules(prepared.dedup)}.npy", mmap_mode="r")
+        kept_file = prepared.folder / f"kept-{_rules(prepared.dedup)}.npy"
+        kept = numpy.load(kept_file, mmap_mode="r", allow_pickle=False)
         wanted = numpy.zeros(len(prepared), dtype=bool)
         wanted[positions] = True
         pairs = list(itertools.compress(_kept_pairs(prepared.files, kept), wanted))

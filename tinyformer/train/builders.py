@@ -70,7 +70,8 @@ def build_parts(config, resume=False, echo=print, comm=None):
     if train_data.num_dropped:
         reasons = {"too long": f"longer than {config.max_len} tokens",
                    "length ratio": f"with a length ratio over {config.max_ratio:g}" if config.max_ratio else ""}
-        echo("dropped " + ", ".join(f"{n:,} training pairs {reasons[why]}" for why, n in train_data.dropped.items() if n))
+        echo("dropped " + ", ".join(f"{n:,} training pairs {reasons[why]}"
+                                    for why, n in train_data.dropped.items() if n))
     model = build_model(config, tokenizer)
     adam = build_optimizer(config, model)
     scaler = build_scaler(config)
@@ -248,7 +249,8 @@ def build_corpus_data(config, comm, echo=print):
     from ..data.prepared import heldout_text, prepare_corpus, read_text
     from ..data.tokenizer import Tokenizer
 
-    files = {split: _corpus_files(config, split) for split in CORPUS_OPTIONS if getattr(config, CORPUS_OPTIONS[split][0])}
+    files = {split: _corpus_files(config, split) for split, (field, _) in CORPUS_OPTIONS.items()
+             if getattr(config, field)}
     if config.data_files is None:
         config.data_files = {f.option: file_fingerprints(f) for f in files.values()}
     own = Path(config.save_dir) / TOKENIZER_FILE

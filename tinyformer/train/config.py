@@ -155,14 +155,17 @@ class TrainConfig:
     preset: str = option(help="model size", per_data={"synthetic": "tiny", "multi30k": "small", "files": "small"},
                          choices=tuple(PRESETS), check=_check_preset)
     # A joint BPE (§5.1: one source-target vocabulary, 37k for WMT): 8k for Multi30k's 29k pairs.
-    vocab_size: int = option(help="joint BPE vocabulary size", per_data={"synthetic": 600, "multi30k": 8000, "files": 8000},
+    vocab_size: int = option(help="joint BPE vocabulary size",
+                             per_data={"synthetic": 600, "multi30k": 8000, "files": 8000},
                              kind=int, check=positive_int, model_argument=("src_vocab_size", "tgt_vocab_size"))
     # §5.1 batches 25k source + 25k target tokens; a CPU or one small GPU takes a few thousand.
-    max_tokens: int = option(help="padded tokens per batch", per_data={"synthetic": 2048, "multi30k": 4096, "files": 4096},
+    max_tokens: int = option(help="padded tokens per batch",
+                             per_data={"synthetic": 2048, "multi30k": 4096, "files": 4096},
                              kind=int, check=positive_int)
     accum: int = option(1, help="batches per optimiser step and rank, for gradient accumulation (a step takes "
                         "nproc × accum batches)", kind=int, check=positive_int)
-    max_steps: int = option(help="optimiser steps to train for", per_data={"synthetic": 1000, "multi30k": 3000, "files": 3000},
+    max_steps: int = option(help="optimiser steps to train for",
+                            per_data={"synthetic": 1000, "multi30k": 3000, "files": 3000},
                             kind=int, check=positive_int, resumable=True)
     max_epochs: int = option(help="stop after this many epochs as well", unset="no limit", kind=int,
                              check=positive_int, resumable=True)
