@@ -137,6 +137,7 @@ def test_each_cleaning_rule_drops_and_counts_its_pairs(tmp_path, capsys):
     code, out, _ = train(capsys, "--train", str(prefix), "--valid-size", "20", "--max-len", "12",
                          "--save-dir", str(tmp_path / "runs" / "long"), *QUICK)
     assert code == 0 and "read 411 pairs: kept 408; dropped 3 empty" in out
+    assert "(new there: the cleaning, the tokenizer, the arrays of these settings)" in out  # not --dedup now
     dropped = int(out.split("training pairs longer than 12 tokens")[0].rsplit("dropped ", 1)[1].replace(",", ""))
     assert dropped > 0
 

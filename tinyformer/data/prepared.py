@@ -80,18 +80,20 @@ def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=Fals
     fingerprints = file_fingerprints(files)
     folder = Path(cache_dir) / _digest({"files": sorted(fingerprints.values()), "tsv": files.target is None,
                                         "format": FORMAT})
+    known = folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "files.json").write_text(json.dumps(fingerprints, indent=1), encoding="utf-8")
     rules = _rules(dedup)
-    made = []
+    made = []  # what this call had to make: "cleaning", "tokenizer", "arrays"
 
-    def note(what):
-        def make(partial):
+    def note(what, make):
+        def making(partial):
             made.append(what)
-            return what(partial)
-        return make
+            return make(partial)
+        return making
 
-    kept_path = filecache.cached_product(folder, f"kept-{rules}.npy", note(lambda p: _clean(files, dedup, p)))
+    kept_path = filecache.cached_product(folder, f"kept-{rules}.npy",
+                                         note("cleaning", lambda p: _clean(files, dedup, p)))
     kept = numpy.load(kept_path, mmap_mode="r", allow_pickle=False)
     report = CleaningReport(**json.loads(kept_path.with_suffix(".json").read_text(encoding="utf-8")))
     if not report.kept:
@@ -99,17 +101,21 @@ def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=Fals
     if tokenizer is None:
         spec = _digest({"vocab_size": vocab_size, "sample_size": sample_size, "seed": seed, "rules": rules})
         path = filecache.cached_product(folder, f"tokenizer-{spec}.model",
-                                        note(lambda p: _train_tokenizer(files, kept, vocab_size, sample_size, seed,
-                                                                         p, echo)))
+                                        note("tokenizer", lambda p: _train_tokenizer(files, kept, vocab_size,
+                                                                                      sample_size, seed, p, echo)))
         tokenizer = Tokenizer.load(path)
     arrays = filecache.cached_product(folder, f"arrays-{tokenizer.sha256[:16]}-{rules}",
-                                      note(lambda p: _encode(files, kept, tokenizer, p, echo)))
+                                      note("arrays", lambda p: _encode(files, kept, tokenizer, p, echo)))
     src, tgt = (FlatSequences(numpy.load(arrays / f"{side}_ids.npy", mmap_mode="r", allow_pickle=False),
                               numpy.load(arrays / f"{side}_offsets.npy", allow_pickle=False))
                 for side in ("src", "tgt"))
-    echo(f"{files.option}: {files.describe()}: {report.describe()}; "
-         + ("prepared into" if made else "read from the cache in") + f" {folder}"
-         + (" (the cache held none made from these files' SHA-256)" if made else ""))
+    if not made:
+        where = f"read from the cache in {folder}"
+    elif not known:
+        where = f"prepared into {folder} (the cache held none made from these files' SHA-256)"
+    else:
+        where = f"prepared into {folder} (new there: the {', the '.join(made)} of these settings)"
+    echo(f"{files.option}: {files.describe()}: {report.describe()}; {where}")
     return PreparedCorpus(files, tokenizer, src, tgt, report, folder, dedup)
 
 
