@@ -186,9 +186,10 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_half_written(case, tmp_
 
 PREPARE = """
 import sys
-from tinyformer.data.corpus import find_corpus
+from tinyformer.data.corpus import file_fingerprints, find_corpus
 from tinyformer.data.prepared import prepare_corpus
-prepared = prepare_corpus(find_corpus(sys.argv[1], "en", "de"), sys.argv[2], 200, 1_000_000)
+files = find_corpus(sys.argv[1], "en", "de")
+prepared = prepare_corpus(files, file_fingerprints(files), sys.argv[2], 200, 1_000_000)
 print(prepared.tokenizer.sha256, int(prepared.src.ids.sum()), int(prepared.tgt.offsets[-1]))
 """
 

@@ -2,8 +2,6 @@
 checkpoints that load in any precision, and running out of GPU memory."""
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ import trained_models
 
 from test_train import QUIET, cached_corpus, cached_load_corpus, small_config  # noqa: F401 (fixture)
 from tinyformer import backend, checkpoint, cli, train
+from tinyformer.filecache import cached_product
 from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
 
 # The loss curves of bf16 and fp16 runs against the fp32 run from the same seed (same model, batches
@@ -59,16 +58,12 @@ def shared_curve(root, name, precision, *options):
     """The run ``name`` (train_curve's) in ``root``, made once per test run whatever the number of
     workers: the first process that asks (the run's background build, tests/background_builds.py,
     asks first) trains it under a lock, the others read it (as trained_models does)."""
-    root = Path(root)
-    save_dir = root / f"precision-{name}"
-    with trained_models.locked(root / f"precision-{name}.lock"):
-        if not (save_dir / "done").exists():
-            shutil.rmtree(save_dir, ignore_errors=True)
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(train.builders, "load_corpus", cached_load_corpus)
-                train_curve(save_dir, precision, *options)
-            (save_dir / "done").touch()
-    return save_dir
+    def make(partial):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(train.builders, "load_corpus", cached_load_corpus)
+            train_curve(partial, precision, *options)
+
+    return cached_product(root, f"precision-{name}", make)
 
 
 @pytest.fixture(scope="session")

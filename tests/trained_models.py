@@ -15,7 +15,6 @@ the tests (its files are made so): a test that changes one copies it first.
 import dataclasses
 import json
 import os
-import shutil
 import stat
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tinyformer import checkpoint
-from tinyformer.filecache import locked
+from tinyformer.filecache import cached_product
 from tinyformer.train import LOG_FILE, TrainConfig, Trainer, load_corpus, load_model
 
 RECORD = "trained.json"
@@ -91,21 +90,15 @@ def trained_once(tmp_path_factory, name, options):
 def train_into(root, name, options):
     """The TrainedRun ``root``/trained-``name``, trained now unless a process has done so (one at a
     time, under the lock beside it)."""
-    root = Path(root)
-    final = root / f"trained-{name}"
-    with locked(root / f"trained-{name}.lock"):
-        if not (final / RECORD).exists():
-            partial = root / f"trained-{name}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            start, cpu = time.perf_counter(), time.process_time()
-            Trainer(TrainConfig(save_dir=str(partial), **options), echo=lambda *a: None, progress=False).run()
-            record = {"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
-                      "config": options}
-            (partial / RECORD).write_text(json.dumps(record), encoding="utf-8")
-            for path in partial.iterdir():
-                path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-            partial.rename(final)
-    return TrainedRun(final)
+    def make(partial):
+        start, cpu = time.perf_counter(), time.process_time()
+        Trainer(TrainConfig(save_dir=str(partial), **options), echo=lambda *a: None, progress=False).run()
+        record = {"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, "config": options}
+        (partial / RECORD).write_text(json.dumps(record), encoding="utf-8")
+        for path in partial.iterdir():
+            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+    return TrainedRun(cached_product(root, f"trained-{name}", make))
 
 
 def multi30k_or_skip():

@@ -115,9 +115,7 @@ def _train(args):
 def _resumed_config(given):
     """The config saved in the run's newest checkpoint, with the given options that --resume may
     change applied; the others may only repeat the saved values."""
-    from .train.config import RESUMABLE, flag_of
-
-    from .train.config import OPTIONS
+    from .train.config import OPTIONS, RESUMABLE, flag_of
 
     config = _saved_config(Path(given.get("save_dir") or _default_save_dir(given)))
 

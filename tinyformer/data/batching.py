@@ -259,8 +259,6 @@ class ParallelData:
     each reason, ``num_dropped`` all."""
 
     def __init__(self, src_ids, tgt_ids, max_len=None, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, max_ratio=None):
-        if len(src_ids) != len(tgt_ids):
-            raise ValueError(f"ParallelData: {len(src_ids)} source but {len(tgt_ids)} target sentences")
         self._keep(FlatSequences.from_lists(src_ids), FlatSequences.from_lists(tgt_ids), max_len, max_ratio, None,
                    pad_id, bos_id, eos_id)
 
@@ -269,13 +267,13 @@ class ParallelData:
                   eos_id=EOS_ID):
         """From two FlatSequences of as many sentences (memory-mapped arrays stay so); ``rows``: the
         sentences to take (all by default), e.g. all but those held out for validation."""
-        if len(src) != len(tgt):
-            raise ValueError(f"ParallelData: {len(src)} source but {len(tgt)} target sentences")
         data = cls.__new__(cls)
         data._keep(src, tgt, max_len, max_ratio, rows, pad_id, bos_id, eos_id)
         return data
 
     def _keep(self, src, tgt, max_len, max_ratio, rows, pad_id, bos_id, eos_id):
+        if len(src) != len(tgt):
+            raise ValueError(f"ParallelData: {len(src)} source but {len(tgt)} target sentences")
         if max_len is not None:
             max_len = check_int("ParallelData: max_len", max_len, 1)
         if max_ratio is not None and not max_ratio >= 1:

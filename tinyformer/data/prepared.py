@@ -33,7 +33,7 @@ import numpy
 
 from .. import filecache
 from .batching import FlatSequences
-from .corpus import CleaningReport, clean_pairs, file_fingerprints, held_out, read_pairs
+from .corpus import CleaningReport, CorpusError, clean_pairs, held_out, read_pairs
 from .tokenizer import Tokenizer
 
 __all__ = ["PreparedCorpus", "prepare_corpus", "heldout_text", "read_text", "default_cache_dir"]
@@ -45,13 +45,15 @@ ENCODE_CHUNK = 20_000  # pairs encoded at a time
 @dataclasses.dataclass
 class PreparedCorpus:
     """The kept pairs of a corpus as ids (``src``, ``tgt``: FlatSequences), the ``tokenizer`` that
-    encoded them, the raw cleaning's ``report``, and ``folder``, the cache entry of these files."""
+    encoded them, the raw cleaning's ``report`` and ``kept`` mask of the files' lines, and
+    ``folder``, the cache entry of these files."""
 
     files: object
     tokenizer: Tokenizer
     src: FlatSequences
     tgt: FlatSequences
     report: CleaningReport
+    kept: numpy.ndarray
     folder: Path
     dedup: bool
 
@@ -72,17 +74,19 @@ def _rules(dedup):
     return "dedup" if dedup else "all"
 
 
-def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=False, tokenizer=None, echo=print):
-    """The PreparedCorpus of ``files`` (``corpus.CorpusFiles``), from the cache in ``cache_dir`` or
-    made there now. ``tokenizer``: the run's own (a resumed run, or one handed a tokenizer); else
-    the joint BPE of ``vocab_size`` pieces trained on at most ``sample_size`` of the kept
-    sentences, drawn with ``seed``."""
-    fingerprints = file_fingerprints(files)
+def prepare_corpus(files, fingerprints, cache_dir, vocab_size, sample_size, seed=0, dedup=False, tokenizer=None,
+                   echo=print):
+    """The PreparedCorpus of ``files`` (``corpus.CorpusFiles``; ``fingerprints``, their SHA-256 by
+    path, ``corpus.file_fingerprints``), from the cache in ``cache_dir`` or made there now.
+    ``tokenizer``: the run's own (a resumed run, or one handed a tokenizer); else the joint BPE of
+    ``vocab_size`` pieces trained on at most ``sample_size`` of the kept sentences, drawn with
+    ``seed``."""
     folder = Path(cache_dir) / _digest({"files": sorted(fingerprints.values()), "tsv": files.target is None,
                                         "format": FORMAT})
     known = folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "files.json").write_text(json.dumps(fingerprints, indent=1), encoding="utf-8")
+    if not known:
+        (folder / "files.json").write_text(json.dumps(fingerprints, indent=1), encoding="utf-8")
     rules = _rules(dedup)
     made = []  # what this call had to make: "cleaning", "tokenizer", "arrays"
 
@@ -97,7 +101,7 @@ def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=Fals
     kept = numpy.load(kept_path, mmap_mode="r", allow_pickle=False)
     report = CleaningReport(**json.loads(kept_path.with_suffix(".json").read_text(encoding="utf-8")))
     if not report.kept:
-        raise _empty_error(files, report)
+        raise CorpusError(f"{files.option}: {files.describe()}: no pair is left after cleaning ({report.describe()})")
     if tokenizer is None:
         spec = _digest({"vocab_size": vocab_size, "sample_size": sample_size, "seed": seed, "rules": rules})
         path = filecache.cached_product(folder, f"tokenizer-{spec}.model",
@@ -116,13 +120,7 @@ def prepare_corpus(files, cache_dir, vocab_size, sample_size, seed=0, dedup=Fals
     else:
         where = f"prepared into {folder} (new there: the {', the '.join(made)} of these settings)"
     echo(f"{files.option}: {files.describe()}: {report.describe()}; {where}")
-    return PreparedCorpus(files, tokenizer, src, tgt, report, folder, dedup)
-
-
-def _empty_error(files, report):
-    from .corpus import CorpusError
-
-    return CorpusError(f"{files.option}: {files.describe()}: no pair is left after cleaning ({report.describe()})")
+    return PreparedCorpus(files, tokenizer, src, tgt, report, kept, folder, dedup)
 
 
 def _clean(files, dedup, partial):
@@ -195,11 +193,9 @@ def heldout_text(prepared, size, seed):
     name = f"heldout-{_rules(prepared.dedup)}-{seed}-{size}.json"
 
     def make(partial):
-        kept_file = prepared.folder / f"kept-{_rules(prepared.dedup)}.npy"
-        kept = numpy.load(kept_file, mmap_mode="r", allow_pickle=False)
         wanted = numpy.zeros(len(prepared), dtype=bool)
         wanted[positions] = True
-        pairs = list(itertools.compress(_kept_pairs(prepared.files, kept), wanted))
+        pairs = list(itertools.compress(_kept_pairs(prepared.files, prepared.kept), wanted))
         partial.write_text(json.dumps([list(side) for side in zip(*pairs)]), encoding="utf-8")
 
     sources, targets = json.loads(filecache.cached_product(prepared.folder, name, make).read_text(encoding="utf-8"))

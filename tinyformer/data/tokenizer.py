@@ -29,7 +29,7 @@ import sentencepiece
 from .special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from ..validation import check_int, is_integer
 
-__all__ = ["Tokenizer", "file_sha256"]
+__all__ = ["Tokenizer", "file_sha256", "write_atomically"]
 
 MODEL_TYPES = ("bpe", "unigram", "char", "word")
 
@@ -43,7 +43,7 @@ def file_sha256(path, chunk_size=1 << 20):
     return digest.hexdigest()
 
 
-def _write_atomically(path, data):
+def write_atomically(path, data):
     """Write bytes to a temporary file beside ``path``, then rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -180,8 +180,8 @@ class Tokenizer:
         processor = sentencepiece.SentencePieceProcessor(model_proto=data)
         vocab = "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n"
                         for i in range(processor.get_piece_size()))
-        _write_atomically(directory / f"{name}.vocab", vocab.encode("utf-8"))
-        _write_atomically(path, data)
+        write_atomically(directory / f"{name}.vocab", vocab.encode("utf-8"))
+        write_atomically(path, data)
         return cls(path)
 
     # ------------------------------------------------------------------ properties

@@ -10,7 +10,6 @@ state, the position and each rank's dropout generator state; every rank builds t
 """
 
 import dataclasses
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -199,19 +198,20 @@ CORPUS_OPTIONS = {"train": ("train_data", "--train"), "val": ("valid_data", "--v
 
 
 def _corpus_files(config, split):
-    """The CorpusFiles of a split of a run on its own corpus, checked against the SHA-256 the run
-    recorded when it started (``data_files``): a file changed since is refused, naming it."""
+    """(CorpusFiles, their SHA-256 by path) of a split of a run on its own corpus, checked against
+    the SHA-256 the run recorded when it started (``data_files``): a file changed since is refused,
+    naming it. Each file is read through once for its SHA-256, here."""
     from ..data.corpus import CorpusError, file_fingerprints, find_corpus
 
     field, option = CORPUS_OPTIONS[split]
     files = find_corpus(getattr(config, field), config.src_lang, config.tgt_lang, option)
-    recorded = (config.data_files or {}).get(option)
-    if recorded is not None:
-        for path, digest in file_fingerprints(files).items():
-            if recorded.get(path) not in (None, digest):
-                raise CorpusError(f"{option}: {path} has changed since the run was trained on it (SHA-256 "
-                                  f"{recorded[path][:12]}... then, {digest[:12]}... now)")
-    return files
+    fingerprints = file_fingerprints(files)
+    recorded = (config.data_files or {}).get(option) or {}
+    for path, digest in fingerprints.items():
+        if recorded.get(path) not in (None, digest):
+            raise CorpusError(f"{option}: {path} has changed since the run was trained on it (SHA-256 "
+                              f"{recorded[path][:12]}... then, {digest[:12]}... now)")
+    return files, fingerprints
 
 
 def _corpus_text(config, split):
@@ -220,17 +220,18 @@ def _corpus_text(config, split):
 
     field, option = CORPUS_OPTIONS[split]
     if getattr(config, field) is not None and split != "train":
-        return read_text(_corpus_files(config, split))
+        return read_text(_corpus_files(config, split)[0])
     if split == "test":
         raise CorpusError(f"the run on {config.train_data} was given no --test corpus: score files of your own "
                           "with tinyformer eval --hypotheses H --references R")
     if split == "train":
-        return read_text(_corpus_files(config, "train"))
+        return read_text(_corpus_files(config, "train")[0])
     from ..data.tokenizer import Tokenizer
 
-    prepared = prepare_corpus(_corpus_files(config, "train"), _cache_dir(config), config.vocab_size,
-                              config.tokenizer_sample, config.seed, config.dedup,
-                              Tokenizer.load(Path(config.save_dir) / TOKENIZER_FILE), echo=lambda *a: None)
+    files, fingerprints = _corpus_files(config, "train")
+    prepared = prepare_corpus(files, fingerprints, _cache_dir(config), config.vocab_size, config.tokenizer_sample,
+                              config.seed, config.dedup, Tokenizer.load(Path(config.save_dir) / TOKENIZER_FILE),
+                              echo=lambda *a: None)
     return heldout_text(prepared, config.valid_size, config.seed)[1]
 
 
@@ -245,23 +246,22 @@ def build_corpus_data(config, comm, echo=print):
     (``--train``): the prepared corpus from the cache (made there by the first process that asks,
     ``data.prepared``), its tokenizer copied into the run, and the validation pairs from ``--valid``
     or held out of the training pairs. Records the files' SHA-256 in ``config.data_files``."""
-    from ..data.corpus import file_fingerprints
     from ..data.prepared import heldout_text, prepare_corpus, read_text
-    from ..data.tokenizer import Tokenizer
+    from ..data.tokenizer import Tokenizer, write_atomically
 
-    files = {split: _corpus_files(config, split) for split, (field, _) in CORPUS_OPTIONS.items()
+    found = {split: _corpus_files(config, split) for split, (field, _) in CORPUS_OPTIONS.items()
              if getattr(config, field)}
+    files = {split: corpus for split, (corpus, _) in found.items()}
     if config.data_files is None:
-        config.data_files = {f.option: file_fingerprints(f) for f in files.values()}
+        config.data_files = {corpus.option: fingerprints for corpus, fingerprints in found.values()}
     own = Path(config.save_dir) / TOKENIZER_FILE
     handed = Tokenizer.load(own) if own.exists() else None
-    prepared = prepare_corpus(files["train"], _cache_dir(config), config.vocab_size, config.tokenizer_sample,
+    prepared = prepare_corpus(*found["train"], _cache_dir(config), config.vocab_size, config.tokenizer_sample,
                               config.seed, config.dedup, handed, echo if comm.rank == 0 else (lambda *a: None))
     tokenizer = prepared.tokenizer
     if handed is None and comm.rank == 0:
         own.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(tokenizer.path, own.with_name(own.name + ".tmp"))
-        own.with_name(own.name + ".tmp").replace(own)
+        write_atomically(own, Path(tokenizer.path).read_bytes())
         tokenizer = Tokenizer.load(own)
     rows = None
     if "val" in files:

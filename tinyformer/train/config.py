@@ -35,6 +35,7 @@ non_negative_int = functools.partial(check_int, minimum=0)
 positive_real = functools.partial(check_real, minimum=0, open_minimum=True)
 non_negative_real = functools.partial(check_real, minimum=0)
 unit_interval = functools.partial(check_real, minimum=0, maximum=1)
+at_least_one = functools.partial(check_real, minimum=1)
 
 
 class ConfigError(ValueError):
@@ -91,10 +92,6 @@ def _corpus_path(name, value):
     return os.path.abspath(os.path.expanduser(value))
 
 
-def _at_least_one(name, value):
-    return check_real(name, value, minimum=1)
-
-
 def _check_device(name, value):
     return backend.check_device(value)
 
@@ -143,7 +140,7 @@ class TrainConfig:
     max_ratio: float = option(help="drop training pairs whose longer side has more than this many times the "
                               "subwords of the shorter one (Moses' clean-corpus rule)",
                               per_data={"synthetic": None, "multi30k": None, "files": 9.0}, unset="no limit",
-                              kind=float, check=_at_least_one)
+                              kind=float, check=at_least_one)
     dedup: bool = option(False, help="drop exact repeats of a training pair of --train", kind=bool)
     tokenizer_sample: int = option(1_000_000, help="train the BPE on at most this many sentences of --train, "
                                    "sampled with --seed", kind=int, check=positive_int)
