@@ -88,7 +88,27 @@ def prepare_corpus(files, fingerprints, cache_dir, vocab_size, sample_size, seed
     if not known:
         (folder / "files.json").write_text(json.dumps(fingerprints, indent=1), encoding="utf-8")
     rules = _rules(dedup)
-    made = []  # what this call had to make: "cleaning", "tokenizer", "arrays"
+    # One process prepares what is missing while the others wait, then read it all from the cache.
+    with filecache.locked(folder / f"prepare-{rules}.lock"):
+        made, report, kept, tokenizer, arrays = _products(folder, files, rules, vocab_size, sample_size, seed,
+                                                          tokenizer, echo)
+    src, tgt = (FlatSequences(numpy.load(arrays / f"{side}_ids.npy", mmap_mode="r", allow_pickle=False),
+                              numpy.load(arrays / f"{side}_offsets.npy", allow_pickle=False))
+                for side in ("src", "tgt"))
+    if not made:
+        where = f"read from the cache in {folder}"
+    elif not known:
+        where = f"prepared into {folder} (the cache held none made from these files' SHA-256)"
+    else:
+        where = f"prepared into {folder} (new there: the {', the '.join(made)} of these settings)"
+    echo(f"{files.option}: {files.describe()}: {report.describe()}; {where}")
+    return PreparedCorpus(files, tokenizer, src, tgt, report, kept, folder, dedup)
+
+
+def _products(folder, files, rules, vocab_size, sample_size, seed, tokenizer, echo):
+    """(what had to be made, the cleaning's report, the kept mask, the tokenizer, the arrays'
+    folder): each from the cache entry ``folder``, made there first where it is missing."""
+    made = []  # "cleaning", "tokenizer", "arrays"
 
     def note(what, make):
         def making(partial):
@@ -97,7 +117,7 @@ def prepare_corpus(files, fingerprints, cache_dir, vocab_size, sample_size, seed
         return making
 
     kept_path = filecache.cached_product(folder, f"kept-{rules}.npy",
-                                         note("cleaning", lambda p: _clean(files, dedup, p)))
+                                         note("cleaning", lambda p: _clean(files, rules == "dedup", p)))
     kept = numpy.load(kept_path, mmap_mode="r", allow_pickle=False)
     report = CleaningReport(**json.loads(kept_path.with_suffix(".json").read_text(encoding="utf-8")))
     if not report.kept:
@@ -110,17 +130,7 @@ def prepare_corpus(files, fingerprints, cache_dir, vocab_size, sample_size, seed
         tokenizer = Tokenizer.load(path)
     arrays = filecache.cached_product(folder, f"arrays-{tokenizer.sha256[:16]}-{rules}",
                                       note("arrays", lambda p: _encode(files, kept, tokenizer, p, echo)))
-    src, tgt = (FlatSequences(numpy.load(arrays / f"{side}_ids.npy", mmap_mode="r", allow_pickle=False),
-                              numpy.load(arrays / f"{side}_offsets.npy", allow_pickle=False))
-                for side in ("src", "tgt"))
-    if not made:
-        where = f"read from the cache in {folder}"
-    elif not known:
-        where = f"prepared into {folder} (the cache held none made from these files' SHA-256)"
-    else:
-        where = f"prepared into {folder} (new there: the {', the '.join(made)} of these settings)"
-    echo(f"{files.option}: {files.describe()}: {report.describe()}; {where}")
-    return PreparedCorpus(files, tokenizer, src, tgt, report, kept, folder, dedup)
+    return made, report, kept, tokenizer, arrays
 
 
 def _clean(files, dedup, partial):
