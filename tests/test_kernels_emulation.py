@@ -6,6 +6,7 @@ The emulation runs a block's CUDA threads as fibers on one OS thread, so shapes 
 of the file runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
 """
 
+import functools
 import os
 import re
 import shutil
@@ -211,10 +212,31 @@ def change_geometry(monkeypatch):
         monkeypatch.setattr(registry, name, value)
 
 
-def test_kernels_follow_a_changed_registry_geometry(monkeypatch):
+def skip_where_the_sanitized_rerun_runs_it(request):
+    """A changed-geometry test costs a build of the emulation of its own; where this run also
+    reruns it under AddressSanitizer (test_emulation_under_address_sanitizer, selected, with an
+    ASan runtime), the same test with the same checks runs there, so it is not built twice."""
+    if os.environ.get("TINYFORMER_EMULATION_SANITIZE") == "1" or _libasan() is None:
+        return
+    for item in request.session.items:
+        if getattr(item, "originalname", None) == "test_emulation_under_address_sanitizer":
+            path, selection = SANITIZED[item.callspec.params["part"]]
+            if os.path.samefile(path, request.node.path) and keyword_selects(selection, request.node.name):
+                pytest.skip(f"runs under AddressSanitizer in {item.name} of this run")
+
+
+def keyword_selects(selection, name):
+    """Whether ``pytest -k selection`` picks a test of this name (words matched case-insensitively
+    as substrings; and, or, not, parentheses)."""
+    python = re.sub(r"\b(?!(?:and|or|not)\b)\w+\b", lambda word: str(word.group().lower() in name.lower()), selection)
+    return eval(python, {"__builtins__": {}})  # only True, False, and, or, not and parentheses are left
+
+
+def test_kernels_follow_a_changed_registry_geometry(monkeypatch, request):
     """Other block sizes in the registry: the emulation is rebuilt with them, the launches use
     them, and every kernel still matches its reference (a source that kept its own rows per warp
     or warps per block would leave rows unprocessed)."""
+    skip_where_the_sanitized_rerun_runs_it(request)
     change_geometry(monkeypatch)
     launches = []
     original = launch.launch
@@ -468,15 +490,17 @@ def test_training_step_with_kernels_equals_the_reference_step(emulated_kernels, 
 
 
 # ------------------------------------------------------------------------ the same under AddressSanitizer
+@functools.lru_cache(maxsize=None)
 def _libasan():
     cxx = os.environ.get("CXX") or shutil.which("g++")
     out = children.run([cxx, "-print-file-name=libasan.so"], timeout=60).stdout.strip()
     return out if os.path.isabs(out) and os.path.exists(out) else None
 
 
-# Of test_kernels_mma.py under ASan: the instructions, and each kind of attention case once.
+# Of test_kernels_mma.py under ASan: the instructions, each kind of attention case once, and the
+# changed geometry.
 TENSOR_CORE_SELECTION = ("follow_the_ptx_layouts or fully_masked_rows_give or dropout_with_the_philox or "
-                         "reads_every_layout and fused")
+                         "reads_every_layout and fused or attention_follows_a_changed_registry_geometry")
 
 
 # What reruns under ASan: of this file, every kernel's tests and the training step; of
@@ -491,6 +515,15 @@ SANITIZED = {
     "other-kernels": (__file__, f"({SANITIZED_SELECTION}) and not attention_kernel"),
     "tensor-cores": (TENSOR_CORE_TESTS, SANITIZED_SELECTION),
 }
+
+
+def test_the_sanitized_rerun_selects_the_changed_geometry_tests():
+    """What skip_where_the_sanitized_rerun_runs_it relies on: each changed-geometry test is in
+    the selection of one ASan part (and keyword_selects reads a -k expression as pytest does)."""
+    assert keyword_selects(SANITIZED["other-kernels"][1], "test_kernels_follow_a_changed_registry_geometry")
+    assert keyword_selects(SANITIZED["tensor-cores"][1], "test_attention_follows_a_changed_registry_geometry")
+    assert not keyword_selects(SANITIZED["attention"][1], "test_kernels_follow_a_changed_registry_geometry")
+    assert keyword_selects("a and not (b or c)", "x_A_y") and not keyword_selects("a and not (b or c)", "a_c")
 
 
 @pytest.mark.skipif(os.environ.get("TINYFORMER_EMULATION_SANITIZE") == "1", reason="already under ASan")

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from test_kernels_emulation import change_geometry
+from test_kernels_emulation import change_geometry, skip_where_the_sanitized_rerun_runs_it
 from tinyformer import Tensor, functional as F, kernels
 from tinyformer import kernel_cases as cases
 from tinyformer.kernel_cases import Device, rand
@@ -140,8 +140,9 @@ def test_projection_layout_is_read_in_place_and_other_layouts_are_copied(monkeyp
     assert copies[0] and np.array_equal(o_shifted, o_copied)
 
 
-def test_attention_follows_a_changed_registry_geometry(monkeypatch):
+def test_attention_follows_a_changed_registry_geometry(monkeypatch, request):
     """Two warps per block, other key tiles and padding (test_kernels_emulation's CHANGED_GEOMETRY)."""
+    skip_where_the_sanitized_rerun_runs_it(request)
     change_geometry(monkeypatch)
     assert (registry.MMA_ATTENTION_WARPS, registry.MMA_ATTENTION_TILE[64], registry.MMA_PAD) == (2, 32, 16)
     for dim in registry.HEAD_DIMS:

@@ -64,10 +64,11 @@ def _compiler():
 
 
 def compile_flags(sanitize):
-    """g++ flags: the registry's geometry as defines, as NVRTC gets them."""
+    """g++ flags: the registry's geometry as defines, as NVRTC gets them. Under AddressSanitizer,
+    line tables only (``-g1``: a report still names file and line; a quarter less build time)."""
     flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}",
              *registry.compile_options()]
-    return flags + (["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else ["-O2"])
+    return flags + (["-O1", "-g1", "-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else ["-O2"])
 
 
 def build(sanitize=None):
