@@ -419,12 +419,16 @@ def child_main(args):
 
 
 def prepare_tokenizer(args):
-    """The shared tokenizer (trained once, here, before the engines start and load it)."""
+    """The shared tokenizer (trained once, here, before the engines start and load it; invocations
+    started together over one --work wait for the first to train it)."""
+    from tinyformer.filecache import locked
     from tinyformer.train.builders import build_tokenizer, load_corpus
 
     config = run_config(args, "tinyformer")
     Path(config.save_dir).mkdir(parents=True, exist_ok=True)
-    return build_tokenizer(config, load_corpus(config, "train"), echo=lambda line: print(line, flush=True))
+    with locked(Path(config.save_dir) / "spm.lock"):
+        text = None if (Path(config.save_dir) / "spm.model").exists() else load_corpus(config, "train")
+        return build_tokenizer(config, text, echo=lambda line: print(line, flush=True))
 
 
 def main(argv=None):
