@@ -10,7 +10,7 @@ sorted by length, padded batches of ``--batch-size``), and each batch is decoded
 * ``uncached``: the same call with ``use_cache=False``, the decoder re-run over the whole prefix
   every step (it must give the same tokens: the script counts the sentences that differ);
 * ``torch``: when PyTorch is installed, the same weights in ``nn.Transformer`` (built and filled by
-  ``bench_step.build_torch_model`` / ``copy_weights``) and ``torch_beam_search`` below, a compact
+  ``torch_transformer.build_torch_model`` / ``copy_weights``) and ``torch_beam_search`` below, a compact
   port of tinyformer's beam search (same scoring, length penalty, candidate ranking and stopping
   rule): the encoder runs once, the decoder over the full prefix each step (``nn.Transformer`` has
   no cache), under ``torch.no_grad()`` with as many intra-op threads as NumPy's BLAS has.
@@ -36,6 +36,7 @@ import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_step  # noqa: E402  (benchmarks/ is not a package)
+import torch_transformer  # noqa: E402
 
 MODES = ("cached", "uncached", "torch")
 
@@ -72,7 +73,7 @@ def tinyformer_search(model, src, use_cache, beam_size=4, alpha=0.6, max_len_a=1
 
 def torch_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, bos_id=None, eos_id=None,
                       pad_id=0, max_positions=None, return_scores=False):
-    """tinyformer's ``beam_search`` in PyTorch on ``bench_step.build_torch_model``'s model.
+    """tinyformer's ``beam_search`` in PyTorch on ``torch_transformer.build_torch_model``'s model.
 
     Same conventions as ``tinyformer.decode.beam_search``: float64 log-softmax of the last position's
     logits, pad and BOS banned, L = floor(a · src_len + b) capped at ``max_positions - 1`` with EOS
@@ -173,7 +174,7 @@ def torch_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b
 
 
 def torch_supported(model):
-    """None if ``bench_step.build_torch_model`` builds this model exactly, else the reason it does not."""
+    """None if ``torch_transformer.build_torch_model`` builds this model exactly, else the reason it does not."""
     c = model.config
     if c.get("tgt_vocab_size") is not None:
         return "two vocabularies (build_torch_model ties one shared embedding)"
@@ -185,9 +186,9 @@ def torch_supported(model):
 
 
 def build_torch(model):
-    """The PyTorch copy of ``model``: ``bench_step.build_torch_model`` + ``copy_weights``, eval mode."""
-    torch_model = bench_step.build_torch_model(model.config, "cpu")
-    bench_step.copy_weights(model, torch_model)
+    """The PyTorch copy of ``model``: ``torch_transformer.build_torch_model`` + ``copy_weights``, eval mode."""
+    torch_model = torch_transformer.build_torch_model(model.config, "cpu")
+    torch_transformer.copy_weights(model, torch_model)
     return torch_model.eval()
 
 

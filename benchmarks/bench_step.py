@@ -27,7 +27,6 @@ import argparse
 import ctypes
 import datetime
 import gc
-import math
 import os
 import platform
 import shlex
@@ -35,9 +34,11 @@ import statistics
 import sys
 import time
 import tracemalloc
-import warnings
 
 import numpy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_transformer import build_torch_model, copy_weights  # noqa: E402,F401  (benchmarks/ is not a package)
 
 PAD, BOS, EOS = 0, 1, 2  # token ids; real words are drawn from [3, vocab)
 LABEL_SMOOTHING = 0.1  # §5.4, as `tinyformer train` (TrainConfig.label_smoothing)
@@ -253,107 +254,6 @@ class TinyformerGraphedRunner(TinyformerRunner):
 
 
 # ----------------------------------------------------------------------------- PyTorch
-def build_torch_model(config, device):
-    """The same post-LN Transformer in PyTorch, with the dropout placement of tinyformer's preset.
-
-    ``nn.Transformer`` applies its one ``dropout`` also to the attention probabilities and inside
-    the feed-forward network, and adds a final LayerNorm to the encoder and decoder even when
-    post-LN. tinyformer's presets drop only residual sub-layer outputs and the embedding sums (§5.4;
-    ``attention_dropout`` = ``activation_dropout`` = 0) and have no final LayerNorm when post-LN,
-    so those are switched off here; everything else is stock.
-    """
-    import torch
-    from torch import nn
-    from torch.nn import functional as TF
-
-    from tinyformer import functional as F
-
-    d_model, heads, layers = config["d_model"], config["heads"], config["num_layers"]
-
-    class TorchTransformer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(config["src_vocab_size"], d_model)
-            nn.init.normal_(self.embed.weight, std=d_model ** -0.5)
-            self.register_buffer("pe", torch.from_numpy(F.sinusoid_table(config["max_len"], d_model)))
-            self.embed_dropout = nn.Dropout(config["dropout"])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.transformer = nn.Transformer(
-                    d_model, heads, layers, layers, config["d_ff"], config["dropout"],
-                    batch_first=True, norm_first=False, layer_norm_eps=config["eps"])
-            self.stock_extra = sum(p.numel() for p in self.transformer.encoder.norm.parameters()) + sum(
-                p.numel() for p in self.transformer.decoder.norm.parameters())
-            self.transformer.encoder.norm = None
-            self.transformer.decoder.norm = None
-            for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
-                layer.dropout = nn.Dropout(config["activation_dropout"])
-                for attn in (getattr(layer, "self_attn", None), getattr(layer, "multihead_attn", None)):
-                    if attn is not None:
-                        attn.dropout = config["attention_dropout"]
-
-        def _embed(self, ids):
-            x = self.embed(ids) * math.sqrt(d_model) + self.pe[:ids.shape[1]]
-            return self.embed_dropout(x)
-
-        def forward(self, src, tgt_in):
-            src_pad = src == PAD  # True = ignore (PyTorch's convention)
-            length = tgt_in.shape[1]
-            future = torch.triu(torch.ones(length, length, dtype=torch.bool, device=src.device), 1)
-            h = self.transformer(self._embed(src), self._embed(tgt_in), tgt_mask=future,
-                                 src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
-                                 tgt_is_causal=True)
-            return TF.linear(h, self.embed.weight)
-
-    model = TorchTransformer().to(device)
-    return model
-
-
-def copy_weights(tiny, model):
-    """tinyformer's weights into the PyTorch model, so both start from the same point."""
-    import torch
-
-    from tinyformer import backend
-
-    def put(target, *sources):
-        arrays = [backend.to_numpy(s.data) for s in sources]
-        value = torch.from_numpy(numpy.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy())
-        if tuple(value.shape) != tuple(target.shape):
-            raise RuntimeError(f"weight copy: shape {tuple(value.shape)} into {tuple(target.shape)}")
-        target.copy_(value)
-
-    def attention(ours, theirs):
-        put(theirs.in_proj_weight, ours.w_q.weight, ours.w_k.weight, ours.w_v.weight)
-        put(theirs.in_proj_bias, ours.w_q.bias, ours.w_k.bias, ours.w_v.bias)
-        put(theirs.out_proj.weight, ours.w_o.weight)
-        put(theirs.out_proj.bias, ours.w_o.bias)
-
-    def norm(ours, theirs):
-        put(theirs.weight, ours.weight)
-        put(theirs.bias, ours.bias)
-
-    def feed_forward(ours, theirs):
-        put(theirs.linear1.weight, ours.linear1.weight)
-        put(theirs.linear1.bias, ours.linear1.bias)
-        put(theirs.linear2.weight, ours.linear2.weight)
-        put(theirs.linear2.bias, ours.linear2.bias)
-
-    with torch.no_grad():
-        put(model.embed.weight, tiny.src_embed.weight)
-        for ours, theirs in zip(tiny.encoder.layers, model.transformer.encoder.layers):
-            attention(ours.self_attn, theirs.self_attn)
-            feed_forward(ours.feed_forward, theirs)
-            norm(ours.attn_block.norm, theirs.norm1)
-            norm(ours.ff_block.norm, theirs.norm2)
-        for ours, theirs in zip(tiny.decoder.layers, model.transformer.decoder.layers):
-            attention(ours.self_attn, theirs.self_attn)
-            attention(ours.cross_attn, theirs.multihead_attn)
-            feed_forward(ours.feed_forward, theirs)
-            norm(ours.self_block.norm, theirs.norm1)
-            norm(ours.cross_block.norm, theirs.norm2)
-            norm(ours.ff_block.norm, theirs.norm3)
-
-
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 

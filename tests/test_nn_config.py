@@ -62,6 +62,8 @@ def test_replace_refuses_an_unknown_name_in_one_line_listing_the_allowed_ones():
     ("eps", -1e-6, ["Transformer: eps", "-1e-06"]),
     ("norm_first", "yes", ["Transformer: norm_first", "True or False", "'yes'"]),
     ("positional", "rotary", ["Transformer: positional", "'sinusoid'", "'learned'", "'rotary'"]),
+    ("final_norm", "yes", ["Transformer: final_norm", "None, True or False", "'yes'"]),
+    ("init", "kaiming", ["Transformer: init", "'xavier'", "'torch'", "'kaiming'"]),
     ("seed", -1, ["Transformer: seed", "-1"]),
     ("src_vocab_size", 0, ["Transformer: src_vocab_size", "0"]),
     ("tgt_vocab_size", 1.5, ["Transformer: tgt_vocab_size", "1.5"]),
@@ -92,6 +94,18 @@ def test_values_are_kept_as_plain_python_values():
     assert type(values["src_vocab_size"]) is int and type(values["d_model"]) is int and type(values["seed"]) is int
     assert type(values["dropout"]) is float and type(values["norm_first"]) is bool
     assert json.loads(json.dumps(values)) == values  # what a checkpoint's metadata holds
+
+
+def test_final_norm_and_init_default_to_the_papers_model_and_round_trip():
+    config = TransformerConfig(**SMALL)
+    assert (config.final_norm, config.init, config.has_final_norm) == (None, "xavier", False)
+    assert TransformerConfig(**SMALL, norm_first=True).has_final_norm  # pre-LN: its own final LayerNorm
+    assert not TransformerConfig(**SMALL, norm_first=True, final_norm=False).has_final_norm
+    torch_like = config.replace(final_norm=np.bool_(True), init="torch")
+    assert torch_like.has_final_norm and type(torch_like.to_dict()["final_norm"]) is bool
+    assert TransformerConfig.from_dict(torch_like.to_dict()) == torch_like
+    older = {k: v for k, v in torch_like.to_dict().items() if k not in ("final_norm", "init")}
+    assert TransformerConfig.from_dict(older) == config  # a model_config written before the two existed
 
 
 def test_dict_round_trip_and_the_legacy_label_smoothing_key():
@@ -160,7 +174,9 @@ def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_p
         "label_smoothing": 0.1, "max_len": 1024, "pad_id": 0, "norm_first": False, "eps": 1e-5, "seed": 0,
         "positional": "sinusoid",
     }
-    assert {k: v for k, v in legacy.items() if k != "label_smoothing"} == model.config
+    # final_norm and init came later: absent from such a checkpoint, they take the defaults, its model's
+    assert dict({k: v for k, v in legacy.items() if k != "label_smoothing"}, final_norm=None,
+                init="xavier") == model.config
     meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(tmp_path)).to_dict(),
             "model_config": legacy, "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
             "rng_state": tf.random.get_rng_state(), "tokenizer_sha256": tokenizer.sha256,

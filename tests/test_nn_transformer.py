@@ -254,6 +254,101 @@ def test_source_mask_hides_pad_id():
     np.testing.assert_array_equal(mask[:, 0, 0], [[False, True, False], [True, True, True]])
 
 
+# ---------------------------------------------------------------------------- nn.Transformer's extras (issue 28)
+FINAL_NORMS = ["encoder.final_norm.weight", "encoder.final_norm.bias", "decoder.final_norm.weight",
+               "decoder.final_norm.bias"]
+
+
+def test_final_norm_adds_a_layer_norm_after_each_post_ln_stack_and_keeps_every_other_initial_weight():
+    plain, final = small_model(seed=2), small_model(seed=2, final_norm=True)
+    assert plain.encoder.final_norm is None and plain.decoder.final_norm is None
+    assert final.num_parameters() == plain.num_parameters() + 4 * 8
+    assert "final_norm=True" in final.extra_repr() and "final_norm" not in plain.extra_repr()
+    own, other = final.state_dict(), plain.state_dict()
+    assert sorted(set(own) - set(other)) == sorted(FINAL_NORMS)
+    for name in other:  # the same seed draws the same weights everywhere else
+        np.testing.assert_array_equal(own[name], other[name])
+    memory = final.encode(SRC)  # the plain stack's output, normalised once more
+    np.testing.assert_allclose(memory.data, final.encoder.final_norm(plain.encode(SRC)).data, rtol=0, atol=1e-12)
+    mask = final.source_mask(SRC)
+    h = final.decoder(final.positional(final.tgt_embed(TGT) * math.sqrt(8)), memory, mask)
+    plain_h = plain.decoder(plain.positional(plain.tgt_embed(TGT) * math.sqrt(8)), memory, mask)
+    np.testing.assert_allclose(h.data, final.decoder.final_norm(plain_h).data, rtol=0, atol=1e-12)
+    # pre-LN has its final LayerNorms by default (final_norm None); False removes them
+    assert small_model(norm_first=True).encoder.final_norm is not None
+    bare = small_model(norm_first=True, final_norm=False)
+    assert bare.encoder.final_norm is None and bare.num_parameters() == plain.num_parameters()
+
+
+def test_final_norm_gradcheck():
+    """Every parameter of a post-LN model with final LayerNorms, float64, random upstream gradient;
+    the final LayerNorms element by element, at a gain and bias away from 1 and 0."""
+    model = small_model(num_layers=1, final_norm=True)
+    rng = np.random.default_rng(8)
+    finals = []
+    for norm in (model.encoder.final_norm, model.decoder.final_norm):
+        norm.weight.data[...] = 1 + 0.2 * rng.standard_normal(8)
+        norm.bias.data[...] = 0.2 * rng.standard_normal(8)
+        finals += [norm.weight, norm.bias]
+    params = model.parameters()
+    assert all(any(p is f for p in params) for f in finals)
+    tf.gradcheck(lambda *ps: model(SRC, TGT), params, mode="fast", seed=9)
+    tf.gradcheck(lambda *ps: model(SRC, TGT), finals, mode="full", seed=10)
+
+
+def test_incremental_decode_with_final_norm_equals_full_decode():
+    model = small_model(final_norm=True)
+    memory, mask = model.encode(SRC), model.source_mask(SRC)
+    full = model.decode(TGT, memory, mask).data
+    state = model.init_state()
+    steps = [model.decode(TGT[:, t:t + 1], memory, src_mask=mask, state=state).data for t in range(TGT.shape[1])]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=1e-10)
+
+
+def _uniform_bound_and_variance(arrays, bound):
+    """Whether ``arrays`` look like U(-bound, bound) samples: within it, reaching near it (the largest
+    of n falls below (1 - 10/n)·bound with probability e^-10), variance bound²/3 (to 4 standard
+    deviations of a sample variance, 0.89/√n relative)."""
+    samples = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+    n = samples.size
+    assert np.abs(samples).max() <= bound
+    assert np.abs(samples).max() > (1 - 10 / n) * bound
+    np.testing.assert_allclose(samples.var(), bound ** 2 / 3, rtol=4 * 0.89 / math.sqrt(n))
+
+
+def test_torch_init_draws_nn_transformers_statistics():
+    d, d_ff = 64, 256
+    model = nn.Transformer.from_preset("tiny", vocab_size=50, init="torch", seed=3)
+    xavier = nn.Transformer.from_preset("tiny", vocab_size=50, seed=3)
+    assert model.config["init"] == "torch" and "init=torch" in model.extra_repr()
+    attentions = [layer.self_attn for layer in model.encoder.layers] + [
+        a for layer in model.decoder.layers for a in (layer.self_attn, layer.cross_attn)]
+    for attention in attentions:
+        packed = [attention.w_q.weight.data, attention.w_k.weight.data, attention.w_v.weight.data]
+        _uniform_bound_and_variance(packed, math.sqrt(6 / (d + 3 * d)))  # one (3d, d) in_proj_weight
+        _uniform_bound_and_variance([attention.w_o.weight.data], math.sqrt(6 / (2 * d)))
+        for linear in (attention.w_q, attention.w_k, attention.w_v, attention.w_o):
+            assert not linear.bias.data.any()
+    networks = [layer.feed_forward for layer in [*model.encoder.layers, *model.decoder.layers]]
+    for ff in networks:
+        _uniform_bound_and_variance([ff.linear1.weight.data], math.sqrt(6 / (d + d_ff)))
+        _uniform_bound_and_variance([ff.linear2.weight.data], math.sqrt(6 / (d + d_ff)))
+    _uniform_bound_and_variance([ff.linear1.bias.data for ff in networks], 1 / math.sqrt(d))  # nn.Linear's
+    _uniform_bound_and_variance([ff.linear2.bias.data for ff in networks], 1 / math.sqrt(d_ff))
+    for name, array in model.state_dict().items():
+        assert array.dtype == np.float32, name
+        if "norm" in name:  # LayerNorms: gain 1, bias 0, as with "xavier"
+            np.testing.assert_array_equal(array, xavier.state_dict()[name], err_msg=name)
+    np.testing.assert_array_equal(model.src_embed.weight.data, xavier.src_embed.weight.data)  # drawn first, the same
+    # the paper's "xavier": each projection on its own (d, d) shape, biases zero
+    attention = xavier.encoder.layers[0].self_attn
+    _uniform_bound_and_variance([attention.w_q.weight.data], math.sqrt(6 / (2 * d)))
+    assert not xavier.encoder.layers[0].feed_forward.linear1.bias.data.any()
+    again = nn.Transformer.from_preset("tiny", vocab_size=50, init="torch", seed=3)
+    for name, array in model.state_dict().items():  # seeded: the same draw again
+        np.testing.assert_array_equal(array, again.state_dict()[name], err_msg=name)
+
+
 # ---------------------------------------------------------------------------- incremental decoding
 @pytest.mark.parametrize("positional", ["sinusoid", "learned"])
 def test_incremental_decode_equals_full_decode(positional):

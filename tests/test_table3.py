@@ -197,6 +197,35 @@ def test_model_overrides_reach_the_model_and_round_trip_through_the_checkpoint(s
     assert TrainConfig.from_dict(meta["config"]).model_overrides == overrides
 
 
+def test_pytorchs_extras_reach_the_model_through_model_overrides_and_the_checkpoint(small_corpus, tmp_path):
+    """nn.Transformer's extras (issue 28) as model_overrides; a checkpoint keeps them, and one written
+    before final_norm and init existed resumes and loads as the model it holds."""
+    overrides = {"attention_dropout": 0.1, "activation_dropout": 0.1, "final_norm": True, "init": "torch"}
+    trainer = Trainer(small_config(tmp_path / "extras", model_overrides=overrides), **QUIET)
+    trainer.run()
+    assert trainer.model.encoder.final_norm is not None and trainer.model.decoder.final_norm is not None
+    assert trainer.model.encoder.layers[0].self_attn.dropout == 0.1
+    assert trainer.model.encoder.layers[0].feed_forward.dropout.p == 0.1
+    model, _, meta = load_model(checkpoint.checkpoint_path(tmp_path / "extras", 2))
+    assert {k: meta["model_config"][k] for k in overrides} == overrides
+    assert model.config == trainer.model.config and model.decoder.final_norm is not None
+    src, tgt = np.array([[5, 6, 7, 2]]), np.array([[1, 8, 9]])
+    np.testing.assert_array_equal(model(src, tgt).data, trainer.model.eval()(src, tgt).data)
+
+    older = tmp_path / "older"  # as written before the two fields existed
+    Trainer(small_config(older), **QUIET).run()
+    path = checkpoint.checkpoint_path(older, 2)
+    state, meta, adam = checkpoint.load_checkpoint(path)
+    meta = {k: v for k, v in meta.items() if k != "adam"}
+    meta["model_config"] = {k: v for k, v in meta["model_config"].items() if k not in ("final_norm", "init")}
+    checkpoint.save_checkpoint(path, state, meta, adam)
+    model, _, _ = load_model(path)
+    assert (model.config["final_norm"], model.config["init"], model.encoder.final_norm) == (None, "xavier", None)
+    resumed = Trainer(small_config(older, max_steps=3), resume=True, **QUIET)
+    resumed.run()  # not refused as another model
+    assert resumed.step == 3
+
+
 def test_configs_without_model_overrides_still_load():
     values = small_config("x").to_dict()
     del values["model_overrides"]  # a checkpoint written before the field existed

@@ -219,8 +219,9 @@ def test_model_overrides_of_what_the_run_sets_name_its_field(argument):
 
 def test_the_settings_that_shape_no_parameter_come_from_the_fields():
     assert {"dropout", "label_smoothing", "seed"} <= TRAINING_ONLY  # the fields declared training-only
-    assert {"attention_dropout", "activation_dropout"} <= TRAINING_ONLY  # model_overrides-only ones
-    assert not TRAINING_ONLY & {"d_model", "heads", "num_layers", "src_vocab_size", "max_len", "positional"}
+    assert {"attention_dropout", "activation_dropout", "init"} <= TRAINING_ONLY  # model_overrides-only ones
+    assert not TRAINING_ONLY & {"d_model", "heads", "num_layers", "src_vocab_size", "max_len", "positional",
+                                "final_norm"}
     saved, built = {"heads": 4, "dropout": 0.1, "seed": 0}, {"heads": 4, "dropout": 0.3, "seed": 1}
     assert checkpoint.model_config_mismatch(saved, built, TRAINING_ONLY) == []
     assert checkpoint.model_config_mismatch(dict(saved, heads=8), built, TRAINING_ONLY) == ["heads: 8 vs 4"]

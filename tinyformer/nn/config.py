@@ -2,7 +2,8 @@
 
 Every value is checked once, here, and kept as a plain Python value, so ``to_dict()`` is what a
 checkpoint's ``model_config`` holds and ``from_dict`` reads it back (checkpoints written before
-label smoothing left the model still load).
+label smoothing left the model still load; so do those written before ``final_norm`` and ``init``,
+which take their defaults, the models those checkpoints hold).
 """
 
 import dataclasses
@@ -10,6 +11,7 @@ import dataclasses
 import numpy
 
 from ..validation import check_int, check_probability, check_real, is_integer
+from .init import INIT_SCHEMES
 from .layers import POSITIONAL_KINDS
 
 __all__ = ["TransformerConfig", "LABEL_SMOOTHING_MOVED"]
@@ -38,6 +40,13 @@ class TransformerConfig:
     eps: float = 1e-5  # LayerNorm's variance epsilon
     seed: int = None  # a generator of its own for the initial weights; None: the default generator
     positional: str = "sinusoid"  # "sinusoid" (§3.5) or "learned" (one vector per position, Table 3 (E))
+    # A LayerNorm after the last layer of the encoder and of the decoder. None: only when pre-LN (whose
+    # residual stream is unnormalised); True also when post-LN, as PyTorch's nn.Transformer (not in the paper).
+    final_norm: bool = None
+    # The initial weights of the stacks: "xavier" (each projection Xavier-uniform on its own shape, biases
+    # zero) or "torch" (nn.Transformer's: Q, K, V Xavier-uniform as one packed 3d x d matrix, FFN biases
+    # U(+-1/sqrt(fan_in))); see nn.init.INIT_SCHEMES. Embeddings and LayerNorms are the same in both.
+    init: str = "xavier"
 
     def __post_init__(self):
         def keep(name, value):
@@ -57,6 +66,13 @@ class TransformerConfig:
         if not isinstance(self.norm_first, (bool, numpy.bool_)):
             raise ValueError(f"Transformer: norm_first must be True or False, got {self.norm_first!r}")
         keep("norm_first", bool(self.norm_first))
+        if self.final_norm is not None:
+            if not isinstance(self.final_norm, (bool, numpy.bool_)):
+                raise ValueError(f"Transformer: final_norm must be None, True or False, got {self.final_norm!r}")
+            keep("final_norm", bool(self.final_norm))
+        if self.init not in INIT_SCHEMES:
+            raise ValueError(f"Transformer: init must be one of {', '.join(repr(k) for k in INIT_SCHEMES)}, "
+                             f"got {self.init!r}")
         if self.positional not in POSITIONAL_KINDS:
             raise ValueError(f"Transformer: positional must be one of "
                              f"{', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {self.positional!r}")
@@ -65,6 +81,11 @@ class TransformerConfig:
             raise ValueError(f"Transformer: pad_id must be an id of the vocabulary, 0 <= pad_id < "
                              f"{min(vocabularies)}, got {self.pad_id!r}")
         keep("pad_id", check_int("Transformer: pad_id", self.pad_id, 0))
+
+    @property
+    def has_final_norm(self):
+        """Whether each stack ends in a LayerNorm: ``final_norm``, or pre-LN where it is None."""
+        return self.norm_first if self.final_norm is None else self.final_norm
 
     @classmethod
     def field_names(cls):

@@ -2,6 +2,7 @@
 
 from .. import functional as F
 from ..random import make_generator
+from . import init
 from .attention import MultiHeadAttention
 from .config import LABEL_SMOOTHING_MOVED, TransformerConfig
 from .layers import Dropout, Embedding, LayerNorm, PositionwiseFeedForward, positional_encoding, scale_embedding
@@ -73,17 +74,19 @@ class DecoderLayer(Module):
 
 
 class _Stack(Module):
-    """N identical layers (plus a final LayerNorm when pre-LN, whose residual stream is unnormalised)."""
+    """N identical layers, plus a final LayerNorm when ``final_norm`` is True; None (the default):
+    only when pre-LN, whose residual stream is unnormalised. PyTorch's nn.Transformer has one also
+    when post-LN (``final_norm=True``)."""
 
     layer_class = None
 
-    def __init__(self, num_layers, d_model, norm_first=False, eps=1e-5, **layer_args):
+    def __init__(self, num_layers, d_model, norm_first=False, eps=1e-5, final_norm=None, **layer_args):
         super().__init__()
         self.layers = ModuleList(
             self.layer_class(d_model, norm_first=norm_first, eps=eps, **layer_args)
             for _ in range(num_layers)
         )
-        self.final_norm = LayerNorm(d_model, eps) if norm_first else None
+        self.final_norm = LayerNorm(d_model, eps) if (norm_first if final_norm is None else final_norm) else None
 
     def _finish(self, x):
         return x if self.final_norm is None else self.final_norm(x)
@@ -144,7 +147,7 @@ class Transformer(Module):
     def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
                  num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, *,
                  max_len=1024, pad_id=0, norm_first=False, eps=1e-5, seed=None, positional="sinusoid",
-                 **unknown):
+                 final_norm=None, init="xavier", **unknown):
         """The arguments are ``TransformerConfig``'s fields (see there for each one's meaning).
 
         ``seed`` gives the initialisation a generator of its own; dropout always draws
@@ -159,7 +162,7 @@ class Transformer(Module):
             src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model, d_ff=d_ff,
             heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
             activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
-            eps=eps, seed=seed, positional=positional,
+            eps=eps, seed=seed, positional=positional, final_norm=final_norm, init=init,
         )
         if c.src_vocab_size is None:
             raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
@@ -174,11 +177,13 @@ class Transformer(Module):
         self.embed_dropout = Dropout(c.dropout)
         layer_args = dict(heads=c.heads, d_ff=c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
                           activation_dropout=c.activation_dropout, generator=generator)
-        self.encoder = Encoder(c.num_layers, c.d_model, c.norm_first, c.eps, **layer_args)
-        self.decoder = Decoder(c.num_layers, c.d_model, c.norm_first, c.eps, **layer_args)
+        self.encoder = Encoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
+        self.decoder = Decoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
         # Learned positions are drawn after the stacks, so that with the same seed such a model
         # starts from the sinusoid model's weights everywhere else (a controlled Table 3 (E)).
         self.positional = positional_encoding(c.positional, c.d_model, c.max_len, generator)
+        if c.init == "torch":  # redrawn last: with the same seed the embeddings equal the "xavier" model's
+            _torch_init(self.encoder, self.decoder, generator=generator)
 
     @classmethod
     def from_config(cls, config):
@@ -258,7 +263,31 @@ class Transformer(Module):
         c = self.config
         return (f"N={c['num_layers']}, d_model={c['d_model']}, d_ff={c['d_ff']}, heads={c['heads']}, "
                 f"vocab={self.src_vocab_size}" + ("" if self.shared_vocab else f"/{self.tgt_vocab_size}")
-                + ("" if c["positional"] == "sinusoid" else f", positional={c['positional']}"))
+                + ("" if c["positional"] == "sinusoid" else f", positional={c['positional']}")
+                + ("" if c["final_norm"] is None else f", final_norm={c['final_norm']}")
+                + ("" if c["init"] == "xavier" else f", init={c['init']}"))
+
+
+def _torch_init(*stacks, generator=None):
+    """Redraw the stacks' weights as PyTorch's nn.Transformer initialises them (``init="torch"``,
+    ``nn.init.INIT_SCHEMES``): per attention, W_Q, W_K, W_V cut from one Xavier-uniform packed
+    (3 d_model, d_model) matrix (its in_proj_weight), W_O Xavier-uniform, all four biases zero; per
+    feed-forward network, W_1 and W_2 Xavier-uniform and their biases U(±1/√fan_in). LayerNorms keep
+    gain 1 and bias 0. Modules in the order of ``modules()``."""
+    for stack in stacks:
+        for module in stack.modules():
+            if isinstance(module, MultiHeadAttention):
+                d = module.d_model
+                for linear, weight in zip((module.w_q, module.w_k, module.w_v),
+                                          init.packed_xavier_uniform(3, d, d, generator)):
+                    linear.weight.data[...] = weight
+                module.w_o.weight.data[...] = init.xavier_uniform(d, d, generator)
+                for linear in (module.w_q, module.w_k, module.w_v, module.w_o):
+                    linear.bias.data[...] = 0
+            elif isinstance(module, PositionwiseFeedForward):
+                for linear in (module.linear1, module.linear2):
+                    linear.weight.data[...] = init.xavier_uniform(linear.out_features, linear.in_features, generator)
+                    linear.bias.data[...] = init.fan_in_uniform(linear.out_features, linear.in_features, generator)
 
 
 def _check_ids_2d(ids, name):

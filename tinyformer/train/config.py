@@ -180,7 +180,9 @@ class TrainConfig:
     dropout: float = option(help="residual and embedding dropout, §5.4", unset="the preset's", kind=float,
                             check=check_probability, model_argument=("dropout",), training_only=True)
     model_overrides: dict = option(help="Transformer arguments over the preset's, e.g. {'heads': 8, "
-                                   "'positional': 'learned'}", unset="none", kind=dict, flag="",
+                                   "'positional': 'learned'} or PyTorch nn.Transformer's extras {'attention_dropout': "
+                                   "0.1, 'activation_dropout': 0.1, 'final_norm': True, 'init': 'torch'}",
+                                   unset="none", kind=dict, flag="",
                                    check=check_model_overrides)
     max_len: int = option(256, help="drop training pairs longer than this many tokens", kind=int,
                           check=positive_int, model_argument=("max_len",))
@@ -282,8 +284,9 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # per_d
 RESUMABLE = frozenset(name for name, opt in OPTIONS.items() if opt.resumable)
 # Transformer arguments the run sets (from the field named, or from the tokenizer for None).
 RUN_SET = {argument: name for name, opt in OPTIONS.items() for argument in opt.model_argument} | {"pad_id": None}
-# Transformer arguments that shape no parameter: models differing only in them share an architecture.
-TRAINING_ONLY = frozenset({"attention_dropout", "activation_dropout"}.union(
+# Transformer arguments that shape no parameter: models differing only in them share an architecture
+# (``init`` only says how the weights were first drawn).
+TRAINING_ONLY = frozenset({"attention_dropout", "activation_dropout", "init"}.union(
     *(opt.model_argument for opt in OPTIONS.values() if opt.training_only)))
 
 

@@ -1,0 +1,473 @@
+"""Translation quality at equal data (issue 28): tinyformer and PyTorch trained on identical batches.
+
+Both models are trained on the same batch list, made by tinyformer's own pipeline (its joint BPE
+tokenizer, ``ParallelData.batches`` in the order ``tinyformer train`` takes them for the seed: epoch
+after epoch, one batch per step), for any number of steps and any seed, then scored with the same
+decoder: tinyformer's ``translate`` (beam 4, alpha 0.6 by default) and sacreBLEU on Multi30k
+``test_2016_flickr`` (``tinyformer eval``'s scoring). The PyTorch model (``torch_transformer``:
+``nn.Transformer``, tied embeddings x sqrt(d_model), the same sinusoids, post-LN) is trained with
+``torch.optim.Adam`` (0.9, 0.98, 1e-9) on the same Noam schedule and ``F.cross_entropy`` with the same
+label smoothing; its trained weights are copied back into a tinyformer model of the same structure
+for decoding. tinyformer trains through ``Trainer.train_step``, the step of ``tinyformer train``.
+
+Each engine trains in a process of its own with one thread (OMP/OpenBLAS/MKL and PyTorch), both at
+the same time by default (``--sequential``: one after the other). Each records its loss per step
+(label-smoothed, per target token), its step times and the fingerprint of the batch list it was
+given; the report compares them and says whether the two lists were identical.
+
+The configuration differences between tinyformer's paper model and stock ``nn.Transformer`` are
+switched one by one with ``--tf-extras`` and ``--torch-extras`` (comma-separated, or ``none`` /
+``all``): ``attention-dropout`` (dropout p on the attention probabilities), ``activation-dropout``
+(after the feed-forward ReLU), ``final-norm`` (a LayerNorm after each stack, also post-LN) and
+``torch-init`` (nn.Transformer's initialisation: Q, K, V Xavier-uniform as one packed 3d x d matrix,
+feed-forward biases U(+-1/sqrt(fan_in))). Defaults: tinyformer none (the paper), PyTorch all (stock).
+
+``--equal-init`` tests the engines themselves: PyTorch starts from tinyformer's initial weights,
+dropout is off everywhere, both have the same extras, and the report gives the largest relative
+difference of the two loss curves in each window of 100 steps.
+
+    python benchmarks/bench_quality.py --steps 800 --seed 0 [--tf-extras none] [--torch-extras all]
+    python benchmarks/bench_quality.py --steps 300 --equal-init --no-score
+    python benchmarks/bench_quality.py --data synthetic --preset tiny --steps 20 --limit 50   (a smoke run)
+
+``--report FILE`` appends the markdown report (command, date, commit, machine) to FILE;
+``--work DIR`` (default runs/bench-quality) holds the shared tokenizer, each engine's log and its
+JSON result (every step's loss and time).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402  (benchmarks/ is not a package)
+
+ENGINES = ("tinyformer", "torch")
+ENGINE_NAMES = {"tinyformer": "tinyformer", "torch": "PyTorch"}
+EXTRAS = ("attention-dropout", "activation-dropout", "final-norm", "torch-init")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+# ----------------------------------------------------------------------------- configuration
+def parse_extras(text):
+    """The extras named in ``text`` ("none", "all" or a comma-separated subset of EXTRAS), in EXTRAS' order."""
+    text = text.strip()
+    if text in ("none", ""):
+        return ()
+    if text in ("all", "stock"):
+        return EXTRAS
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = sorted(names - set(EXTRAS))
+    if unknown:
+        raise ValueError(f"unknown extra(s) {', '.join(unknown)}; known: {', '.join(EXTRAS)}, or none / all")
+    return tuple(name for name in EXTRAS if name in names)
+
+
+def extras_text(extras):
+    return ",".join(extras) if extras else "none"
+
+
+def model_overrides(extras, dropout):
+    """The Transformer arguments (``TrainConfig.model_overrides``) of ``extras`` with dropout p ``dropout``."""
+    return {"attention_dropout": dropout if "attention-dropout" in extras else 0.0,
+            "activation_dropout": dropout if "activation-dropout" in extras else 0.0,
+            "final_norm": True if "final-norm" in extras else None,
+            "init": "torch" if "torch-init" in extras else "xavier"}
+
+
+def engine_extras(args, engine):
+    return args.tf_extras if engine == "tinyformer" else args.torch_extras
+
+
+def tokenizer_dir(args):
+    """The shared tokenizer's folder: one per data set, language pair and vocabulary size."""
+    return Path(args.work) / f"tokenizer-{args.data}-{args.src}-{args.tgt}-{args.vocab_size}"
+
+
+def run_config(args, engine):
+    """The ``TrainConfig`` (resolved) of ``engine``'s run: the data, preset and schedule of ``tinyformer
+    train``, with the engine's extras as model overrides (no dropout at all with --equal-init)."""
+    from tinyformer.nn.presets import PRESETS
+    from tinyformer.train import TrainConfig
+
+    dropout = 0.0 if args.equal_init else (args.dropout if args.dropout is not None else PRESETS[args.preset].dropout)
+    config = TrainConfig(data=args.data, src_lang=args.src, tgt_lang=args.tgt, data_dir=args.data_dir,
+                         preset=args.preset, vocab_size=args.vocab_size, max_tokens=args.max_tokens,
+                         max_steps=args.steps, warmup_steps=args.warmup_steps, lr_factor=args.lr_factor,
+                         label_smoothing=args.label_smoothing, dropout=dropout,
+                         model_overrides=model_overrides(engine_extras(args, engine), dropout),
+                         seed=args.seed, threads=1, device="cpu", save_dir=str(tokenizer_dir(args)),
+                         beam_size=args.beam, alpha=args.alpha)
+    return config.resolved()
+
+
+def batch_plan(train_data, config, steps):
+    """The batches of steps 1 .. ``steps`` in the order ``Trainer`` takes them (one process, accum 1,
+    no skipped update): epoch after epoch, ``train_data.batches(max_tokens, seed, epoch)`` in turn."""
+    if config.accum != 1:
+        raise ValueError("batch_plan: one batch per step (accum 1)")
+    plan, epoch = [], 0
+    while len(plan) < steps:
+        batches = train_data.batches(config.max_tokens, seed=config.seed, epoch=epoch)
+        if not len(batches):
+            raise ValueError("batch_plan: the training data gives no batch")
+        plan.extend(batches[i] for i in range(min(len(batches), steps - len(plan))))
+        epoch += 1
+    return plan
+
+
+def plan_digest(plan):
+    """SHA-256 of the batches' arrays (shapes and ids of src, tgt_in, tgt_out, in order)."""
+    digest = hashlib.sha256()
+    for batch in plan:
+        for array in (batch.src, batch.tgt_in, batch.tgt_out):
+            array = numpy.ascontiguousarray(array, dtype=numpy.int64)
+            digest.update(repr(array.shape).encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- the two engines
+def train_tinyformer(parts, config, plan, log=print, log_every=50):
+    """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds)."""
+    from tinyformer.train import Trainer
+
+    trainer = Trainer(config, parts=parts, echo=lambda *a, **k: None, progress=False)
+    parts.model.train()
+    losses, seconds, skipped = [], [], 0
+    for step, batch in enumerate(plan, 1):
+        start = time.perf_counter()
+        loss, _, _, grad_norm = trainer.train_step([batch])
+        seconds.append(time.perf_counter() - start)
+        losses.append(loss)
+        skipped += grad_norm is None or not numpy.isfinite(grad_norm)
+        if step % log_every == 0 or step == len(plan):
+            log(f"tinyformer step {step}: loss {loss:.4f}, {statistics.median(seconds[-log_every:]):.3f} s/step")
+    return {"losses": losses, "seconds": seconds, "skipped_updates": skipped}
+
+
+def train_torch(torch_model, config, plan, log=print, log_every=50):
+    """Train the PyTorch model on ``plan``: torch.optim.Adam (0.9, 0.98, 1e-9) on the same Noam schedule,
+    F.cross_entropy with the run's label smoothing summed over the target tokens / their count."""
+    import torch
+    from torch.nn import functional as TF
+
+    from tinyformer.data import PAD_ID
+    from tinyformer.optim import NoamSchedule
+
+    schedule = NoamSchedule(torch_model.embed.weight.shape[1], config.warmup_steps, config.lr_factor)
+    optimizer = torch.optim.Adam(torch_model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: schedule(i + 1))  # LambdaLR counts from 0
+    vocab = torch_model.embed.weight.shape[0]
+    torch_model.train()
+    losses, seconds = [], []
+    for step, batch in enumerate(plan, 1):
+        src, tgt_in, tgt_out = (torch.from_numpy(numpy.asarray(a, dtype=numpy.int64))
+                                for a in (batch.src, batch.tgt_in, batch.tgt_out))
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        logits = torch_model(src, tgt_in)
+        total = TF.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1), ignore_index=PAD_ID,
+                                 label_smoothing=config.label_smoothing, reduction="sum")
+        (total / batch.num_tokens).backward()
+        optimizer.step()
+        scheduler.step()
+        loss = total.item() / batch.num_tokens
+        seconds.append(time.perf_counter() - start)
+        losses.append(loss)
+        if step % log_every == 0 or step == len(plan):
+            log(f"torch step {step}: loss {loss:.4f}, {statistics.median(seconds[-log_every:]):.3f} s/step")
+    return {"losses": losses, "seconds": seconds, "skipped_updates": 0}
+
+
+def score(model, tokenizer, config, limit=None):
+    """sacreBLEU of ``model``'s translations of the test split (tinyformer's translate, the run's beam and alpha)."""
+    from tinyformer.train.builders import load_corpus
+    from tinyformer.train.evaluation import evaluate
+
+    sources, references = load_corpus(config, "test")
+    if limit:
+        sources, references = sources[:limit], references[:limit]
+    model.eval()
+    start = time.perf_counter()
+    result = evaluate(model, tokenizer, sources, references, beam_size=config.beam_size, alpha=config.alpha)
+    result["decode_seconds"] = time.perf_counter() - start
+    return result
+
+
+def run_engine(args, engine, log=print):
+    """One engine's whole run (in its own process): its parts, training, scoring; the result as a dict."""
+    from tinyformer.train import build_parts
+    from tinyformer.train.trainer import blas_threads
+
+    config = run_config(args, engine)
+    parts = build_parts(config, echo=lambda *a, **k: None)
+    plan = batch_plan(parts.train_data, config, args.steps)
+    result = {"engine": engine, "extras": list(engine_extras(args, engine)), "equal_init": args.equal_init,
+              "model_config": parts.model.config, "params": parts.model.num_parameters(),
+              "plan_digest": plan_digest(plan), "plan_batches": len(plan),
+              "target_tokens": sum(b.num_tokens for b in plan), "tokenizer_sha256": parts.tokenizer.sha256,
+              "versions": {"python": platform.python_version(), "numpy": numpy.__version__}}
+    log(f"{engine}: {result['params']:,} parameters, {len(plan)} batches, plan {result['plan_digest'][:12]}")
+    with blas_threads(1):
+        if engine == "tinyformer":
+            result.update(train_tinyformer(parts, config, plan, log, args.log_every))
+        else:
+            import torch
+
+            import torch_transformer
+
+            torch.set_num_threads(1)
+            torch.manual_seed(args.seed)
+            torch_model = torch_transformer.build_torch_model(parts.model.config)
+            if args.equal_init:
+                torch_transformer.copy_weights(parts.model, torch_model)
+            result["torch_params"] = sum(p.numel() for p in torch_model.parameters())
+            result["versions"]["torch"] = torch.__version__
+            result.update(train_torch(torch_model, config, plan, log, args.log_every))
+            torch_transformer.copy_weights_back(torch_model, parts.model)  # decoded by tinyformer's search
+        if args.score:
+            scores = score(parts.model, parts.tokenizer, config, args.limit)
+            result.update({k: scores[k] for k in ("bleu", "signature", "sentences", "exact_match", "decode_seconds")})
+            result["hypotheses"] = scores["hypotheses"]
+            log(f"{engine}: BLEU {scores['bleu']:.2f} on {scores['sentences']} sentences "
+                f"({scores['decode_seconds']:.0f} s to decode)")
+    return result
+
+
+# ----------------------------------------------------------------------------- the report
+def windows(count, size):
+    """[(first step, last step)] covering steps 1 .. count in windows of ``size``."""
+    return [(start, min(start + size - 1, count)) for start in range(1, count + 1, size)]
+
+
+def relative_differences(a, b):
+    """|a - b| / |b| per step."""
+    a, b = numpy.asarray(a, dtype=numpy.float64), numpy.asarray(b, dtype=numpy.float64)
+    return numpy.abs(a - b) / numpy.abs(b)
+
+
+def shown_command(argv):
+    """The command as the report shows it: folders of this machine (--work, --data-dir, an absolute
+    --report) as placeholders."""
+    shown, placeholders = [], {"--work": "WORK", "--data-dir": "DATA"}
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name, _, inline = word.partition("=")
+        if name in placeholders or (name == "--report" and os.path.isabs(inline or (argv[i + 1] if i + 1 < len(argv)
+                                                                                 else ""))):
+            shown.append(f"{name} {placeholders.get(name, 'REPORT')}")
+            i += 1 if inline else 2
+            continue
+        shown.append(shlex.quote(word))
+        i += 1
+    return " ".join(["python benchmarks/bench_quality.py", *shown])
+
+
+def report(args, argv, results, wall):
+    """The markdown report of one invocation."""
+    from bench_step import cpu_model
+
+    engines = [e for e in ENGINES if e in results]
+    versions = results[engines[0]]["versions"]
+    torch_version = results.get("torch", {}).get("versions", {}).get("torch")
+    machine = f"{cpu_model()}, numpy {versions['numpy']}" + (f", torch {torch_version}" if torch_version else "")
+    title = "Engine equality (--equal-init)" if args.equal_init else "Side by side"
+    lines = [f"## {title}: {args.data} {args.src}-{args.tgt}, `{args.preset}`, {args.steps} steps, seed {args.seed}", "",
+             provenance.header(shown_command(argv), machine) + ".", ""]
+    digests = {results[e]["plan_digest"] for e in engines}
+    first = results[engines[0]]
+    same = "identical on both sides" if len(engines) == 2 and len(digests) == 1 else (
+        "DIFFERENT on the two sides" if len(digests) > 1 else "one engine only")
+    lines.append(f"Data: {first['plan_batches']} batches of up to {args.max_tokens} padded tokens "
+                 f"({first['target_tokens']:,} target tokens), tinyformer's order for seed {args.seed}; batch list "
+                 f"sha256 {first['plan_digest'][:16]}, {same}. Joint BPE of {args.vocab_size} pieces (tinyformer's, "
+                 f"sha256 {first['tokenizer_sha256'][:12]}). Noam factor {args.lr_factor:g}, warm-up "
+                 f"{args.warmup_steps}, label smoothing {args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); one thread "
+                 f"per engine, {'one after the other' if args.sequential else 'both training at the same time'}.")
+    if args.equal_init:
+        lines.append("Equal init: PyTorch starts from tinyformer's initial weights; dropout 0 everywhere.")
+    lines.append("")
+    header = ["engine", "extras", "parameters", "loss, first step", "loss, last step", "median step s",
+              "training min"]
+    if args.score:
+        header += ["BLEU", "decoding s"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for e in engines:
+        r = results[e]
+        row = [ENGINE_NAMES[e], extras_text(r["extras"]), f"{r['params']:,}", f"{r['losses'][0]:.4f}",
+               f"{r['losses'][-1]:.4f}", f"{statistics.median(r['seconds']):.3f}", f"{sum(r['seconds']) / 60:.1f}"]
+        if args.score:
+            row += [f"**{r['bleu']:.2f}**", f"{r['decode_seconds']:.0f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    if len(engines) == 2:
+        tf, pt = results["tinyformer"], results["torch"]
+        ratio = statistics.median(tf["seconds"]) / statistics.median(pt["seconds"])
+        lines.append(f"Step time ratio tinyformer / PyTorch (medians): **{ratio:.2f}x**. "
+                     f"Parameters: tinyformer {tf['params']:,}, PyTorch {pt['torch_params']:,}.")
+        if args.score:
+            lines.append(f"BLEU difference PyTorch - tinyformer: {pt['bleu'] - tf['bleu']:+.2f} "
+                         f"({tf['sentences']} sentences of {'test_2016_flickr' if args.data == 'multi30k' else 'test'}, "
+                         f"beam {args.beam}, alpha {args.alpha:g}, tinyformer's decoder for both; {tf['signature']}).")
+        lines.append("")
+        rel = relative_differences(tf["losses"], pt["losses"])
+        lines += ["| steps | tinyformer mean loss | PyTorch mean loss | largest relative difference |",
+                  "|---|---:|---:|---:|"]
+        for lo, hi in windows(len(rel), args.window):
+            lines.append(f"| {lo}-{hi} | {numpy.mean(tf['losses'][lo - 1:hi]):.4f} | "
+                         f"{numpy.mean(pt['losses'][lo - 1:hi]):.4f} | {rel[lo - 1:hi].max():.2e} |")
+        lines.append("")
+        lines.append(f"Relative difference: |loss_tinyformer - loss_PyTorch| / loss_PyTorch of the same step; "
+                     f"largest over all {len(rel)} steps {rel.max():.2e} (step {int(rel.argmax()) + 1}), "
+                     f"at step 1 {rel[0]:.2e}.")
+    else:
+        r = results[engines[0]]
+        lines += ["| steps | mean loss |", "|---|---:|"]
+        for lo, hi in windows(len(r["losses"]), args.window):
+            lines.append(f"| {lo}-{hi} | {numpy.mean(r['losses'][lo - 1:hi]):.4f} |")
+    lines.append(f"Wall time of the invocation: {wall / 60:.1f} min.")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", choices=("multi30k", "synthetic"), default="multi30k")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--data-dir", help="folder holding multi30k/ (default: $TINYFORMER_DATA, as tinyformer train)")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--seed", type=int, default=0, help="initialisation, data order and dropout (default 0)")
+    parser.add_argument("--vocab-size", type=int, help="joint BPE pieces (default: tinyformer train's for the data)")
+    parser.add_argument("--max-tokens", type=int, help="padded tokens per batch (default: tinyformer train's)")
+    parser.add_argument("--warmup-steps", type=int, help="Noam warm-up (default: tinyformer train's, 800 for Multi30k)")
+    parser.add_argument("--lr-factor", type=float, default=1.0)
+    parser.add_argument("--label-smoothing", type=float, default=0.1)
+    parser.add_argument("--dropout", type=float, help="residual/embedding dropout p, also the extras' p "
+                        "(default: the preset's)")
+    parser.add_argument("--tf-extras", default="none", help=f"tinyformer's extras: none, all, or of {', '.join(EXTRAS)}")
+    parser.add_argument("--torch-extras", help="PyTorch's extras (default: all, stock nn.Transformer; with "
+                        "--equal-init: tinyformer's)")
+    parser.add_argument("--equal-init", action="store_true", help="engine equality: PyTorch from tinyformer's "
+                        "initial weights, no dropout, the same extras")
+    parser.add_argument("--engines", default="tinyformer,torch", help="which to train (default both)")
+    parser.add_argument("--sequential", action="store_true", help="train the engines one after the other")
+    parser.add_argument("--no-score", dest="score", action="store_false", help="skip the test decoding")
+    parser.add_argument("--limit", type=int, help="score only the first N test sentences")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--window", type=int, default=100, help="steps per row of the loss table (default 100)")
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--work", default=os.path.join("runs", "bench-quality"))
+    parser.add_argument("--report", help="append the markdown report to this file")
+    parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    from tinyformer.train.config import OPTIONS
+
+    args.vocab_size = args.vocab_size or OPTIONS["vocab_size"].per_data[args.data]
+    args.max_tokens = args.max_tokens or OPTIONS["max_tokens"].per_data[args.data]
+    args.warmup_steps = args.warmup_steps or OPTIONS["warmup_steps"].per_data[args.data]
+    try:
+        args.tf_extras = parse_extras(args.tf_extras)
+        torch_extras = None if args.torch_extras is None else parse_extras(args.torch_extras)
+        args.engines = tuple(e for e in ENGINES if e in parse_list(args.engines, ENGINES))
+    except ValueError as error:
+        parser.error(str(error))
+    if args.equal_init:
+        if torch_extras is not None and torch_extras != args.tf_extras:
+            parser.error("--equal-init: both engines have the same extras (give --tf-extras only)")
+        torch_extras = args.tf_extras
+    args.torch_extras = EXTRAS if torch_extras is None else torch_extras
+    if args.steps < 1 or args.window < 1 or args.log_every < 1:
+        parser.error("--steps, --window and --log-every must be positive")
+    return args
+
+
+def parse_list(text, known):
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"--engines: {', '.join(unknown) or 'none given'}; known: {', '.join(known)}")
+    return names
+
+
+def run_label(args):
+    equal = "-equal" if args.equal_init else ""
+    return (f"{args.data}-{args.preset}-s{args.seed}-n{args.steps}-tf_{extras_text(args.tf_extras)}"
+            f"-torch_{extras_text(args.torch_extras)}{equal}").replace(",", "+")
+
+
+def child_main(args):
+    out = Path(args.work) / "results" / f"{run_label(args)}-{args.child}.json"
+    result = run_engine(args, args.child, log=lambda line: print(line, flush=True))
+    out.write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+def prepare_tokenizer(args):
+    """The shared tokenizer (trained once, here, before the engines start and load it; invocations
+    started together over one --work wait for the first to train it)."""
+    from tinyformer.filecache import locked
+    from tinyformer.train.builders import build_tokenizer, load_corpus
+
+    config = run_config(args, "tinyformer")
+    Path(config.save_dir).mkdir(parents=True, exist_ok=True)
+    with locked(Path(config.save_dir) / "spm.lock"):
+        text = None if (Path(config.save_dir) / "spm.model").exists() else load_corpus(config, "train")
+        return build_tokenizer(config, text, echo=lambda line: print(line, flush=True))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args)
+    start = time.perf_counter()
+    (Path(args.work) / "results").mkdir(parents=True, exist_ok=True)
+    prepare_tokenizer(args)
+    env = dict(os.environ, **{name: "1" for name in THREAD_VARIABLES})
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    label = run_label(args)
+    logs = {e: Path(args.work) / "results" / f"{label}-{e}.log" for e in args.engines}
+    running = {}
+    for engine in args.engines:
+        with open(logs[engine], "w", encoding="utf-8") as log:
+            print(f"{engine}: training, log in {logs[engine]}", flush=True)
+            running[engine] = subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, "--child", engine],
+                                               stdout=log, stderr=subprocess.STDOUT, env=env)
+        if args.sequential:
+            running[engine].wait()
+    failed = [e for e, process in running.items() if process.wait() != 0]
+    for engine in args.engines:
+        print(logs[engine].read_text(encoding="utf-8").rstrip(), flush=True)
+    if failed:
+        raise SystemExit(f"bench_quality: {', '.join(failed)} failed (see the log above)")
+    results = {e: json.loads((Path(args.work) / "results" / f"{label}-{e}.json").read_text(encoding="utf-8"))
+               for e in args.engines}
+    text = report(args, argv, results, time.perf_counter() - start)
+    print(text)
+    if args.report:
+        with open(args.report, "a", encoding="utf-8") as f:
+            f.write("\n" + text)
+    if len({r["plan_digest"] for r in results.values()}) > 1:
+        raise SystemExit("bench_quality: the engines were given different batch lists")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

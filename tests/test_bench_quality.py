@@ -1,0 +1,219 @@
+"""benchmarks/bench_quality.py (issue 28) on the synthetic task, in seconds: the batch list both engines
+are given (identical, deterministic, the Trainer's order), the extras' switches, the report; where
+PyTorch is installed, the weight round trip tinyformer -> PyTorch -> tinyformer and a few steps of
+engine equality."""
+
+import argparse
+import dataclasses
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import children
+from scripts import ROOT, load_script
+from tinyformer import nn
+from tinyformer import train as tf_train
+from tinyformer.train import Trainer, build_parts
+
+bench = load_script("benchmarks/bench_quality.py")
+QUIET = dict(echo=lambda *a, **k: None)
+_CORPUS, _LOAD_CORPUS = {}, tf_train.builders.load_corpus
+
+
+def cached_load_corpus(config, split):
+    """``load_corpus``, each split of the synthetic task generated once (20,000 pairs take seconds)."""
+    key = (config.data, config.src_lang, config.tgt_lang, split)
+    if key not in _CORPUS:
+        _CORPUS[key] = _LOAD_CORPUS(config, split)
+    return _CORPUS[key]
+
+
+@pytest.fixture(autouse=True)
+def cached_corpus(monkeypatch):
+    monkeypatch.setattr(tf_train.builders, "load_corpus", cached_load_corpus)
+
+
+def bench_args(work, *extra):
+    return bench.parse_args(["--data", "synthetic", "--preset", "tiny", "--vocab-size", "120", "--max-tokens", "1024",
+                             "--steps", "4", "--work", str(work), *extra])
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench-quality")
+
+
+@pytest.fixture
+def prepared(work, cached_corpus):
+    args = bench_args(work)
+    bench.prepare_tokenizer(args)
+    return args
+
+
+# ---------------------------------------------------------------------------- the switches
+def test_extras_are_parsed_and_become_model_overrides():
+    assert bench.parse_extras("none") == () and bench.parse_extras("all") == bench.EXTRAS
+    assert bench.parse_extras("torch-init, final-norm") == ("final-norm", "torch-init")  # in EXTRAS' order
+    with pytest.raises(ValueError, match="unknown extra.*pre-ln"):
+        bench.parse_extras("final-norm,pre-ln")
+    assert bench.model_overrides((), 0.1) == {"attention_dropout": 0.0, "activation_dropout": 0.0,
+                                              "final_norm": None, "init": "xavier"}
+    assert bench.model_overrides(bench.EXTRAS, 0.3) == {"attention_dropout": 0.3, "activation_dropout": 0.3,
+                                                        "final_norm": True, "init": "torch"}
+    import torch_transformer  # on the path: bench_quality put benchmarks/ there
+
+    assert bench.model_overrides(bench.EXTRAS, 0.1) == torch_transformer.stock_extras(0.1)
+
+
+def test_defaults_compare_the_paper_with_stock_pytorch_and_equal_init_drops_all_dropout(work):
+    args = bench_args(work)
+    assert (args.tf_extras, args.torch_extras, args.steps, args.warmup_steps) == ((), bench.EXTRAS, 4, 200)
+    tf_config, torch_config = bench.run_config(args, "tinyformer"), bench.run_config(args, "torch")
+    assert tf_config.dropout == torch_config.dropout == 0.1 and tf_config.label_smoothing == 0.1
+    assert torch_config.model_overrides["final_norm"] is True and tf_config.model_overrides["init"] == "xavier"
+    equal = bench_args(work, "--equal-init", "--tf-extras", "final-norm,attention-dropout")
+    assert equal.torch_extras == equal.tf_extras == ("attention-dropout", "final-norm")
+    config = bench.run_config(equal, "torch")
+    assert config.dropout == 0.0 and config.model_overrides["attention_dropout"] == 0.0
+    with pytest.raises(SystemExit):
+        bench_args(work, "--equal-init", "--torch-extras", "all")
+
+
+def test_the_report_shows_no_folder_of_this_machine():
+    shown = bench.shown_command(["--work", "/somewhere/w", "--data-dir=/data", "--report", "/abs/q.md", "--steps", "9"])
+    assert "/somewhere" not in shown and "/data" not in shown and "/abs" not in shown
+    assert shown.endswith("--work WORK --data-dir DATA --report REPORT --steps 9")
+    assert bench.shown_command(["--report", "benchmarks/results/quality.md"]).endswith("benchmarks/results/quality.md")
+
+
+# ---------------------------------------------------------------------------- the batch list
+def test_both_engines_get_the_same_batches_in_the_trainers_order(prepared, monkeypatch):
+    args = prepared
+    tf_config, torch_config = bench.run_config(args, "tinyformer"), bench.run_config(args, "torch")
+    parts = build_parts(tf_config, **QUIET)
+    batches_per_epoch = len(parts.train_data.batches(tf_config.max_tokens, seed=tf_config.seed, epoch=0))
+    steps = batches_per_epoch + 7  # into the second epoch
+    plan = bench.batch_plan(parts.train_data, tf_config, steps)
+    assert len(plan) == steps
+    # deterministic, and the same for the other engine's config (its model overrides change no batch)
+    torch_parts = build_parts(torch_config, **QUIET)
+    assert torch_parts.model.config["final_norm"] is True
+    again = bench.batch_plan(torch_parts.train_data, torch_config, steps)
+    assert bench.plan_digest(again) == bench.plan_digest(plan)
+    for a, b in zip(plan, again):
+        for name in ("src", "tgt_in", "tgt_out"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert bench.plan_digest(plan[:-1]) != bench.plan_digest(plan)
+    other_seed = bench.run_config(bench_args(args.work, "--seed", "1"), "tinyformer")
+    assert bench.plan_digest(bench.batch_plan(parts.train_data, other_seed, steps)) != bench.plan_digest(plan)
+
+    # what tinyformer train's loop takes, step by step, for the same config
+    taken = []
+
+    def record(self, batches):
+        taken.extend(batches)
+        self.position.advance(len(batches), sum(b.num_tokens for b in batches), applied=True)
+        return 1.0, 1.0, sum(b.num_tokens for b in batches), 1.0
+
+    monkeypatch.setattr(Trainer, "train_step", record)
+    monkeypatch.setattr(Trainer, "_validate_now", lambda self: None)
+    monkeypatch.setattr(Trainer, "save", lambda self: None)
+    trainer = Trainer(dataclasses.replace(tf_config, max_steps=steps), parts=parts, progress=False, **QUIET)
+    trainer.run()
+    assert len(taken) == steps and trainer.epoch == 1
+    assert bench.plan_digest(taken) == bench.plan_digest(plan)
+
+
+def test_a_tinyformer_run_records_every_steps_loss_and_time(prepared):
+    args = argparse.Namespace(**dict(vars(prepared), score=False))
+    result = bench.run_engine(args, "tinyformer", log=lambda line: None)
+    assert len(result["losses"]) == len(result["seconds"]) == 4 and all(map(math.isfinite, result["losses"]))
+    assert result["model_config"]["final_norm"] is None and result["skipped_updates"] == 0
+    assert result["plan_batches"] == 4 and len(result["plan_digest"]) == 64
+
+
+def test_the_script_end_to_end_with_one_engine(work):
+    """The whole command (a child process per engine, the report) without PyTorch: tinyformer alone."""
+    report = work / "report.md"
+    result = children.run([children.PYTHON, str(ROOT / "benchmarks" / "bench_quality.py"), "--data", "synthetic",
+                           "--preset", "tiny", "--vocab-size", "120", "--max-tokens", "512", "--steps", "3",
+                           "--limit", "4", "--engines", "tinyformer", "--window", "2", "--work", str(work / "e2e"),
+                           "--report", str(report)], timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = report.read_text(encoding="utf-8")
+    assert "## Side by side: synthetic en-de, `tiny`, 3 steps, seed 0" in text
+    assert "--work WORK" in text and str(work) not in text and "commit " in text and "cores" in text
+    assert "| tinyformer | none | " in text and "| 1-2 |" in text and "| 3-3 |" in text
+    assert "4 sentences" not in text  # one engine: no comparison lines
+    assert (work / "e2e" / "results").is_dir()
+
+
+# ---------------------------------------------------------------------------- with PyTorch
+CONFIGS = {"paper": {}, "stock": {"final_norm": True, "init": "torch", "attention_dropout": 0.1,
+                                  "activation_dropout": 0.1}}
+
+
+@pytest.mark.parametrize("extras", sorted(CONFIGS))
+def test_weights_round_trip_tinyformer_torch_tinyformer_exactly(extras):
+    torch = pytest.importorskip("torch")
+    import torch_transformer
+
+    tiny = nn.Transformer.from_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, num_layers=2, seed=4,
+                                      **CONFIGS[extras])
+    torch.manual_seed(0)
+    model = torch_transformer.build_torch_model(tiny.config)
+    assert sum(p.numel() for p in model.parameters()) == tiny.num_parameters()
+    torch_transformer.copy_weights(tiny, model)
+    other = nn.Transformer.from_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, num_layers=2, seed=5,
+                                       **CONFIGS[extras])
+    torch_transformer.copy_weights_back(model, other)
+    for (name, p), (_, q) in zip(tiny.named_parameters(), other.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    # the same function: logits of both engines in eval mode
+    src = np.array([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
+    tgt = np.array([[1, 10, 11, 12], [1, 13, 0, 0]])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the encoder's fast path: nested tensors are a prototype
+        theirs = model.eval()(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
+    ours = tiny.eval()(src, tgt).data
+    np.testing.assert_allclose(theirs[0], ours[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(theirs[1, :2], ours[1, :2], rtol=1e-4, atol=1e-5)  # the rows' real positions
+
+
+def test_torch_side_initialisations():
+    """PyTorch's stock init keeps its packed in_proj bound and nn.Linear biases; "xavier" redraws
+    tinyformer's scheme with PyTorch's generator."""
+    torch = pytest.importorskip("torch")
+    import torch_transformer
+
+    config = nn.PRESETS["tiny"].replace(src_vocab_size=50).to_dict()
+    d = config["d_model"]
+    torch.manual_seed(0)
+    stock = torch_transformer.build_torch_model(dict(config, init="torch", final_norm=True))
+    torch.manual_seed(0)
+    paper = torch_transformer.build_torch_model(config)
+    assert stock.transformer.encoder.norm is not None and paper.transformer.encoder.norm is None
+    for model, bound in ((stock, math.sqrt(6 / (4 * d))), (paper, math.sqrt(6 / (2 * d)))):
+        attention = model.transformer.encoder.layers[0].self_attn
+        weight = attention.in_proj_weight.detach().numpy()
+        for third in np.split(weight, 3):
+            assert np.abs(third).max() <= bound and np.abs(third).max() > 0.95 * bound
+        assert not attention.in_proj_bias.detach().numpy().any()
+    assert stock.transformer.encoder.layers[0].linear1.bias.detach().abs().max() > 0  # nn.Linear's default
+    assert not paper.transformer.encoder.layers[0].linear1.bias.detach().numpy().any()
+
+
+def test_engine_equality_over_a_few_steps(prepared):
+    """--equal-init: PyTorch from tinyformer's initial weights, no dropout, the same batches: the same
+    loss at every step, to float32 rounding."""
+    pytest.importorskip("torch")
+    args = bench_args(prepared.work, "--equal-init", "--no-score", "--tf-extras", "final-norm,torch-init")
+    results = {e: bench.run_engine(args, e, log=lambda line: None) for e in bench.ENGINES}
+    tf, pt = results["tinyformer"], results["torch"]
+    assert tf["plan_digest"] == pt["plan_digest"] and tf["params"] == pt["torch_params"]
+    assert bench.relative_differences(tf["losses"], pt["losses"]).max() < 1e-5
+    report = bench.report(args, ["--equal-init"], results, 1.0)
+    assert "## Engine equality (--equal-init)" in report and "identical on both sides" in report
+    assert "largest relative difference" in report
