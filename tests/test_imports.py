@@ -188,8 +188,14 @@ def check_acyclic(edges, what):
 
 
 # ---------------------------------------------------------------------------- tinyformer
-def test_the_walk_sees_the_package():
-    edges = import_edges(PACKAGE_DIR)
+@pytest.fixture(scope="module")
+def package_edges():
+    """tinyformer's import graph, read once for the tests below (a second a walk)."""
+    return import_edges(PACKAGE_DIR)
+
+
+def test_the_walk_sees_the_package(package_edges):
+    edges = package_edges
     pairs = {(a, b) for a, b, _, _ in edges}
     assert ("tinyformer", "tinyformer.nn") in pairs  # from . import functional, nn, optim
     assert ("tinyformer.nn.transformer", "tinyformer.nn.attention") in pairs  # from .attention import ...
@@ -197,12 +203,12 @@ def test_the_walk_sees_the_package():
     assert not any(b == "tinyformer" for a, b, _, _ in edges if a.startswith("tinyformer.nn"))
 
 
-def test_no_import_cycle_at_import_time():
-    check_acyclic([e for e in import_edges(PACKAGE_DIR) if not e[3]], "tinyformer's module-level imports")
+def test_no_import_cycle_at_import_time(package_edges):
+    check_acyclic([e for e in package_edges if not e[3]], "tinyformer's module-level imports")
 
 
-def test_no_import_cycle_counting_imports_inside_functions():
-    check_acyclic(import_edges(PACKAGE_DIR), "tinyformer's imports, those inside functions included")
+def test_no_import_cycle_counting_imports_inside_functions(package_edges):
+    check_acyclic(package_edges, "tinyformer's imports, those inside functions included")
 
 
 
@@ -212,10 +218,10 @@ def _part(module):
     return parts[1] if len(parts) > 1 else None
 
 
-def test_the_parts_of_the_package_import_one_way():
+def test_the_parts_of_the_package_import_one_way(package_edges):
     """The README's arrow: the parts (nn/, functional/, kernels/, backend.py, ...) form no circle,
     not even through modules that themselves form none (kernels/ asks nothing of functional/)."""
-    edges = [(_part(a), _part(b), line, late) for a, b, line, late in import_edges(PACKAGE_DIR)
+    edges = [(_part(a), _part(b), line, late) for a, b, line, late in package_edges
              if _part(a) and _part(b) and _part(a) != _part(b)]
     check_acyclic([(f"tinyformer.{a}", f"tinyformer.{b}", line, late) for a, b, line, late in edges],
                   "the parts of tinyformer")
