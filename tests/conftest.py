@@ -33,6 +33,14 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")  # --hypothesis-p
 KEPT_SETTINGS = ("TINYFORMER_DATA", "TINYFORMER_EMULATION_SANITIZE")
 THREAD_LIMITS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One pytest-xdist worker per core already keeps every core busy: BLAS threads of its own
+    # would only compete with the other workers (and spin while waiting for work), for the small
+    # products of the tests' models. A test that sets a count (train.blas_threads) still gets it.
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
 
 @pytest.fixture(autouse=True)
 def known_process_state(monkeypatch):
