@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 import children
+import step_benchmark
 from scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,15 +24,10 @@ def test_model_flops_is_six_n_t_plus_attention():
     assert bench.model_flops(config, 1000, batch) == 6 * 1000 * 10 + attention == 60000 + 35136
 
 
-def test_step_benchmark_reports_model_flop_utilisation():
-    result = children.run([children.PYTHON, os.path.join(ROOT, "benchmarks", "bench_step.py"), "--preset", "tiny",
-                           "--tokens", "64", "--repeats", "1", "--warmup", "0", "--markdown"])
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "sgemm peak" in out and "GFLOP/s" in out
-    header, row = ([c.strip() for c in line.strip("|").split("|")]
-                   for line in [line for line in out.splitlines() if line.startswith("| ")][:2])
-    mfu = dict(zip(header, row))["MFU"]
+def test_step_benchmark_reports_model_flop_utilisation(tmp_path_factory):
+    report = step_benchmark.tiny_step_report(tmp_path_factory)  # one run shared with test_cli.py
+    assert "sgemm peak" in report and "GFLOP/s" in report
+    mfu = dict(zip(*step_benchmark.markdown_table(report)))["MFU"]
     assert mfu.endswith("%") and 0 <= float(mfu[:-1]) <= 100
 
 
