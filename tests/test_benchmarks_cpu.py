@@ -2,8 +2,10 @@
 argument handling and report, checked on the CPU."""
 
 import os
+import sys
 
 import numpy as np
+import pytest
 
 import children
 import step_benchmark
@@ -35,17 +37,27 @@ def test_step_benchmark_reports_model_flop_utilisation(tmp_path_factory):
 BENCH_STEP = os.path.join(ROOT, "benchmarks", "bench_step.py")
 
 
-def test_step_benchmark_help_names_cuda_graphs():
-    result = children.run([children.PYTHON, BENCH_STEP, "--help"], timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "--cuda-graphs" in result.stdout
+def run_main(argv, monkeypatch, capsys):
+    """(exit status, stdout, stderr) of bench_step.py's main(argv) in this process: argument errors
+    and --help end before any measurement (the GPU check below needs a child, to hide the GPU)."""
+    monkeypatch.setattr(sys, "argv", ["bench_step.py", *argv])  # argparse names the program after argv[0]
+    with pytest.raises(SystemExit) as exit_:
+        load("bench_step").main(argv)
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
 
 
-def test_step_benchmark_cuda_graphs_on_the_cpu_is_one_line_usage_error():
-    result = children.run([children.PYTHON, BENCH_STEP, "--cuda-graphs", "--preset", "tiny"], timeout=60)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.splitlines() == ["bench_step.py: error: --cuda-graphs needs --device cuda (CUDA graphs "
-                                          "capture GPU work)"]
+def test_step_benchmark_help_names_cuda_graphs(monkeypatch, capsys):
+    code, out, _ = run_main(["--help"], monkeypatch, capsys)
+    assert code == 0
+    assert "--cuda-graphs" in out
+
+
+def test_step_benchmark_cuda_graphs_on_the_cpu_is_one_line_usage_error(monkeypatch, capsys):
+    code, out, err = run_main(["--cuda-graphs", "--preset", "tiny"], monkeypatch, capsys)
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["bench_step.py: error: --cuda-graphs needs --device cuda (CUDA graphs "
+                                "capture GPU work)"]
 
 
 def test_step_benchmark_cuda_graphs_without_a_usable_gpu_is_one_line_usage_error():
