@@ -2,10 +2,13 @@
 argument handling and report, checked on the CPU."""
 
 import os
+import sys
 
 import numpy as np
+import pytest
 
 import children
+import step_benchmark
 from scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,15 +26,10 @@ def test_model_flops_is_six_n_t_plus_attention():
     assert bench.model_flops(config, 1000, batch) == 6 * 1000 * 10 + attention == 60000 + 35136
 
 
-def test_step_benchmark_reports_model_flop_utilisation():
-    result = children.run([children.PYTHON, os.path.join(ROOT, "benchmarks", "bench_step.py"), "--preset", "tiny",
-                           "--tokens", "64", "--repeats", "1", "--warmup", "0", "--markdown"])
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "sgemm peak" in out and "GFLOP/s" in out
-    header, row = ([c.strip() for c in line.strip("|").split("|")]
-                   for line in [line for line in out.splitlines() if line.startswith("| ")][:2])
-    mfu = dict(zip(header, row))["MFU"]
+def test_step_benchmark_reports_model_flop_utilisation(tmp_path_factory):
+    report = step_benchmark.tiny_step_report(tmp_path_factory)  # one run shared with test_cli.py
+    assert "sgemm peak" in report and "GFLOP/s" in report
+    mfu = dict(zip(*step_benchmark.markdown_table(report)))["MFU"]
     assert mfu.endswith("%") and 0 <= float(mfu[:-1]) <= 100
 
 
@@ -39,17 +37,27 @@ def test_step_benchmark_reports_model_flop_utilisation():
 BENCH_STEP = os.path.join(ROOT, "benchmarks", "bench_step.py")
 
 
-def test_step_benchmark_help_names_cuda_graphs():
-    result = children.run([children.PYTHON, BENCH_STEP, "--help"], timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "--cuda-graphs" in result.stdout
+def run_main(argv, monkeypatch, capsys):
+    """(exit status, stdout, stderr) of bench_step.py's main(argv) in this process: argument errors
+    and --help end before any measurement (the GPU check below needs a child, to hide the GPU)."""
+    monkeypatch.setattr(sys, "argv", ["bench_step.py", *argv])  # argparse names the program after argv[0]
+    with pytest.raises(SystemExit) as exit_:
+        load("bench_step").main(argv)
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
 
 
-def test_step_benchmark_cuda_graphs_on_the_cpu_is_one_line_usage_error():
-    result = children.run([children.PYTHON, BENCH_STEP, "--cuda-graphs", "--preset", "tiny"], timeout=60)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.splitlines() == ["bench_step.py: error: --cuda-graphs needs --device cuda (CUDA graphs "
-                                          "capture GPU work)"]
+def test_step_benchmark_help_names_cuda_graphs(monkeypatch, capsys):
+    code, out, _ = run_main(["--help"], monkeypatch, capsys)
+    assert code == 0
+    assert "--cuda-graphs" in out
+
+
+def test_step_benchmark_cuda_graphs_on_the_cpu_is_one_line_usage_error(monkeypatch, capsys):
+    code, out, err = run_main(["--cuda-graphs", "--preset", "tiny"], monkeypatch, capsys)
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["bench_step.py: error: --cuda-graphs needs --device cuda (CUDA graphs "
+                                "capture GPU work)"]
 
 
 def test_step_benchmark_cuda_graphs_without_a_usable_gpu_is_one_line_usage_error():

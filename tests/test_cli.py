@@ -6,6 +6,8 @@ from pathlib import Path
 
 import children
 import pytest
+import step_benchmark
+from scripts import load_script
 
 from tinyformer import backend, cli, functional as F, gradcheck_suite, nn
 
@@ -46,24 +48,30 @@ def test_engine_benchmark_runs():
     assert "tinyformer: forward" in out and "us/op" in out
 
 
-def test_step_benchmark_runs():
-    out = run_script("benchmarks/bench_step.py", "--preset", "tiny", "--tokens", "256", "--repeats", "2",
-                     "--warmup", "1")
-    assert "256 target tokens" in out and "command:" in out and "versions:" in out
-    header = next(line for line in out.splitlines() if line.startswith("preset"))
+@pytest.fixture(scope="module")
+def step_report(tmp_path_factory):
+    """bench_step.py's report on `tiny` (step_benchmark.ARGS), one run shared with test_benchmarks_cpu.py."""
+    return step_benchmark.tiny_step_report(tmp_path_factory)
+
+
+def test_step_benchmark_runs(step_report, capsys):
+    assert f"{step_benchmark.TOKENS} target tokens" in step_report
+    assert "command:" in step_report and "versions:" in step_report
+    header, row = step_benchmark.markdown_table(step_report)
     for field in ("params", "batch", "tgt tokens", "median ms", "min ms", "tokens/s", "traced MB"):
         assert field in header, header
-    assert "torch" not in header
-    assert any(line.startswith("tiny ") for line in out.splitlines())
+    assert not any("torch" in field for field in header)
+    assert row[0] == "tiny"
+    # the plain-text table (without --markdown) of the same figures: a header line, then the row
+    load_script("benchmarks/bench_step.py").print_table(header, [row], markdown=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("preset") and all(field in lines[0] for field in header), lines
+    assert set(lines[1]) == {"-", " "} and lines[2].startswith("tiny "), lines
 
 
-def test_step_benchmark_markdown_table_holds_positive_figures():
-    out = run_script("benchmarks/bench_step.py", "--preset", "tiny", "--tokens", "64", "--repeats", "1",
-                     "--warmup", "0", "--markdown")
-    lines = [line for line in out.splitlines() if line.startswith("| ")]
-    header, row = ([c.strip() for c in line.strip("|").split("|")] for line in lines[:2])
-    values = dict(zip(header, row))
-    assert values["preset"] == "tiny" and values["tgt tokens"] == "64"
+def test_step_benchmark_markdown_table_holds_positive_figures(step_report):
+    values = dict(zip(*step_benchmark.markdown_table(step_report)))
+    assert values["preset"] == "tiny" and values["tgt tokens"] == str(step_benchmark.TOKENS)
     for field in ("median ms", "tokens/s", "traced MB"):
         assert float(values[field].replace(",", "")) > 0, values
 
@@ -175,18 +183,6 @@ def test_translate_plots_the_attention_of_the_first_non_empty_line(trained_synth
 
 
 # ---------------------------------------------------------------- gradcheck
-def test_gradcheck_all_passes(capsys):
-    """``all`` runs every case, in full mode unless told otherwise; fast mode here (every case in
-    full mode, 17 s, is test_gradcheck_suite.py's test_full_mode_passes_and_reports_small_errors)."""
-    assert cli.build_parser().parse_args(["gradcheck", "--layer", "all"]).mode == "full"
-    assert cli.main(["gradcheck", "--layer", "all", "--mode", "fast"]) == 0
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.endswith(("PASS", "FAIL"))]
-    assert [row.split()[0] for row in rows] == list(gradcheck_suite.CASES)
-    assert all(row.endswith("PASS") for row in rows)
-    assert "mode fast, device cpu" in out and f"{len(rows)} passed, 0 failed" in out
-
-
 def tiny_transformer_parameters(vocab):
     """(tensors, elements) of the `tiny` preset's post-LN Transformer with one shared embedding and
     the tied output projection, counted from the paper's architecture, not from the model: each
@@ -201,12 +197,29 @@ def tiny_transformer_parameters(vocab):
     return sum(n for n, _ in blocks), sum(size for _, size in blocks)
 
 
-def test_gradcheck_fast_mode_and_a_list_of_layers(capsys):
-    assert cli.main(["gradcheck", "--layer", "softmax,transformer", "--mode", "fast"]) == 0
+def test_gradcheck_all_passes_and_counts_the_transformers_parameters(capsys):
+    """``all`` runs every case, in full mode unless told otherwise; fast mode here (every case in
+    full mode, 17 s, is test_gradcheck_suite.py's test_full_mode_passes_and_reports_small_errors).
+    The transformer row counts the parameters it checks (the case takes most of the run's time,
+    so it is checked here, not again in a list of layers)."""
+    assert cli.build_parser().parse_args(["gradcheck", "--layer", "all"]).mode == "full"
+    assert cli.main(["gradcheck", "--layer", "all", "--mode", "fast"]) == 0
     out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.endswith(("PASS", "FAIL"))]
+    assert [row.split()[0] for row in rows] == list(gradcheck_suite.CASES)
+    assert all(row.endswith("PASS") for row in rows)
+    assert "mode fast, device cpu" in out and f"{len(rows)} passed, 0 failed" in out
     tensors, elements = tiny_transformer_parameters(11)  # gradcheck_suite's transformer case: vocabulary 11
     row = next(line for line in out.splitlines() if line.startswith("transformer "))
-    assert "mode fast" in out and f" +{tensors} params ({elements}) " in row and "2 passed, 0 failed" in out
+    assert f" +{tensors} params ({elements}) " in row
+
+
+def test_gradcheck_fast_mode_and_a_list_of_layers(capsys):
+    assert cli.main(["gradcheck", "--layer", "softmax,feed_forward", "--mode", "fast"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines() if line.endswith(("PASS", "FAIL"))]
+    assert rows == ["softmax", "feed_forward"]
+    assert "mode fast" in out and "2 passed, 0 failed" in out
 
 
 def test_gradcheck_unknown_layer_exits_2_listing_the_names(capsys):

@@ -82,16 +82,17 @@ REAL_DATA = os.environ.get("TINYFORMER_DATA")
 
 
 def test_multi30k_example_trains_translates_and_scores(tmp_path):
-    """A few dozen steps of the real recipe at `tiny` size: the loss falls, beam search and sacreBLEU run."""
+    """Twenty steps of the real recipe at `tiny` size (the docstring's smoke test, which runs 30): the
+    loss falls (from seed 0, by 0.8 at step 20, by 1.0 at step 30), beam search and sacreBLEU run."""
     if not REAL_DATA:
         if os.environ.get("CI"):
             pytest.fail("CI must set TINYFORMER_DATA to the directory holding multi30k/")
         pytest.skip("TINYFORMER_DATA is not set (the Multi30k files are not here)")
-    out = run_example("03_translate_multi30k.py", "--steps", "30", "--preset", "tiny", "--max-tokens", "1500",
+    out = run_example("03_translate_multi30k.py", "--steps", "20", "--preset", "tiny", "--max-tokens", "1500",
                       "--vocab-size", "2000", "--warmup", "10", "--lr-factor", "2", "--sentences", "10",
                       "--threads", "1", "--data-dir", REAL_DATA, tmp_path=tmp_path,
                       env={"TINYFORMER_DATA": ""})  # found through --data-dir alone
-    assert "trained 30 steps (tiny, 1500 target tokens per batch" in out
+    assert "trained 20 steps (tiny, 1500 target tokens per batch" in out
     first, last = map(float, re.search(r"training loss: ([\d.]+) .*-> ([\d.]+)", out).groups())
     assert last < first - 0.5, (first, last)
     assert "first 10 sentences, beam 4, α 0.6" in out
