@@ -11,8 +11,10 @@ from tinyformer import decode
 from tinyformer import nn
 from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID
 from tinyformer.decode import Hypothesis, beam_search, greedy_decode, length_penalty, translate
+from tinyformer.filecache import cached_product
 
 from copy_task import FIRST_WORD, VOCAB, copy_batch, train_copy_model
+from trained_models import shared_directory
 
 WORDS = "a b c d e f g h".split()
 
@@ -34,10 +36,29 @@ def random_model(seed=0, **overrides):
     return nn.Transformer.from_preset("tiny", **config).double()
 
 
+COPY_MODEL_SIZES = dict(d_model=32, d_ff=64, heads=4, num_layers=1, max_len=32)
+COPY_MODEL_STEPS = 300  # copies 40 of 40 test pairs (greedy and beam); 100 steps copy 26 of 40
+
+
+@pytest.fixture(scope="session")
+def copy_model_weights(tmp_path_factory):
+    """The copy model's weights (.npz), trained once per test run: the pytest-xdist workers share
+    them (``trained_models``' directory and lock) instead of each training its own."""
+    def make(partial):
+        model = train_copy_model(COPY_MODEL_STEPS, **COPY_MODEL_SIZES)
+        with open(partial, "wb") as stream:
+            np.savez(stream, **model.state_dict())
+
+    return cached_product(shared_directory(tmp_path_factory), "copy-model.npz", make)
+
+
 @pytest.fixture(scope="module")
-def copy_model():
-    """A 1-layer model trained for 400 steps (~2 s) to copy its source (float32, as trained)."""
-    return train_copy_model(400, d_model=32, d_ff=64, heads=4, num_layers=1, max_len=32)
+def copy_model(copy_model_weights):
+    """A 1-layer model trained to copy its source (float32, as trained)."""
+    model = nn.Transformer.from_preset("tiny", vocab_size=VOCAB, dropout=0.0, seed=0, **COPY_MODEL_SIZES)
+    with np.load(copy_model_weights) as weights:
+        model.load_state_dict(dict(weights))
+    return model
 
 
 @pytest.fixture(scope="module")
