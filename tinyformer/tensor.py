@@ -358,7 +358,8 @@ class ToDevice(Function):
 def _topological_order(roots):
     """Functions reachable from ``roots``, each after every Function feeding it.
 
-    Iterative depth-first search, so a chain of any length needs no recursion (tested with 20 times the default recursion limit).
+    Iterative depth-first search, so a chain of any length needs no recursion (the test's is 20
+    times the default recursion limit).
     """
     order, seen = [], set()
     for root in roots:
