@@ -36,15 +36,22 @@ def cached_corpus(monkeypatch):
 
 # The first pairs of the synthetic splits the trainer's tests train and validate on: a run of a
 # few steps on the whole task spent most of its time validating on the 500 validation pairs and
-# encoding the 20,000 training ones. 600 pairs are 57 batches of 256 tokens, more than any test's
-# steps take from an epoch; the test split stays whole.
-SMALL_CORPUS = {"train": 600, "val": 20}
+# encoding the 20,000 training ones. 2,000 pairs are 190 batches of 256 tokens, more than any
+# test's steps take from an epoch; the test split stays whole.
+SMALL_CORPUS = {"train": 2000, "val": 20}
 
 
-def small_load_corpus(config, split):
-    """``cached_load_corpus`` cut to the first ``SMALL_CORPUS[split]`` pairs."""
-    sides = cached_load_corpus(config, split)
-    return tuple(side[:SMALL_CORPUS[split]] for side in sides) if split in SMALL_CORPUS else sides
+def corpus_cut_to(sizes):
+    """A ``load_corpus``: ``cached_load_corpus``'s splits cut to their first ``sizes[split]`` pairs
+    (a split ``sizes`` does not name stays whole)."""
+    def load(config, split):
+        sides = cached_load_corpus(config, split)
+        return tuple(side[:sizes[split]] for side in sides) if split in sizes else sides
+
+    return load
+
+
+small_load_corpus = corpus_cut_to(SMALL_CORPUS)
 
 
 @pytest.fixture(autouse=True)

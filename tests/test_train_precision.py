@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import trained_models
 
-from test_train import QUIET, cached_corpus, cached_load_corpus, small_config  # noqa: F401 (fixture)
+from test_train import (QUIET, cached_corpus, cached_load_corpus, copy_run, small_config, small_corpus,  # noqa: F401
+                        three_steps)  # (fixtures)
 from tinyformer import backend, checkpoint, cli, train
 from tinyformer.filecache import cached_product
 from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
@@ -224,9 +225,9 @@ class FakeOutOfMemory(Exception):
 
 
 def test_out_of_gpu_memory_stops_in_one_line_naming_max_tokens_and_keeps_the_checkpoint(tmp_path, monkeypatch,
-                                                                                        capsys):
-    Trainer(small_config(tmp_path, max_steps=3), **QUIET).run()
-    (saved,) = checkpoint.list_checkpoints(tmp_path)
+                                                                                        capsys, three_steps):
+    run = copy_run(three_steps, tmp_path / "run")  # test_train's shared small_config(max_steps=3) run
+    (saved,) = checkpoint.list_checkpoints(run)
     before = saved.read_bytes()
     monkeypatch.setattr(backend, "out_of_memory_errors", lambda: (FakeOutOfMemory,))
     monkeypatch.setattr(backend, "out_of_memory_report", lambda error: (1 << 30, 300 << 20))
@@ -236,12 +237,12 @@ def test_out_of_gpu_memory_stops_in_one_line_naming_max_tokens_and_keeps_the_che
 
     monkeypatch.setattr(Trainer, "train_step", allocate)
     with pytest.raises(TrainingOutOfMemory) as caught:
-        Trainer(small_config(tmp_path, max_steps=6), resume=True, **QUIET).run()
+        Trainer(small_config(run, max_steps=6), resume=True, **QUIET).run()
     message = str(caught.value)
     assert "--max-tokens 256" in message and "1,024.0 MiB" in message and "300.0 MiB free" in message
     assert f"the last checkpoint, {saved}, is intact" in message and "\n" not in message
-    assert saved.read_bytes() == before and checkpoint.list_checkpoints(tmp_path) == [saved]
-    code = cli.main(["train", "--resume", "--save-dir", str(tmp_path), "--max-steps", "6", "--no-progress"])
+    assert saved.read_bytes() == before and checkpoint.list_checkpoints(run) == [saved]
+    code = cli.main(["train", "--resume", "--save-dir", str(run), "--max-steps", "6", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 1 and "--max-tokens 256" in err and "Traceback" not in err
 
