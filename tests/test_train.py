@@ -2,12 +2,16 @@
 
 import json
 import os
+import shutil
+import stat
 
 import numpy as np
 import pytest
+import trained_models
 
 from tinyformer import checkpoint, cli, train
 from tinyformer import functional as F
+from tinyformer.filecache import cached_product
 from tinyformer.optim import Adam
 from tinyformer.tensor import Tensor
 from tinyformer.train import TrainConfig, Trainer, TrainingDiverged, load_model
@@ -30,6 +34,32 @@ def cached_corpus(monkeypatch):
     monkeypatch.setattr(train.builders, "load_corpus", cached_load_corpus)
 
 
+# The first pairs of the synthetic splits the trainer's tests train and validate on: a run of a
+# few steps on the whole task spent most of its time validating on the 500 validation pairs and
+# encoding the 20,000 training ones. 2,000 pairs are 190 batches of 256 tokens, more than any
+# test's steps take from an epoch; the test split stays whole.
+SMALL_CORPUS = {"train": 2000, "val": 20}
+
+
+def corpus_cut_to(sizes):
+    """A ``load_corpus``: ``cached_load_corpus``'s splits cut to their first ``sizes[split]`` pairs
+    (a split ``sizes`` does not name stays whole)."""
+    def load(config, split):
+        sides = cached_load_corpus(config, split)
+        return tuple(side[:sizes[split]] for side in sides) if split in sizes else sides
+
+    return load
+
+
+small_load_corpus = corpus_cut_to(SMALL_CORPUS)
+
+
+@pytest.fixture(autouse=True)
+def small_corpus(cached_corpus, monkeypatch):
+    """The trainer tests' runs on ``small_load_corpus`` (after ``cached_corpus``, which it replaces)."""
+    monkeypatch.setattr(train.builders, "load_corpus", small_load_corpus)
+
+
 def small_config(save_dir, **overrides):
     values = dict(data="synthetic", preset="tiny", vocab_size=120, max_tokens=256, max_steps=6,
                   warmup_steps=4, save_every=3, eval_every=100, log_every=1, bleu_samples=8,
@@ -43,11 +73,42 @@ def losses(save_dir):
         return [r["loss"] for r in map(json.loads, f) if "split" not in r]
 
 
-def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
-    straight = tmp_path / "straight"
-    Trainer(small_config(straight), **QUIET).run()
-    interrupted = tmp_path / "interrupted"
-    Trainer(small_config(interrupted, max_steps=3), **QUIET).run()
+def shared_run(tmp_path_factory, name, **overrides):
+    """The directory of ``small_config(**overrides)`` run on the small corpus, once per test run
+    (trained_models' way: the first process that asks trains it under a lock): the resume tests of
+    several files resume the same short run and compare with the same uninterrupted one. Its files
+    are read-only; ``copy_run`` gives a copy to change."""
+    def make(partial):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(train.builders, "load_corpus", small_load_corpus)
+            Trainer(small_config(partial, **overrides), **QUIET).run()
+        for path in partial.iterdir():
+            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+    return cached_product(trained_models.shared_directory(tmp_path_factory), f"small-run-{name}", make)
+
+
+def copy_run(run, destination):
+    """A writable copy of the run directory ``run`` at ``destination``."""
+    shutil.copytree(run, destination, copy_function=shutil.copyfile)
+    return destination
+
+
+@pytest.fixture(scope="session")
+def six_steps(tmp_path_factory):
+    """``small_config()`` run to its end, step 6 (checkpoints at 3 and 6): the uninterrupted run."""
+    return shared_run(tmp_path_factory, "six-steps")
+
+
+@pytest.fixture(scope="session")
+def three_steps(tmp_path_factory):
+    """``small_config(max_steps=3)`` run to its end: the run the resume tests continue to step 6."""
+    return shared_run(tmp_path_factory, "three-steps", max_steps=3)
+
+
+def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path, six_steps, three_steps):
+    straight = six_steps
+    interrupted = copy_run(three_steps, tmp_path / "interrupted")
     assert [p.name for p in checkpoint.list_checkpoints(interrupted)] == ["checkpoint_0000003.npz"]
     Trainer(small_config(interrupted), resume=True, **QUIET).run()
     assert len(losses(straight)) == 6
@@ -58,11 +119,9 @@ def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
         np.testing.assert_array_equal(a[name], b[name])
 
 
-def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path):
-    straight = tmp_path / "straight"
-    Trainer(small_config(straight), **QUIET).run()
-    interrupted = tmp_path / "interrupted"
-    Trainer(small_config(interrupted, max_steps=3), **QUIET).run()
+def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, six_steps, three_steps):
+    straight = six_steps
+    interrupted = copy_run(three_steps, tmp_path / "interrupted")
     with open(interrupted / "metrics.jsonl", "a", encoding="utf-8") as f:  # a run killed at step 5
         f.write(json.dumps({"step": 4, "loss": 99.0}) + "\n" + json.dumps({"step": 5, "loss": 98.0}) + "\n")
         f.write('{"step": 6, "lo')  # torn by the kill
@@ -84,20 +143,21 @@ def test_accumulation_and_epochs_and_keep_last(tmp_path):
     assert meta["config"]["accum"] == 2 and meta["model_config"]["d_model"] == 64
 
 
-def test_existing_run_is_not_overwritten_without_resume(tmp_path):
-    Trainer(small_config(tmp_path, max_steps=3), **QUIET).run()
-    before = checkpoint.checkpoint_path(tmp_path, 3).read_bytes()
+def test_existing_run_is_not_overwritten_without_resume(tmp_path, three_steps):
+    run = copy_run(three_steps, tmp_path / "run")
+    before = checkpoint.checkpoint_path(run, 3).read_bytes()
     with pytest.raises(FileExistsError, match="--resume"):
-        Trainer(small_config(tmp_path), **QUIET).run()
-    assert checkpoint.checkpoint_path(tmp_path, 3).read_bytes() == before
+        Trainer(small_config(run), **QUIET).run()
+    assert checkpoint.checkpoint_path(run, 3).read_bytes() == before
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Trainer(small_config(tmp_path / "empty"), resume=True, **QUIET).run()
 
 
-def test_checkpoint_with_another_tokenizer_is_refused(tmp_path):
-    first, second = tmp_path / "a", tmp_path / "b"
-    Trainer(small_config(first, max_steps=3), **QUIET).run()
-    Trainer(small_config(second, max_steps=3, vocab_size=100), **QUIET).run()
+def test_checkpoint_with_another_tokenizer_is_refused(tmp_path, three_steps):
+    first, second = three_steps, tmp_path / "b"
+    second.mkdir()  # the tokenizer a run with --vocab-size 100 trains (its training is not needed)
+    other = small_config(second, max_steps=3, vocab_size=100).resolved()
+    train.builders.build_tokenizer(other, train.builders.load_corpus(other, "train"), echo=lambda *a: None)
     model, tokenizer, meta = load_model(checkpoint.checkpoint_path(first, 3))
     assert not model.training and meta["step"] == 3 and len(tokenizer) == model.src_vocab_size
     with pytest.raises(checkpoint.CheckpointError, match="not the one"):
@@ -250,13 +310,14 @@ def test_a_short_multi30k_run_on_the_real_files(trained_multi30k):
 
 
 @pytest.mark.slow
-def test_the_default_run_translates_the_built_in_test_split(tmp_path):
+def test_the_default_run_translates_the_built_in_test_split(tmp_path, monkeypatch):
     """The quick start's main job (about 2 minutes on 2 cores): >= 95% exact match on the test split.
 
     Kept out of the default run; `test_cli.py` runs the same command for a few steps.
     """
     from tinyformer.train import evaluate, load_corpus
 
+    monkeypatch.setattr(train.builders, "load_corpus", cached_load_corpus)  # the whole task, not the small corpus
     trainer = Trainer(TrainConfig(save_dir=str(tmp_path)), **QUIET)
     trainer.run()
     sources, references = load_corpus(trainer.config, "test")

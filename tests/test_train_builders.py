@@ -3,28 +3,23 @@
 import json
 
 import pytest
-from test_train import cached_load_corpus, losses, small_config
+from test_train import cached_corpus, copy_run, losses, small_config, small_corpus, three_steps  # noqa: F401 (fixtures)
 
-from tinyformer.train import Trainer, TrainConfig, build_parts, builders, load_corpus
+from tinyformer.train import Trainer, TrainConfig, build_parts, load_corpus
 from tinyformer.train.config import ConfigError
 
 QUIET = dict(echo=lambda *a: None, progress=False)
 
 
-@pytest.fixture(autouse=True)
-def cached_corpus(monkeypatch):
-    monkeypatch.setattr(builders, "load_corpus", cached_load_corpus)
-
-
-def test_a_trainer_handed_finished_parts_runs_them_as_the_one_call_entry_does(tmp_path):
-    Trainer(small_config(tmp_path / "one-call", max_steps=3), **QUIET).run()
+def test_a_trainer_handed_finished_parts_runs_them_as_the_one_call_entry_does(tmp_path, three_steps):
+    """The one-call entry's run is test_train's shared ``small_config(max_steps=3)`` run."""
     config = small_config(tmp_path / "parts", max_steps=3).resolved()
     parts = build_parts(config, echo=lambda *a: None)
     assert parts.position.step == 0 and len(parts.val_text[0]) == len(parts.val_data) > 0
     trainer = Trainer(config, parts=parts, **QUIET)
     trainer.run()
     assert trainer.model is parts.model and trainer.adam is parts.adam and trainer.step == 3
-    assert losses(tmp_path / "parts") == losses(tmp_path / "one-call")
+    assert losses(tmp_path / "parts") == losses(three_steps)
 
 
 def test_label_smoothing_is_a_setting_of_the_loss_not_of_the_model(tmp_path):
@@ -39,10 +34,10 @@ def test_label_smoothing_is_a_setting_of_the_loss_not_of_the_model(tmp_path):
     assert trainer.model.config.get("label_smoothing") != 0.0  # the Transformer is not told
 
 
-def test_resumed_parts_stand_where_the_checkpoint_stood(tmp_path):
-    Trainer(small_config(tmp_path, max_steps=3), **QUIET).run()
+def test_resumed_parts_stand_where_the_checkpoint_stood(tmp_path, three_steps):
+    run = copy_run(three_steps, tmp_path / "run")
     lines = []
-    parts = build_parts(small_config(tmp_path).resolved(), resume=True, echo=lines.append)
+    parts = build_parts(small_config(run).resolved(), resume=True, echo=lines.append)
     assert (parts.position.step, parts.adam.step_count) == (3, 3)
     assert parts.position.batch_in_epoch == 3 and parts.position.tokens_seen > 0
     assert "resumed from checkpoint_0000003.npz at step 3 (epoch 1, batch 3)" in lines

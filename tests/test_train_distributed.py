@@ -21,6 +21,8 @@ from tinyformer.train import TrainConfig, Trainer
 
 pytestmark = mpi_helpers.requires_mpi
 
+# The runs compared: checkpoints halfway and at the end (an equality of two runs holds at 8 steps as at 20).
+STEPS = 8
 COMMON = ["--max-tokens", "256", "--vocab-size", "120", "--warmup-steps", "4", "--eval-every", "100",
           "--log-every", "1", "--bleu-samples", "8", "--keep-last", "5", "--no-progress", "--no-test"]
 
@@ -54,16 +56,17 @@ def test_two_ranks_train_as_one_process_with_twice_the_accumulation(tmp_path):
     """`tinyformer train --nproc 2` (mpiexec started by the command) against one process with
     --accum 2, dropout off: the same losses and parameters, and only rank 0 wrote."""
     two, one = tmp_path / "two", tmp_path / "one"
-    result = train("--nproc", "2", "--max-steps", "20", "--save-every", "10", "--dropout", "0", save_dir=two)
+    result = train("--nproc", "2", "--max-steps", str(STEPS), "--save-every", str(STEPS // 2), "--dropout", "0",
+                   save_dir=two)
     Trainer(TrainConfig(max_tokens=256, vocab_size=120, warmup_steps=4, eval_every=100, log_every=1, bleu_samples=8,
-                        max_steps=20, save_every=10, dropout=0.0, accum=2, save_dir=str(one)),
+                        max_steps=STEPS, save_every=STEPS // 2, dropout=0.0, accum=2, save_dir=str(one)),
             echo=lambda *a: None, progress=False).run()
     records, reference = training_records(two), training_records(one)
-    assert [r["step"] for r in records] == list(range(1, 21))  # one writer: each step once
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # one writer: each step once
     np.testing.assert_allclose([r["loss"] for r in records], [r["loss"] for r in reference], rtol=1e-6)
     np.testing.assert_allclose([r["grad_norm"] for r in records], [r["grad_norm"] for r in reference], rtol=1e-6)
     assert all(0.0 <= r["allreduce_hidden"] <= 1.0 and r["allreduce_ms"] > 0 for r in records)
-    for step in (10, 20):
+    for step in (STEPS // 2, STEPS):
         (state, meta), (expected, _) = parameters(two, step), parameters(one, step)
         assert_close(state, expected)
         assert meta["config"]["nproc"] == 2 and meta["config"]["accum"] == 1 and len(meta["rng_states"]) == 2
@@ -72,16 +75,16 @@ def test_two_ranks_train_as_one_process_with_twice_the_accumulation(tmp_path):
 
 
 def test_resume_under_two_ranks_repeats_the_uninterrupted_run(tmp_path):
-    """With dropout, each rank its own mask stream: the run stopped after step 10 and resumed by
+    """With dropout, each rank its own mask stream: the run stopped after step STEPS // 2 and resumed by
     `mpiexec -n 2 tinyformer train --resume` ends as the run that went straight on."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train("--max-steps", "20", "--save-every", "10", "--dropout", "0.1", nproc=2, save_dir=straight)
+    train("--max-steps", str(STEPS), "--save-every", str(STEPS // 2), "--dropout", "0.1", nproc=2, save_dir=straight)
     shutil.copytree(straight, resumed)
-    checkpoint.checkpoint_path(resumed, 20).unlink()  # as if killed after step 19: its log lines stay
+    checkpoint.checkpoint_path(resumed, STEPS).unlink()  # as if killed after the step before: its log lines stay
     result = train("--resume", nproc=2, save_dir=resumed)
-    assert "resumed from checkpoint_0000010.npz at step 10" in result.stdout
+    assert f"resumed from checkpoint_{STEPS // 2:07d}.npz at step {STEPS // 2}" in result.stdout
     assert [r["loss"] for r in training_records(resumed)] == [r["loss"] for r in training_records(straight)]
-    (state, meta), (expected, expected_meta) = parameters(resumed, 20), parameters(straight, 20)
+    (state, meta), (expected, expected_meta) = parameters(resumed, STEPS), parameters(straight, STEPS)
     for name in expected:
         np.testing.assert_array_equal(state[name], expected[name])
     assert meta["rng_states"] == expected_meta["rng_states"]

@@ -8,14 +8,25 @@ import operator
 import numpy as np
 import pytest
 
-from tinyformer import Tensor, backend, checkpoint, kernels
+from tinyformer import Tensor, backend, checkpoint, kernels, train
 from tinyformer import random as tf_random
 from tinyformer.kernels.ops import DeviceSeed
 from tinyformer.train import Trainer, graphs
 from tinyformer.train import trainer as trainer_module
 from tinyformer.train.emulated_capture import DeviceArray
 
-from test_train import QUIET, cached_corpus, losses, poison, records, small_config  # noqa: F401 (fixture)
+from test_train import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
+                        six_steps, small_config, small_load_corpus)  # (fixtures)
+
+# The graph tests train on the whole training split (the batch shapes they count and the rounding
+# they bound are those of its batches) and validate on test_train's few pairs.
+few_validation_pairs = corpus_cut_to({"val": SMALL_CORPUS["val"]})
+
+
+@pytest.fixture(autouse=True)
+def graph_tests_corpus(cached_corpus, monkeypatch):
+    """``few_validation_pairs`` (after ``cached_corpus``, which it replaces)."""
+    monkeypatch.setattr(train.builders, "load_corpus", few_validation_pairs)
 
 
 class CountingCapture(graphs.EmulatedCapture):
@@ -34,8 +45,7 @@ class CountingCapture(graphs.EmulatedCapture):
         super().replay(graph)
 
 
-@pytest.fixture
-def emulated_kernels(monkeypatch):
+def run_on_emulated_kernels(monkeypatch):
     """The graphed step (``GraphedStep.run``: warm-up, capture, replay and the eager fallback) on the
     GPU's kernel path: the fused ops and Adam run their CUDA kernels through the CPU emulation, the
     dropout kernels reading their seeds from the seed slots at each launch. Validation and
@@ -55,6 +65,12 @@ def emulated_kernels(monkeypatch):
     return inside
 
 
+@pytest.fixture
+def emulated_kernels(monkeypatch):
+    """The test's steps through the emulated kernels (``run_on_emulated_kernels``)."""
+    return run_on_emulated_kernels(monkeypatch)
+
+
 def graph_config(save_dir, **overrides):
     values = dict(cuda_graphs="on", max_steps=12, dropout=0.0)
     values.update(overrides)
@@ -67,16 +83,36 @@ def run(config, capture=None, resume=False):
     return trainer
 
 
-def test_on_the_cpu_the_option_warns_once_and_trains_eagerly(tmp_path):
-    eager = run(small_config(tmp_path / "off"))
+EMULATED = {"dropout": 0.1, "max_tokens": 64, "save_every": 6}  # small batches: the emulated kernels are slow
+
+
+@pytest.fixture(scope="module")
+def graphed_through_the_kernels(tmp_path_factory):
+    """(run directory, trainer) of ``graph_config(**EMULATED)`` captured and replayed through the
+    emulated kernels: the uninterrupted run of the resume test and the captured run the failed
+    capture is compared with, which each ran it."""
+    directory = tmp_path_factory.mktemp("graphed") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train.builders, "load_corpus", few_validation_pairs)
+        run_on_emulated_kernels(patch)
+        trainer = run(graph_config(directory, **EMULATED), CountingCapture())
+    return directory, trainer
+
+
+def test_on_the_cpu_the_option_warns_once_and_trains_eagerly(tmp_path, six_steps, monkeypatch):
+    """The eager run is test_train's shared ``small_config()`` run (on its small corpus)."""
+    monkeypatch.setattr(train.builders, "load_corpus", small_load_corpus)
+    eager, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(six_steps, 6))
     with pytest.warns(RuntimeWarning, match=r"--cuda-graphs on: CUDA graphs need --device cuda; the steps run "
                                              r"eagerly") as caught:
         fallback = run(small_config(tmp_path / "on", cuda_graphs="on"))
     assert len([w for w in caught if "--cuda-graphs" in str(w.message)]) == 1
     assert fallback.graphs is None
-    assert losses(tmp_path / "on") == losses(tmp_path / "off")
-    for a, b in zip(eager.model.parameters(), fallback.model.parameters()):
-        np.testing.assert_array_equal(a.data, b.data)
+    assert losses(tmp_path / "on") == losses(six_steps)
+    parameters = dict(fallback.model.named_parameters())
+    assert parameters.keys() == eager.keys()
+    for name, value in eager.items():
+        np.testing.assert_array_equal(value, parameters[name].data, err_msg=name)
 
 
 def test_replayed_steps_train_as_the_eager_steps(tmp_path):
@@ -110,14 +146,13 @@ def test_the_shapes_are_few_and_logged(tmp_path):
     assert logged and logged[-1]["graph_shapes"] == g.num_shapes and logged[-1]["graphs"] == g.num_graphs
 
 
-def test_resume_with_graphs_continues_exactly(tmp_path, emulated_kernels):
+def test_resume_with_graphs_continues_exactly(tmp_path, graphed_through_the_kernels, emulated_kernels):
     """Through the kernels: the replays' dropout masks come from the seed slots."""
-    small = {"dropout": 0.1, "save_every": 6, "max_tokens": 64}  # small batches: the emulated kernels are slow
-    straight = tmp_path / "straight"
-    assert run(graph_config(straight, **small), CountingCapture()).graphs.seeds.used > 0  # the kernels took seeds
+    straight, graphed = graphed_through_the_kernels
+    assert graphed.graphs.seeds.used > 0  # the kernels took seeds
     interrupted = tmp_path / "interrupted"
-    run(graph_config(interrupted, max_steps=6, **small), CountingCapture())
-    run(graph_config(interrupted, **small), CountingCapture(), resume=True)
+    run(graph_config(interrupted, **dict(EMULATED, max_steps=6)), CountingCapture())
+    run(graph_config(interrupted, **EMULATED), CountingCapture(), resume=True)
     assert losses(interrupted) == losses(straight)
     a, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 12))
     b, _, _ = checkpoint.load_checkpoint(checkpoint.checkpoint_path(interrupted, 12))
@@ -125,18 +160,17 @@ def test_resume_with_graphs_continues_exactly(tmp_path, emulated_kernels):
         np.testing.assert_array_equal(a[name], b[name])
 
 
-def test_a_failed_capture_warns_once_and_changes_no_result(tmp_path, emulated_kernels):
+def test_a_failed_capture_warns_once_and_changes_no_result(tmp_path, graphed_through_the_kernels, emulated_kernels):
     """With dropout, through the kernels: the replays' dropout kernels read their seeds from the
     slots filled before each replay, the eager steps' get the seeds they draw; the same draws, so
     the same bits."""
-    small = {"dropout": 0.1, "max_tokens": 64}  # small batches: the emulated kernels are slow
-    graphed = run(graph_config(tmp_path / "graphs", **small), CountingCapture())
+    graphed_dir, graphed = graphed_through_the_kernels
     with pytest.warns(RuntimeWarning, match="--cuda-graphs: an op synchronised; the steps run eagerly") as caught:
-        fallback = run(graph_config(tmp_path / "failed", **small), CountingCapture(fail="an op synchronised"))
+        fallback = run(graph_config(tmp_path / "failed", **EMULATED), CountingCapture(fail="an op synchronised"))
     assert len([w for w in caught if "--cuda-graphs" in str(w.message)]) == 1
     assert fallback.graphs.failed == "an op synchronised" and fallback.graphs.num_graphs == 0
     assert graphed.graphs.replays >= 6 and graphed.graphs.seeds.used > 0
-    assert losses(tmp_path / "failed") == losses(tmp_path / "graphs")
+    assert losses(tmp_path / "failed") == losses(graphed_dir)
     for a, b in zip(graphed.model.parameters(), fallback.model.parameters()):
         np.testing.assert_array_equal(a.data, b.data)
 

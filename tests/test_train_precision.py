@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import trained_models
 
-from test_train import QUIET, cached_corpus, cached_load_corpus, small_config  # noqa: F401 (fixture)
+from test_train import (QUIET, cached_corpus, cached_load_corpus, copy_run, small_config, small_corpus,  # noqa: F401
+                        three_steps)  # (fixtures)
 from tinyformer import backend, checkpoint, cli, train
 from tinyformer.filecache import cached_product
 from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
@@ -199,22 +200,23 @@ def test_a_forced_fp16_overflow_skips_the_step_halves_the_scale_and_changes_noth
 
 
 def test_overflows_are_logged_and_are_no_bad_steps_until_the_scale_floor(tmp_path):
-    """Starting at 2^100 the first steps overflow: each is logged with the halved scale and counted,
+    """Starting at 2^40 the first steps overflow: each is logged with the halved scale and counted,
     more of them in a row than max_bad_steps do not stop the run, the later ones train; with a
-    floor above what the scale reaches, the run stops saying so."""
+    floor above what the scale reaches, the run stops saying so. (2^40, not 2^100: each overflow
+    is a forward and backward pass, and 2^100 made 60 more of them.)"""
     config = small_config(tmp_path / "a", precision="fp16", max_steps=3, max_bad_steps=2)
     trainer = Trainer(config, **QUIET)
     trainer.setup()
-    trainer.scaler.scale = 2.0 ** 100
+    trainer.scaler.scale = 2.0 ** 40  # the scaled loss is finite in float32, its gradients overflow float16
     trainer.run()
     skipped = [r for r in records(tmp_path / "a") if "skipped" in r]
     assert len(skipped) >= 3 and all("fp16 gradient overflow" in r["skipped"] for r in skipped)
     assert [r["overflow_skipped"] for r in skipped] == list(range(1, len(skipped) + 1))
-    assert skipped[0]["loss_scale"] == 2.0 ** 99 and trainer.step == 3 and trainer.skipped_updates == 0
-    trainer = Trainer(small_config(tmp_path / "b", precision="fp16", max_steps=3, min_loss_scale=2.0 ** 98), **QUIET)
+    assert skipped[0]["loss_scale"] == 2.0 ** 39 and trainer.step == 3 and trainer.skipped_updates == 0
+    trainer = Trainer(small_config(tmp_path / "b", precision="fp16", max_steps=3, min_loss_scale=2.0 ** 38), **QUIET)
     trainer.setup()
-    trainer.scaler.scale = 2.0 ** 100
-    with pytest.raises(TrainingDiverged, match=r"loss scale fell to 1\.58\d+e\+29, below its floor 3\.17?\d*e\+29.*--min-loss-scale"):
+    trainer.scaler.scale = 2.0 ** 40
+    with pytest.raises(TrainingDiverged, match=r"loss scale fell to 1\.37\d+e\+11, below its floor 2\.74?\d*e\+11.*--min-loss-scale"):
         trainer.run()
     assert checkpoint.list_checkpoints(tmp_path / "b") == []
 
@@ -224,9 +226,9 @@ class FakeOutOfMemory(Exception):
 
 
 def test_out_of_gpu_memory_stops_in_one_line_naming_max_tokens_and_keeps_the_checkpoint(tmp_path, monkeypatch,
-                                                                                        capsys):
-    Trainer(small_config(tmp_path, max_steps=3), **QUIET).run()
-    (saved,) = checkpoint.list_checkpoints(tmp_path)
+                                                                                        capsys, three_steps):
+    run = copy_run(three_steps, tmp_path / "run")  # test_train's shared small_config(max_steps=3) run
+    (saved,) = checkpoint.list_checkpoints(run)
     before = saved.read_bytes()
     monkeypatch.setattr(backend, "out_of_memory_errors", lambda: (FakeOutOfMemory,))
     monkeypatch.setattr(backend, "out_of_memory_report", lambda error: (1 << 30, 300 << 20))
@@ -236,12 +238,12 @@ def test_out_of_gpu_memory_stops_in_one_line_naming_max_tokens_and_keeps_the_che
 
     monkeypatch.setattr(Trainer, "train_step", allocate)
     with pytest.raises(TrainingOutOfMemory) as caught:
-        Trainer(small_config(tmp_path, max_steps=6), resume=True, **QUIET).run()
+        Trainer(small_config(run, max_steps=6), resume=True, **QUIET).run()
     message = str(caught.value)
     assert "--max-tokens 256" in message and "1,024.0 MiB" in message and "300.0 MiB free" in message
     assert f"the last checkpoint, {saved}, is intact" in message and "\n" not in message
-    assert saved.read_bytes() == before and checkpoint.list_checkpoints(tmp_path) == [saved]
-    code = cli.main(["train", "--resume", "--save-dir", str(tmp_path), "--max-steps", "6", "--no-progress"])
+    assert saved.read_bytes() == before and checkpoint.list_checkpoints(run) == [saved]
+    code = cli.main(["train", "--resume", "--save-dir", str(run), "--max-steps", "6", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 1 and "--max-tokens 256" in err and "Traceback" not in err
 
