@@ -13,28 +13,12 @@ import pytest
 
 import children
 from scripts import ROOT, load_script
+from test_train import cached_corpus  # noqa: F401 (an autouse fixture: each synthetic split generated once)
 from tinyformer import nn
-from tinyformer import train as tf_train
 from tinyformer.train import Trainer, build_parts
 
 bench = load_script("benchmarks/bench_quality.py")
 QUIET = dict(echo=lambda *a, **k: None)
-_CORPUS, _LOAD_CORPUS = {}, tf_train.builders.load_corpus
-
-
-def cached_load_corpus(config, split):
-    """``load_corpus``, each split of the synthetic task generated once (20,000 pairs take seconds)."""
-    key = (config.data, config.src_lang, config.tgt_lang, split)
-    if key not in _CORPUS:
-        _CORPUS[key] = _LOAD_CORPUS(config, split)
-    return _CORPUS[key]
-
-
-@pytest.fixture(autouse=True)
-def cached_corpus(monkeypatch):
-    monkeypatch.setattr(tf_train.builders, "load_corpus", cached_load_corpus)
-
-
 def bench_args(work, *extra):
     return bench.parse_args(["--data", "synthetic", "--preset", "tiny", "--vocab-size", "120", "--max-tokens", "1024",
                              "--steps", "4", "--work", str(work), *extra])
@@ -46,7 +30,7 @@ def work(tmp_path_factory):
 
 
 @pytest.fixture
-def prepared(work, cached_corpus):
+def prepared(work):
     args = bench_args(work)
     bench.prepare_tokenizer(args)
     return args
