@@ -24,10 +24,13 @@ feed-forward biases U(+-1/sqrt(fan_in))). Defaults: tinyformer none (the paper),
 
 ``--equal-init`` tests the engines themselves: PyTorch starts from tinyformer's initial weights,
 dropout is off everywhere, both have the same extras, and the report gives the largest relative
-difference of the two loss curves in each window of 100 steps.
+difference of the two loss curves in each window of 100 steps. Its control, ``--equal-init --engines
+tinyformer,tinyformer-ulp``, trains tinyformer against itself with every initial weight moved one
+unit in the last place: how far float32 rounding alone parts two curves over the same steps.
 
     python benchmarks/bench_quality.py --steps 800 --seed 0 [--tf-extras none] [--torch-extras all]
     python benchmarks/bench_quality.py --steps 300 --equal-init --no-score
+    python benchmarks/bench_quality.py --steps 300 --equal-init --no-score --engines tinyformer,tinyformer-ulp
     python benchmarks/bench_quality.py --data synthetic --preset tiny --steps 20 --limit 50   (a smoke run)
 
 ``--report FILE`` appends the markdown report (command, date, commit, machine) to FILE;
@@ -52,8 +55,10 @@ import numpy
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import provenance  # noqa: E402  (benchmarks/ is not a package)
 
-ENGINES = ("tinyformer", "torch")
-ENGINE_NAMES = {"tinyformer": "tinyformer", "torch": "PyTorch"}
+# "tinyformer-ulp": tinyformer with every initial weight moved one unit in the last place (float32
+# ``nextafter`` towards +inf), the control of --equal-init: how far rounding alone parts two curves.
+ENGINES = ("tinyformer", "torch", "tinyformer-ulp")
+ENGINE_NAMES = {"tinyformer": "tinyformer", "torch": "PyTorch", "tinyformer-ulp": "tinyformer (init + 1 ulp)"}
 EXTRAS = ("attention-dropout", "activation-dropout", "final-norm", "torch-init")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -86,7 +91,7 @@ def model_overrides(extras, dropout):
 
 
 def engine_extras(args, engine):
-    return args.tf_extras if engine == "tinyformer" else args.torch_extras
+    return args.torch_extras if engine == "torch" else args.tf_extras
 
 
 def tokenizer_dir(args):
@@ -219,8 +224,11 @@ def run_engine(args, engine, log=print):
               "target_tokens": sum(b.num_tokens for b in plan), "tokenizer_sha256": parts.tokenizer.sha256,
               "versions": {"python": platform.python_version(), "numpy": numpy.__version__}}
     log(f"{engine}: {result['params']:,} parameters, {len(plan)} batches, plan {result['plan_digest'][:12]}")
+    if engine == "tinyformer-ulp":
+        for parameter in parts.model.parameters():
+            parameter.data[...] = numpy.nextafter(parameter.data, numpy.float32(numpy.inf))
     with blas_threads(1):
-        if engine == "tinyformer":
+        if engine != "torch":
             result.update(train_tinyformer(parts, config, plan, log, args.log_every))
         else:
             import torch
@@ -297,7 +305,10 @@ def report(args, argv, results, wall):
                  f"sha256 {first['tokenizer_sha256'][:12]}). Noam factor {args.lr_factor:g}, warm-up "
                  f"{args.warmup_steps}, label smoothing {args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); one thread "
                  f"per engine, {'one after the other' if args.sequential else 'both training at the same time'}.")
-    if args.equal_init:
+    if args.equal_init and "tinyformer-ulp" in engines:
+        lines.append("Equal init, the control: tinyformer against itself with every initial weight moved one unit "
+                     "in the last place (float32 nextafter towards +inf); dropout 0 everywhere.")
+    elif args.equal_init:
         lines.append("Equal init: PyTorch starts from tinyformer's initial weights; dropout 0 everywhere.")
     lines.append("")
     header = ["engine", "extras", "parameters", "loss, first step", "loss, last step", "median step s",
@@ -314,23 +325,24 @@ def report(args, argv, results, wall):
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     if len(engines) == 2:
-        tf, pt = results["tinyformer"], results["torch"]
+        (a, tf), (b, pt) = ((e, results[e]) for e in engines)
+        a, b = ENGINE_NAMES[a], ENGINE_NAMES[b]
         ratio = statistics.median(tf["seconds"]) / statistics.median(pt["seconds"])
-        lines.append(f"Step time ratio tinyformer / PyTorch (medians): **{ratio:.2f}x**. "
-                     f"Parameters: tinyformer {tf['params']:,}, PyTorch {pt['torch_params']:,}.")
+        lines.append(f"Step time ratio {a} / {b} (medians): **{ratio:.2f}x**. "
+                     f"Parameters: {a} {tf['params']:,}, {b} {pt.get('torch_params', pt['params']):,}.")
         if args.score:
-            lines.append(f"BLEU difference PyTorch - tinyformer: {pt['bleu'] - tf['bleu']:+.2f} "
+            lines.append(f"BLEU difference {b} - {a}: {pt['bleu'] - tf['bleu']:+.2f} "
                          f"({tf['sentences']} sentences of {'test_2016_flickr' if args.data == 'multi30k' else 'test'}, "
                          f"beam {args.beam}, alpha {args.alpha:g}, tinyformer's decoder for both; {tf['signature']}).")
         lines.append("")
         rel = relative_differences(tf["losses"], pt["losses"])
-        lines += ["| steps | tinyformer mean loss | PyTorch mean loss | largest relative difference |",
+        lines += [f"| steps | {a} mean loss | {b} mean loss | largest relative difference |",
                   "|---|---:|---:|---:|"]
         for lo, hi in windows(len(rel), args.window):
             lines.append(f"| {lo}-{hi} | {numpy.mean(tf['losses'][lo - 1:hi]):.4f} | "
                          f"{numpy.mean(pt['losses'][lo - 1:hi]):.4f} | {rel[lo - 1:hi].max():.2e} |")
         lines.append("")
-        lines.append(f"Relative difference: |loss_tinyformer - loss_PyTorch| / loss_PyTorch of the same step; "
+        lines.append(f"Relative difference: |loss_A - loss_B| / loss_B of the same step ({a}, {b}); "
                      f"largest over all {len(rel)} steps {rel.max():.2e} (step {int(rel.argmax()) + 1}), "
                      f"at step 1 {rel[0]:.2e}.")
     else:

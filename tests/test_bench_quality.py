@@ -118,6 +118,21 @@ def test_a_tinyformer_run_records_every_steps_loss_and_time(prepared):
     assert result["plan_batches"] == 4 and len(result["plan_digest"]) == 64
 
 
+def test_the_control_engine_starts_one_ulp_away_and_is_compared_by_name(work):
+    """--equal-init's control: "tinyformer-ulp" is tinyformer with its initial weights nudged one
+    unit in the last place, so its first loss differs from tinyformer's by rounding only."""
+    args = argparse.Namespace(**dict(vars(bench_args(work, "--equal-init", "--engines", "tinyformer,tinyformer-ulp",
+                                                     "--steps", "2")), score=False))
+    bench.prepare_tokenizer(args)
+    assert args.engines == ("tinyformer", "tinyformer-ulp") and bench.run_config(args, "tinyformer-ulp").dropout == 0
+    results = {e: bench.run_engine(args, e, log=lambda line: None) for e in args.engines}
+    first = [results[e]["losses"][0] for e in args.engines]
+    assert first[0] != first[1] and abs(first[0] - first[1]) < 1e-5 * first[0]
+    text = bench.report(args, ["--equal-init"], results, 1.0)
+    assert "| steps | tinyformer mean loss | tinyformer (init + 1 ulp) mean loss |" in text
+    assert "Step time ratio tinyformer / tinyformer (init + 1 ulp)" in text
+
+
 def test_the_script_end_to_end_with_one_engine(work):
     """The whole command (a child process per engine, the report) without PyTorch: tinyformer alone."""
     report = work / "report.md"
