@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import stat
 
 import numpy as np
 import pytest
@@ -82,8 +81,7 @@ def shared_run(tmp_path_factory, name, **overrides):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(train.builders, "load_corpus", small_load_corpus)
             Trainer(small_config(partial, **overrides), **QUIET).run()
-        for path in partial.iterdir():
-            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        trained_models.make_read_only(partial)
 
     return cached_product(trained_models.shared_directory(tmp_path_factory), f"small-run-{name}", make)
 

@@ -95,10 +95,15 @@ def train_into(root, name, options):
         Trainer(TrainConfig(save_dir=str(partial), **options), echo=lambda *a: None, progress=False).run()
         record = {"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, "config": options}
         (partial / RECORD).write_text(json.dumps(record), encoding="utf-8")
-        for path in partial.iterdir():
-            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        make_read_only(partial)
 
     return TrainedRun(cached_product(root, f"trained-{name}", make))
+
+
+def make_read_only(run):
+    """Every file of the run directory ``run`` read-only: a shared run is never changed by a test."""
+    for path in run.iterdir():
+        path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
 
 
 def multi30k_or_skip():
