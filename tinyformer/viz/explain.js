@@ -1,6 +1,7 @@
 // The explain page: draws the data that tinyformer.viz.explanation computed (the JSON in
-// #explain-data) and checks it. No gradient is computed here: every number comes from the
-// Python side, in float64, stored as float32.
+// #explain-data) and checks it. The Python side stores what cannot be recomputed (P, Q, K, V,
+// dO per head, each token's dℓₜ/dP) compactly; this script derives the rest of attention's
+// backward from them in float64 and its self-test compares a sample with Python's float64 values.
 (function () {
   "use strict";
   const CANVAS_ABOVE = 64; // a heatmap with more rows or columns than this is drawn on a canvas
@@ -10,28 +11,199 @@
   const GRADS = { dP: "dL/dP", dS: "dL/dS" };
 
   // ------------------------------------------------------------------ arrays
-  function decodeArray(entry) {
+  // The page stores what cannot be recomputed (tinyformer.viz.explain_codec): P, Q, K, V and dO of
+  // every head as float16 scaled per head by a power of two, each token's dℓₜ/dP in one byte a value
+  // (log8), the small arrays as float32. It derives the rest here, in float64, as the backward of
+  // attention does (explain_codec.recompute is the same in Python): dP = dO·Vᵀ, dS (softmax's
+  // backward), dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k, dV = Pᵀ·dO, and each token's dℓₜ/dS.
+  const HALF = new Float64Array(65536), HALF_ERROR = new Float64Array(65536);
+  for (let h = 0; h < 65536; h++) {
+    const e = (h >> 10) & 31, m = h & 1023;
+    const v = e === 0 ? m * Math.pow(2, -24) : e === 31 ? (m ? NaN : Infinity) : (1024 + m) * Math.pow(2, e - 25);
+    HALF[h] = h & 32768 ? -v : v;
+    HALF_ERROR[h] = e === 0 ? Math.pow(2, -25) : Math.pow(2, e - 26); // half a unit in the last place
+  }
+  const LOG8 = new Float64Array(256);
+  function bytesOf(entry) {
     const text = atob(entry.base64);
     const bytes = new Uint8Array(text.length);
     for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    return bytes;
+  }
+  function stridesOf(shape) {
     const strides = [];
     let size = 1;
-    for (let axis = entry.shape.length - 1; axis >= 0; axis--) {
+    for (let axis = shape.length - 1; axis >= 0; axis--) {
       strides[axis] = size;
-      size *= entry.shape[axis];
+      size *= shape[axis];
     }
-    return { shape: entry.shape, strides: strides, values: new Float32Array(bytes.buffer, 0, size) };
+    return { strides: strides, size: size };
   }
+  // {shape, strides, values, error}: the stored numbers in float64 and the most each may be off.
+  function decodeArray(entry, positions) {
+    const layout = stridesOf(entry.shape), size = layout.size, bytes = bytesOf(entry);
+    const values = new Float64Array(size), error = new Float64Array(size);
+    if (entry.encoding === "float32") {
+      values.set(new Float32Array(bytes.buffer, 0, size));
+      for (let i = 0; i < size; i++) error[i] = Math.max(Math.abs(values[i]) * Math.pow(2, -23), Math.pow(2, -150));
+    } else if (entry.encoding === "float16") {
+      // With `causal`, a block stores its lower triangle only (row by row); the rest is exactly 0.
+      const n = entry.causal ? entry.shape[entry.shape.length - 1] : 0, blocks = entry.exponents.length;
+      const per = size / blocks, halves = new Uint16Array(bytes.buffer, 0, bytes.length / 2);
+      let k = 0;
+      for (let b = 0; b < blocks; b++) {
+        const scale = Math.pow(2, entry.exponents[b]);
+        for (let i = 0; i < per; i++) {
+          if (n && i % n > Math.floor(i / n)) continue;
+          values[b * per + i] = HALF[halves[k]] * scale;
+          error[b * per + i] = HALF_ERROR[halves[k]] * scale;
+          k++;
+        }
+      }
+    } else if (entry.encoding === "log8") {
+      const [tokens, layers, heads, rows, cols] = entry.shape;
+      const relative = Math.pow(2, 0.5 / entry.steps) - 1;
+      for (let k = 0; k < 256; k++) LOG8[k] = (k & 127) ? (k & 128 ? -1 : 1) * Math.pow(2, -((k & 127) - 1) / entry.steps) : 0;
+      let offset = 0, index = 0;
+      for (let t = 0; t < tokens; t++) {
+        const kept = entry.causal ? positions[t] + 1 : rows;
+        for (let b = 0; b < layers * heads; b++, index++) {
+          const scale = Math.pow(2, entry.exponents[index]), floor = scale * Math.pow(2, -(126.5 / entry.steps));
+          const base = (t * layers * heads + b) * rows * cols;
+          for (let i = 0; i < kept * cols; i++) {
+            const v = LOG8[bytes[offset + i]] * scale;
+            values[base + i] = v;
+            error[base + i] = v ? Math.abs(v) * relative : floor;
+          }
+          for (let i = kept * cols; i < rows * cols; i++) error[base + i] = 0; // rows after the token: exactly 0
+          offset += kept * cols;
+        }
+      }
+    } else {
+      throw new Error("unknown array encoding " + entry.encoding);
+    }
+    return { shape: entry.shape, strides: layout.strides, values: values, error: error };
+  }
+  const tokenPositions = data.token_gradients.positions.map(function (t) { return t - 1; });
   const arrays = {};
-  for (const name of Object.keys(data.arrays)) arrays[name] = decodeArray(data.arrays[name]);
+  for (const name of Object.keys(data.arrays)) arrays[name] = decodeArray(data.arrays[name], tokenPositions);
 
-  // The contiguous block of `name` at the leading indices `index` (all of it for []).
-  function block(name, index) {
-    const array = arrays[name];
+  // The contiguous block of a stored array `name` at the leading indices `index` (all of it for []).
+  function slice(array, index, field) {
     let offset = 0;
     index.forEach(function (i, axis) { offset += i * array.strides[axis]; });
-    const size = index.length ? array.strides[index.length - 1] : array.values.length;
-    return array.values.subarray(offset, offset + size);
+    const size = index.length ? array.strides[index.length - 1] : array[field].length;
+    return array[field].subarray(offset, offset + size);
+  }
+  function stored(name, index) { return slice(arrays[name], index, "values"); }
+  function storedError(name, index) { return slice(arrays[name], index, "error"); }
+
+  // P of a head as the page computes with it: each stored row divided by its sum (float16 rows sum
+  // to 1 only to their precision; explain_codec.normalised_rows).
+  const derived = {};
+  function cached(key, make) { return derived[key] || (derived[key] = make()); }
+  function probabilitiesOf(kind, l, h) {
+    return cached("P." + kind + "." + l + "." + h, function () {
+      const info = data.kinds[kind], raw = stored("P." + kind, [l, h]), out = new Float64Array(raw.length);
+      for (let i = 0; i < info.rows; i++) {
+        let s = 0;
+        for (let j = 0; j < info.cols; j++) s += raw[i * info.cols + j];
+        for (let j = 0; j < info.cols; j++) out[i * info.cols + j] = s > 0 ? raw[i * info.cols + j] / s : 0;
+      }
+      return out;
+    });
+  }
+  // c = a·bᵀ for a (n × d), b (m × d): (n × m); with `transposeA`, aᵀ·b for a (k × n), b (k × m).
+  function matmulT(a, b, n, m, d) {
+    const c = new Float64Array(n * m);
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < m; j++) {
+        let s = 0;
+        for (let k = 0; k < d; k++) s += a[i * d + k] * b[j * d + k];
+        c[i * m + j] = s;
+      }
+    }
+    return c;
+  }
+  function matmulTA(a, b, k, n, m) {
+    const c = new Float64Array(n * m);
+    for (let r = 0; r < k; r++) {
+      for (let i = 0; i < n; i++) {
+        const x = a[r * n + i];
+        if (x === 0) continue;
+        for (let j = 0; j < m; j++) c[i * m + j] += x * b[r * m + j];
+      }
+    }
+    return c;
+  }
+  // dS = P∘(dP − rowsum(P∘dP)) row by row, dP centred at the row's most probable key m first (as
+  // Σ_j P_ij = 1 this changes nothing, but nothing of dP's size cancels: a saturated row keeps
+  // its tiny true values; explain_codec.softmax_backward).
+  function softmaxBackward(P, dP, rows, cols) {
+    const dS = new Float64Array(rows * cols);
+    for (let i = 0; i < rows; i++) {
+      const o = i * cols;
+      let m = 0;
+      for (let j = 1; j < cols; j++) if (P[o + j] > P[o + m]) m = j;
+      const centre = dP[o + m];
+      let r = 0;
+      for (let j = 0; j < cols; j++) r += P[o + j] * (dP[o + j] - centre);
+      for (let j = 0; j < cols; j++) dS[o + j] = P[o + j] * ((dP[o + j] - centre) - r);
+    }
+    return dS;
+  }
+  function headGradient(name, kind, l, h) {
+    return cached(name + "." + kind + "." + l + "." + h, function () {
+      const info = data.kinds[kind], dk = data.model.d_k, rows = info.rows, cols = info.cols;
+      const scale = 1 / Math.sqrt(dk);
+      const P = probabilitiesOf(kind, l, h);
+      if (name === "dP") return matmulT(stored("dO." + kind, [l, h]), stored("V." + kind, [l, h]), rows, cols, dk);
+      const dS = name === "dP" ? null : softmaxBackward(P, headGradient("dP", kind, l, h), rows, cols);
+      if (name === "dS") return dS;
+      if (name === "dV") return matmulTA(P, stored("dO." + kind, [l, h]), rows, cols, dk);
+      const out = name === "dQ" ? matmulTA(transpose(dS, rows, cols), stored("K." + kind, [l, h]), cols, rows, dk)
+        : matmulTA(dS, stored("Q." + kind, [l, h]), rows, cols, dk);
+      for (let i = 0; i < out.length; i++) out[i] *= scale;
+      return out;
+    });
+  }
+  function transpose(a, rows, cols) {
+    const t = new Float64Array(a.length);
+    for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) t[j * rows + i] = a[i * cols + j];
+    return t;
+  }
+  function tokenGradient(name, kind, ti, l, h) {
+    if (name === "dP") return stored("token.dP." + kind, [ti, l, h]);
+    return cached("token.dS." + kind + "." + ti + "." + l + "." + h, function () {
+      const info = data.kinds[kind];
+      return softmaxBackward(probabilitiesOf(kind, l, h), stored("token.dP." + kind, [ti, l, h]), info.rows, info.cols);
+    });
+  }
+  // What the panels read: `name` at the leading indices `index`. P, dP, dS, dQ, dK, dV at [layer, head]
+  // and token.dP, token.dS at [token index, layer, head] are the page's own; the rest is stored.
+  const DERIVED = { dP: 1, dS: 1, dQ: 1, dK: 1, dV: 1 };
+  function block(name, index) {
+    const [quantity, kind] = name.split(".");
+    if (quantity === "P") return probabilitiesOf(kind, index[0], index[1]);
+    if (quantity in DERIVED) return headGradient(quantity, kind, index[0], index[1]);
+    if (quantity === "token" && (kind === "dP" || kind === "dS")) {
+      return tokenGradient(kind, name.split(".")[2], index[0], index[1], index[2]);
+    }
+    return stored(name, index);
+  }
+  // Every head of `name` (P, dP, ... or token.dP, token.dS) in one array, as the Python side's.
+  function whole(name) {
+    const parts = name.split("."), token = parts[0] === "token", kind = parts[parts.length - 1];
+    const info = data.kinds[kind], tokens = token ? tokenPositions.length : 1, out = [];
+    for (let t = 0; t < tokens; t++) {
+      for (let l = 0; l < info.layers; l++) {
+        for (let h = 0; h < info.heads; h++) out.push(token ? block(name, [t, l, h]) : block(name, [l, h]));
+      }
+    }
+    const size = out.reduce(function (s, a) { return s + a.length; }, 0), all = new Float64Array(size);
+    let offset = 0;
+    out.forEach(function (a) { all.set(a, offset); offset += a.length; });
+    return all;
   }
 
   const pieces = { source: data.source.pieces, target: data.target.inputs };
@@ -291,7 +463,9 @@
       ", teacher-forced: L = Σₜ −log p(yₜ | y₍<t₎, x) = " + fmt(data.loss.total) + " over " + outputs.length +
       " target tokens (no label smoothing).";
     document.getElementById("about").textContent = data.generator + " · data schema " + data.schema + " version " +
-      data.version + " (the JSON in the element explain-data; arrays are little-endian float32 in base64) · " +
+      data.version + " (the JSON in the element explain-data: P, Q, K, V, dO of every head as float16 scaled per head, " +
+      "each token's dℓₜ/dP in one byte a value, the rest float32; this page computes dP, dS, dQ, dK, dV from them " +
+      "in float64) · " +
       "offline by construction: its Content-Security-Policy forbids every request.";
     const buttons = document.getElementById("kind-buttons");
     KINDS.forEach(function (kind) {
@@ -512,8 +686,9 @@
       "embeddings, computed over all " + outputs.length + " tokens in float64: largest difference " +
       fmt(worst) + " of the largest |∂L/∂X|. " + (tg.complete ? "The page holds every token's dL/dP and dL/dS; " +
       "its self-test sums them again." : "The page holds the dL/dP and dL/dS of tokens " + tg.positions.join(", ") +
-      " (of " + outputs.length + ": " + tg.values_per_token.toLocaleString("en") + " numbers each, at most " +
-      tg.limit.toLocaleString("en") + " in all; tinyformer explain --tokens picks others).");
+      " (of " + outputs.length + ": " + tg.values.toLocaleString("en") + " numbers, at most " +
+      tg.limit.toLocaleString("en") + " in all; tinyformer explain --tokens picks others).") +
+      " Each token's dℓₜ/dP is stored in one byte a value (within 4.4 %), its dℓₜ/dS computed here from it.";
   }
 
   // ------------------------------------------------------------------ 4. saliency
@@ -773,73 +948,201 @@
   }
 
   // ------------------------------------------------------------------ self-test
-  const FLOAT32_ULP = Math.pow(2, -23), FLOAT32_SMALLEST = Math.pow(2, -149); // ulp(x) ≤ 2⁻²³|x|; the least subnormal
+  // Error bounds: how far each of the page's numbers may be from the exact one, given the most that
+  // storage moved its inputs (decodeArray's error), to first order and beyond (|xy − x̃ỹ| ≤
+  // |x̃|e_y + |ỹ|e_x + e_x·e_y), with 2⁻⁴⁰ of the terms' size for float64 arithmetic on both sides.
+  const EPS = Math.pow(2, -53), SLACK = Math.pow(2, -40);
+  function probabilityError(kind, l, h) { // P̂ = P̃/s, s = Σ_k P̃_k; the true row sums to 1
+    return cached("eP." + kind + "." + l + "." + h, function () {
+      const info = data.kinds[kind], raw = stored("P." + kind, [l, h]), e = storedError("P." + kind, [l, h]);
+      const out = new Float64Array(raw.length), cols = info.cols;
+      for (let i = 0; i < info.rows; i++) {
+        let s = 0, spread = 0;
+        for (let j = 0; j < cols; j++) { s += raw[i * cols + j]; spread += e[i * cols + j]; }
+        for (let j = 0; j < cols; j++) {
+          const k = i * cols + j;
+          out[k] = s > 0 ? (e[k] + (Math.abs(raw[k]) + e[k]) * spread) / s + SLACK * Math.abs(raw[k]) : e[k];
+        }
+      }
+      return out;
+    });
+  }
+  // Σ_k a_k·b_k's bound, for a (n × d) row i and b (m × d) row j, strides given.
+  function dotError(a, ea, b, eb, length, ai, as, bi, bs) {
+    let bound = 0, size = 0;
+    for (let k = 0; k < length; k++) {
+      const x = a[ai + k * as], y = b[bi + k * bs], ex = ea[ai + k * as], ey = eb[bi + k * bs];
+      bound += Math.abs(x) * ey + Math.abs(y) * ex + ex * ey;
+      size += Math.abs(x * y);
+    }
+    return bound + SLACK * size;
+  }
+  function softmaxBackwardError(P, eP, dP, edP, rows, cols) {
+    const out = new Float64Array(rows * cols);
+    for (let i = 0; i < rows; i++) {
+      const o = i * cols;
+      let m = 0;
+      for (let j = 1; j < cols; j++) if (P[o + j] > P[o + m]) m = j;
+      let r = 0, er = 0, size = 0;
+      for (let j = 0; j < cols; j++) {
+        const c = dP[o + j] - dP[o + m], ec = j === m ? 0 : edP[o + j] + edP[o + m];
+        r += P[o + j] * c;
+        er += eP[o + j] * Math.abs(c) + (P[o + j] + eP[o + j]) * ec;
+        size += Math.abs(P[o + j] * c);
+      }
+      for (let j = 0; j < cols; j++) {
+        const c = dP[o + j] - dP[o + m], ec = j === m ? 0 : edP[o + j] + edP[o + m];
+        out[o + j] = eP[o + j] * Math.abs(c - r) + (P[o + j] + eP[o + j]) * (ec + er) +
+          SLACK * (P[o + j] * (Math.abs(c) + size) + Math.abs(P[o + j] * c));
+      }
+    }
+    return out;
+  }
+  // One query row i of the bound of the page's dP, dS or token.dS (with `ti`) at a head (cols numbers).
+  function errorRow(quantity, kind, ti, l, h, i) {
+    return cached("e" + quantity + "." + kind + "." + ti + "." + l + "." + h + "." + i, function () {
+      const info = data.kinds[kind], cols = info.cols, dk = data.model.d_k;
+      if (quantity === "dP") {
+        const dO = stored("dO." + kind, [l, h]), eO = storedError("dO." + kind, [l, h]);
+        const V = stored("V." + kind, [l, h]), eV = storedError("V." + kind, [l, h]);
+        const out = new Float64Array(cols);
+        for (let j = 0; j < cols; j++) out[j] = dotError(dO, eO, V, eV, dk, i * dk, 1, j * dk, 1);
+        return out;
+      }
+      const P = probabilitiesOf(kind, l, h), eP = probabilityError(kind, l, h);
+      const token = quantity === "token.dS";
+      const dP = token ? stored("token.dP." + kind, [ti, l, h]) : headGradient("dP", kind, l, h);
+      const edP = token ? storedError("token.dP." + kind, [ti, l, h]).subarray(i * cols, (i + 1) * cols)
+        : errorRow("dP", kind, 0, l, h, i);
+      return softmaxBackwardError(P.subarray(i * cols, (i + 1) * cols), eP.subarray(i * cols, (i + 1) * cols),
+        dP.subarray(i * cols, (i + 1) * cols), edP, 1, cols);
+    });
+  }
+  // The bound of a whole head (rows × cols) of dP, dS or token.dS.
+  function errorOf(quantity, kind, ti, l, h) {
+    const info = data.kinds[kind], out = new Float64Array(info.rows * info.cols);
+    for (let i = 0; i < info.rows; i++) out.set(errorRow(quantity, kind, ti, l, h, i), i * info.cols);
+    return out;
+  }
+  // The bound of one entry of the page's dQ (at query row r), dK or dV (at key row r), column d.
+  function projectionError(quantity, kind, l, h, r, d) {
+    const info = data.kinds[kind], rows = info.rows, cols = info.cols, dk = data.model.d_k, scale = 1 / Math.sqrt(dk);
+    if (quantity === "dV") {
+      return dotError(probabilitiesOf(kind, l, h), probabilityError(kind, l, h), stored("dO." + kind, [l, h]),
+        storedError("dO." + kind, [l, h]), rows, r, cols, d, dk);
+    }
+    const dS = headGradient("dS", kind, l, h);
+    if (quantity === "dQ") {
+      return scale * dotError(dS.subarray(r * cols, (r + 1) * cols), errorRow("dS", kind, 0, l, h, r),
+        stored("K." + kind, [l, h]), storedError("K." + kind, [l, h]), cols, 0, 1, d, dk);
+    }
+    return scale * dotError(dS, errorOf("dS", kind, 0, l, h), stored("Q." + kind, [l, h]),
+      storedError("Q." + kind, [l, h]), rows, r, cols, d, dk);
+  }
+  // The page's value of a sample (data.samples[name], a flat index into the Python side's array) and its bound.
+  function sampleOf(name, flat) {
+    const parts = name.split("."), token = parts[0] === "token", quantity = token ? "token." + parts[1] : parts[0];
+    const kind = parts[parts.length - 1], info = data.kinds[kind], dk = data.model.d_k;
+    const inner = quantity === "dQ" ? info.rows * dk : quantity === "dK" || quantity === "dV" ? info.cols * dk : info.rows * info.cols;
+    let head = Math.floor(flat / inner);
+    const at = flat % inner, h = head % info.heads;
+    head = Math.floor(head / info.heads);
+    const l = head % info.layers, ti = Math.floor(head / info.layers);
+    const values = token ? tokenGradient(parts[1], kind, ti, l, h) : headGradient(quantity, kind, l, h);
+    const bound = quantity === "dQ" || quantity === "dK" || quantity === "dV"
+      ? projectionError(quantity, kind, l, h, Math.floor(at / dk), at % dk)
+      : errorRow(quantity, kind, ti, l, h, Math.floor(at / info.cols))[at % info.cols];
+    return { value: values[at], bound: bound };
+  }
   function selfTest() {
     const checks = [];
     const check = function (name, passed, detail) { checks.push({ name: name, passed: Boolean(passed), detail: detail }); };
-    check("schema", data.schema === "tinyformer-explain" && data.version === 1, data.schema + " " + data.version);
-    let rowSum = 0, scoreSum = 0, above = 0, cellsOk = true;
-    const cells = {};
+    check("schema", data.schema === "tinyformer-explain" && data.version === 2, data.schema + " " + data.version);
+    let rowSum = 0, scoreSum = 0, above = 0, cellsOk = true, tokenSum = 0;
+    const cells = {}, held = tokenPositions.length;
     KINDS.forEach(function (kind) {
-      const info = data.kinds[kind], n = info.rows * info.cols;
-      const testRows = function (values, onRow) {
-        for (let start = 0; start < values.length; start += info.cols) onRow(values.subarray(start, start + info.cols), (start / info.cols) % info.rows);
-      };
-      testRows(arrays["P." + kind].values, function (row, r) {
-        let s = 0;
-        for (let j = 0; j < row.length; j++) {
-          s += row[j];
-          if (info.causal && j > r && row[j] !== 0) above++;
-        }
-        rowSum = Math.max(rowSum, Math.abs(s - 1));
-      });
-      // A row of dS sums to 0 up to float32 storage, which moves each term by at most half a
-      // float32 unit in the last place (ulp); one whole ulp per term leaves the other half for
-      // float64's own rounding. Each row is judged by its own terms' ulps, a scale that means
-      // something down to the smallest float32 (explanation.softmax_backward keeps saturated
-      // rows' tiny values true rather than round-off of dP's size).
-      ["dS." + kind, "token.dS." + kind].forEach(function (name) {
-        testRows(arrays[name].values, function (row, r) {
-          let s = 0, ulps = 0;
-          for (let j = 0; j < row.length; j++) {
-            s += row[j];
-            ulps += Math.max(Math.abs(row[j]) * FLOAT32_ULP, FLOAT32_SMALLEST);
-            if (info.causal && j > r && row[j] !== 0) above++;
+      const info = data.kinds[kind], rows = info.rows, cols = info.cols;
+      for (let l = 0; l < info.layers; l++) {
+        for (let h = 0; h < info.heads; h++) {
+          const raw = stored("P." + kind, [l, h]), e = storedError("P." + kind, [l, h]), P = probabilitiesOf(kind, l, h);
+          const scores = [headGradient("dS", kind, l, h), headGradient("dP", kind, l, h)];
+          for (let t = 0; t < held; t++) scores.push(tokenGradient("dS", kind, t, l, h), tokenGradient("dP", kind, t, l, h));
+          for (let i = 0; i < rows; i++) {
+            let s = 0, spread = 0;
+            for (let j = 0; j < cols; j++) {
+              s += raw[i * cols + j];
+              spread += e[i * cols + j];
+              if (info.causal && j > i && P[i * cols + j] !== 0) above++;
+            }
+            rowSum = Math.max(rowSum, Math.abs(s - 1) / spread); // the stored row sums to 1 within its precision
+            // Each row of the page's dS sums to 0 to float64 rounding of its own terms, judged by their
+            // size computed here again (centred, as the formula must be for saturated rows).
+            for (let g = 0; g < scores.length; g += 2) {
+              const dS = scores[g], dP = scores[g + 1];
+              let m = 0, sum = 0, r = 0, size = 0;
+              for (let j = 1; j < cols; j++) if (P[i * cols + j] > P[i * cols + m]) m = j;
+              for (let j = 0; j < cols; j++) {
+                const c = dP[i * cols + j] - dP[i * cols + m];
+                r += P[i * cols + j] * c;
+                size += Math.abs(P[i * cols + j] * c);
+                sum += dS[i * cols + j];
+                if (info.causal && j > i && dS[i * cols + j] !== 0) above++;
+              }
+              const limit = (4 * cols + 4) * EPS * (size + Math.abs(r));
+              scoreSum = Math.max(scoreSum, sum === 0 ? 0 : Math.abs(sum) / limit);
+            }
           }
-          scoreSum = Math.max(scoreSum, Math.abs(s) / ulps);
-        });
-      });
+          if (data.token_gradients.complete) { // Σₜ dℓₜ/dX = dL/dX, within the bounds of both sides
+            ["dP", "dS"].forEach(function (grad) {
+              const whole = headGradient(grad, kind, l, h), bound = errorOf(grad, kind, 0, l, h);
+              const sum = new Float64Array(whole.length), allowed = new Float64Array(bound);
+              for (let t = 0; t < held; t++) {
+                const part = tokenGradient(grad, kind, t, l, h);
+                const e = grad === "dP" ? storedError("token.dP." + kind, [t, l, h]) : errorOf("token.dS", kind, t, l, h);
+                for (let k = 0; k < part.length; k++) { sum[k] += part[k]; allowed[k] += e[k]; }
+              }
+              for (let k = 0; k < sum.length; k++) {
+                const gap = Math.abs(sum[k] - whole[k]);
+                if (gap > 0) tokenSum = Math.max(tokenSum, gap / (allowed[k] + SLACK * Math.abs(whole[k])));
+              }
+            });
+          }
+        }
+      }
       const thumbs = document.querySelectorAll('.thumb[data-kind="' + kind + '"]');
       let count = 0;
       thumbs.forEach(function (t) {
         count += t.tagName.toLowerCase() === "svg" ? t.querySelectorAll("rect.cell").length : Number(t.dataset.rows) * Number(t.dataset.cols);
       });
       cells[kind] = count;
-      cellsOk = cellsOk && thumbs.length === info.layers * info.heads && count === info.layers * info.heads * n;
+      cellsOk = cellsOk && thumbs.length === info.layers * info.heads && count === info.layers * info.heads * rows * cols;
     });
-    check("P rows sum to 1", rowSum <= 1e-5, "largest |Σ_j P_ij − 1| = " + fmt(rowSum));
-    check("dL/dS rows sum to 0", scoreSum <= 1, "largest |Σ_j dS_ij| / Σ_j ulp(dS_ij) = " + fmt(scoreSum) +
-      " (passes up to 1; ulp(x) = max(2⁻²³|x|, 2⁻¹⁴⁹), a float32 unit in the last place of each term: storage " +
-      "rounds each by at most half of one)");
+    check("P rows sum to 1", rowSum <= 1, "largest |Σ_j P_ij − 1| / Σ_j e_ij = " + fmt(rowSum) +
+      " (passes up to 1; e_ij the most float16 storage moves P_ij)");
+    check("dL/dS rows sum to 0", scoreSum <= 1, "largest |Σ_j dS_ij| / ((4n + 4)·2⁻⁵³·(Σ_j |P_ij (dP_ij − dP_im)| + " +
+      "|r_i|)) = " + fmt(scoreSum) + " (passes up to 1: float64 rounding of the row's own terms, whole loss and " +
+      "every held token)");
     check("causal: decoder self-attention P and dL/dS are 0 above the diagonal", above === 0, above + " entries");
     check("every layer and head drawn", cellsOk, JSON.stringify(cells));
-    const tg = data.token_gradients;
-    if (tg.complete) {
-      let worst = 0;
-      KINDS.forEach(function (kind) {
-        ["dP", "dS"].forEach(function (grad) {
-          const whole = arrays[grad + "." + kind].values, parts = arrays["token." + grad + "." + kind].values;
-          const n = whole.length, scale = maxAbs(whole) || 1;
-          for (let i = 0; i < n; i++) {
-            let s = 0;
-            for (let t = 0; t < tg.positions.length; t++) s += parts[t * n + i];
-            worst = Math.max(worst, Math.abs(s - whole[i]) / scale);
-          }
-        });
-      });
-      check("Σ over tokens of the per-token dL/dP, dL/dS = the whole loss's", worst <= 1e-4, "largest difference " +
-        fmt(worst) + " of the largest |value| (float32 storage)");
+    if (data.token_gradients.complete) {
+      check("Σ over tokens of the per-token dL/dP, dL/dS = the whole loss's", tokenSum <= 1, "largest |Σₜ − whole| / " +
+        "its bound = " + fmt(tokenSum) + " (passes up to 1; the bound adds what storage allows each side)");
     }
+    let worstRatio = 0, worstGap = 0, where = "", count = 0;
+    Object.keys(data.samples).forEach(function (name) {
+      const sample = data.samples[name];
+      sample.index.forEach(function (flat, k) {
+        const found = sampleOf(name, flat), gap = Math.abs(found.value - sample.value[k]);
+        const ratio = gap === 0 ? 0 : gap / found.bound;
+        count++;
+        if (!(ratio <= worstRatio)) { worstRatio = ratio; where = name + "[" + flat + "]"; }
+        worstGap = Math.max(worstGap, gap);
+      });
+    });
+    check("this page's dP, dS, dQ, dK, dV and per-token dS against Python's float64", worstRatio <= 1, count +
+      " entries: largest |page − float64| " + fmt(worstGap) + "; largest share of its bound " + fmt(worstRatio) +
+      (where ? " (" + where + ")" : "") + "; passes up to 1");
+    const tg = data.token_gradients;
     const python = Object.keys(tg.sum_check).every(function (k) {
       return tg.sum_check[k].max_abs_difference <= 1e-8 * Math.max(1, tg.sum_check[k].max_abs);
     });
@@ -857,11 +1160,16 @@
     const png = exportCanvas().toDataURL("image/png");
     check("PNG export of this view", png.indexOf("data:image/png;base64,") === 0 && png.length > 100, png.length + " characters");
     const digest = {};
-    Object.keys(arrays).forEach(function (name) {
+    const sums = function (values) {
       let s = 0, a = 0;
-      const values = arrays[name].values;
       for (let i = 0; i < values.length; i++) { s += values[i]; a += Math.abs(values[i]); }
-      digest[name] = [s, a];
+      return [s, a];
+    };
+    Object.keys(arrays).forEach(function (name) { digest[name] = sums(arrays[name].values); });
+    KINDS.forEach(function (kind) {
+      ["P", "dP", "dS", "dQ", "dK", "dV", "token.dS"].forEach(function (name) {
+        digest["page:" + name + "." + kind] = sums(whole(name + "." + kind));
+      });
     });
     const errors = window.explainErrors || [];
     const ok = checks.every(function (c) { return c.passed; }) && errors.length === 0;
@@ -895,5 +1203,12 @@
   detailEvents();
   update();
   window.addEventListener("hashchange", function () { readHash(); update(); });
-  selfTest();
+  const drawn = performance.now();
+  setTimeout(function () { // after the first paint: the checks take longer than the drawing
+    const status = document.getElementById("self-test");
+    status.setAttribute("data-drawn-ms", String(Math.round(drawn - started)));
+    const paint = performance.getEntriesByName("first-contentful-paint")[0];
+    if (paint) status.setAttribute("data-first-paint-ms", String(Math.round(paint.startTime)));
+    selfTest();
+  }, 0);
 })();

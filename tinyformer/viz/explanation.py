@@ -11,42 +11,28 @@ the derivation panel shows: Q, K, V, dO, dQ, dK, dV of every head (autograd's) a
 formulas dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k are from them.
 """
 
-import base64
-
 import numpy
 
 from .. import __version__
 from ..data.special import BOS_ID, EOS_ID
 from .explain_check import check_gradients
+from .explain_codec import decode_array, encode_float16, encode_float32, encode_log8, softmax_backward
 from .explain_page import render
 from .probe import KINDS, attention_modules, probed_copy, run_pass
 from .sentence import sentence_pair
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "TOKEN_VALUES_LIMIT", "explain", "explain_data", "softmax_backward",
-           "rollout", "decode_array"]
+           "rollout", "decode_array", "token_values"]
 
-SCHEMA, SCHEMA_VERSION = "tinyformer-explain", 1
-TOKEN_VALUES_LIMIT = 1 << 21
-"""The most numbers the per-token dL/dP and dL/dS may add to a page (8 MiB as float32, 11 MiB in
-base64); beyond it, the page holds the first tokens that fit (``tokens=`` chooses others)."""
+SCHEMA, SCHEMA_VERSION = "tinyformer-explain", 2
+TOKEN_VALUES_LIMIT = 900_000
+"""The most per-token dℓₜ/dP numbers a page may hold (one byte each, 1.1 MiB in base64); beyond
+it, the page holds the first tokens that fit (``tokens=`` chooses others)."""
 CHUNK_VALUES = 1 << 24
 """About how many float64 numbers one batched pass of per-token gradients may hold at once."""
-
-
-def softmax_backward(probs, grad_probs):
-    """dL/dS = P∘(dP − rowsum(P∘dP)) over the last axis: the backward of P = softmax(S).
-
-    Each row is computed from D = dP − dP_im, dP centred at the row's most probable key m: as
-    Σ_j P_ij = 1, P∘(D − rowsum(P∘D)) is the same dL/dS, but D_im = 0 and every other term of
-    rowsum(P∘D) is as small as its P_ik, so nothing of the size of dP cancels. Written as above,
-    a saturated row (P_im = 1 to float64) would get round-off of about 2⁻⁵³·|dP| instead of its
-    true values of about P_ik·|dP_ij − dP_im| (10⁻²⁰ and less in a trained model), and rows
-    that sum to 0 only to that round-off; centred, they sum to 0 to a few float64 units of their
-    own terms, and a row with one visible key (P_im = 1, the others 0) is exactly 0.
-    """
-    centre = numpy.take_along_axis(grad_probs, numpy.argmax(probs, axis=-1)[..., None], axis=-1)
-    centred = grad_probs - centre
-    return probs * (centred - numpy.sum(probs * centred, axis=-1, keepdims=True))
+SAMPLES = (8, 16)
+"""Per recomputed array, the entries whose float64 values the page's self-test gets: the largest
+|value|s and random others."""
 
 
 def rollout(maps):
@@ -58,16 +44,10 @@ def rollout(maps):
     return result
 
 
-def encode_array(array):
-    """A JSON-ready float32 array: shape, dtype and its little-endian bytes in base64."""
-    data = numpy.ascontiguousarray(array, dtype="<f4")
-    return {"shape": list(data.shape), "dtype": "float32", "base64": base64.b64encode(data.tobytes()).decode()}
-
-
-def decode_array(entry):
-    """The NumPy float32 array of an ``encode_array`` entry (what a reader of the page's data does)."""
-    data = numpy.frombuffer(base64.b64decode(entry["base64"]), dtype="<f4")
-    return data.reshape(entry["shape"])
+def token_values(config, len_src, len_tgt, position):
+    """How many numbers the page stores for the target position ``position`` (from 0): its dℓₜ/dP of
+    every head, the encoder's whole, the decoder's and the cross-attention's rows up to itself."""
+    return config["num_layers"] * config["heads"] * (len_src ** 2 + (position + 1) * (len_tgt + len_src))
 
 
 def _chunk_rows(copy, len_src, len_tgt):
@@ -80,8 +60,9 @@ def _chunk_rows(copy, len_src, len_tgt):
     return max(1, min(len_tgt, CHUNK_VALUES // row))
 
 
-def _embedded_positions(tokens, count, per_token, limit):
-    """The target positions (from 0) whose own dL/dP and dL/dS the page holds."""
+def _embedded_positions(tokens, count, cost, limit):
+    """The target positions (from 0) whose own dℓₜ/dP the page holds: ``tokens`` (from 1), or the
+    first ones whose ``cost(position)`` numbers fit in ``limit``."""
     if tokens is not None:
         positions = sorted({int(t) - 1 for t in tokens})
         bad = [t + 1 for t in positions if not 0 <= t < count]
@@ -89,7 +70,29 @@ def _embedded_positions(tokens, count, per_token, limit):
             raise ValueError(f"tokens {bad}: not target positions; the target has {count} (1 to {count}, the "
                              "last the EOS)")
         return positions
-    return list(range(min(count, limit // per_token)))
+    positions, used = [], 0
+    for position in range(count):
+        used += cost(position)
+        if used > limit:
+            break
+        positions.append(position)
+    return positions
+
+
+def _samples(values, rng):
+    """{"index": flat indices, "value": float64 values} of a few entries of ``values`` (..., rows,
+    cols): the largest |value|s and random others of one random head, for the page's self-test to
+    compare its recomputation with (a head's bounds are what the page computes to check them)."""
+    flat = numpy.asarray(values, dtype=numpy.float64).ravel()
+    if not flat.size:
+        return {"index": [], "value": []}
+    largest, others = SAMPLES
+    inner = int(numpy.prod(values.shape[-2:]))
+    head = int(rng.integers(flat.size // inner))
+    picked = list(numpy.argsort(-numpy.abs(flat), kind="stable")[:largest])
+    picked += list(head * inner + rng.choice(inner, size=min(others, inner), replace=False))
+    picked = sorted({int(i) for i in picked})
+    return {"index": picked, "value": [float(flat[i]) for i in picked]}
 
 
 def _per_token(copy, batch, hook, embedded):
@@ -153,11 +156,12 @@ def _pieces(tokenizer, ids):
 def explain_data(model, tokenizer, source, reference=None, *, beam_size=1, alpha=0.6, tokens=None,
                  token_values_limit=TOKEN_VALUES_LIMIT, threads=1, seed=0, probs_grad_hook=None,
                  names=("explain: the sentence", "explain: the reference")):
-    """Everything the explain page shows, as a JSON-ready dict (arrays by ``encode_array``).
+    """Everything the explain page shows, as a JSON-ready dict: what it cannot recompute, encoded
+    compactly (``explain_codec``), and float64 values of a sample of what it recomputes.
 
     ``source`` is one sentence; ``reference`` its translation to teach (teacher forcing), else the
     model's own (greedy, or beam search with ``beam_size`` > 1). ``tokens`` lists the target
-    positions (1 = the first target token) whose own dL/dP and dL/dS the page holds; by default
+    positions (1 = the first target token) whose own dℓₜ/dP the page holds; by default
     as many from the first as ``token_values_limit`` numbers allow (saliency, sensitivity and
     ℓₜ are there for every token). ``threads`` limits BLAS threads (one sentence's matrices are
     small); ``seed`` draws the gradient check's random entries. ``probs_grad_hook`` is
@@ -188,21 +192,25 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
     checked = modules[check_head[0]][check_head[1]]
     parameter_grads = {name: numpy.array(linear.weight.grad) for name, linear in
                        (("W_Q", checked.w_q), ("W_K", checked.w_k), ("W_V", checked.w_v))}
-    count = batch[2].shape[1]
+    count, len_src = batch[2].shape[1], batch[0].shape[1]
     shapes = {kind: total[kind]["P"][:, 0].shape for kind in KINDS}
-    per_token_values = 2 * sum(int(numpy.prod(shape)) for shape in shapes.values())
-    embedded = _embedded_positions(tokens, count, per_token_values, token_values_limit)
+    embedded = _embedded_positions(tokens, count, lambda t: token_values(copy.config, len_src, count, t),
+                                   token_values_limit)
     per_token = _per_token(copy, batch, hook, set(embedded))
     check = check_gradients(copy, batch, total, sensitivity, check_head, parameter_grads, seed)
 
-    arrays = {}
+    rng = numpy.random.default_rng(seed)
+    stored, arrays, samples = {}, {}, {}
     for kind in KINDS:
         found = total[kind]
-        for name in ("P", "dP", "dS", "Q", "K", "V", "dO", "dQ", "dK", "dV"):
-            arrays[f"{name}.{kind}"] = found[name][:, 0]
-        for name in ("dP", "dS"):
-            kept = per_token["kept"].get((kind, name), [])
-            arrays[f"token.{name}.{kind}"] = numpy.stack(kept) if kept else numpy.zeros((0,) + shapes[kind])
+        for name in ("P", "Q", "K", "V", "dO"):
+            stored[f"{name}.{kind}"] = encode_float16(found[name][:, 0], causal=name == "P" and kind == "dec")
+        for name in ("dP", "dS", "dQ", "dK", "dV"):
+            samples[f"{name}.{kind}"] = _samples(found[name][:, 0], rng)
+        kept = {name: numpy.stack(per_token["kept"][kind, name]) if embedded else numpy.zeros((0,) + shapes[kind])
+                for name in ("dP", "dS")}
+        stored[f"token.dP.{kind}"] = encode_log8(kept["dP"], embedded if kind != "enc" else None)
+        samples[f"token.dS.{kind}"] = _samples(kept["dS"], rng)
         arrays[f"sensitivity.{kind}"] = sensitivity[kind]
         arrays[f"token.sensitivity.{kind}"] = numpy.concatenate(per_token["sensitivity"][kind])
         arrays[f"derivation.{kind}"] = _derivation_gaps(found)
@@ -215,6 +223,9 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
     arrays["rollout.enc"] = rollout(total["enc"]["P"][:, 0])
     arrays["rollout.dec"] = rollout(total["dec"]["P"][:, 0])
     arrays["rollout.cross"] = total["cross"]["P"][-1, 0].mean(axis=0) @ arrays["rollout.enc"]
+    for name, value in arrays.items():  # per-token saliency and rollout: (n, n), float16 is plenty
+        stored[name] = encode_float16(value, 1) if name.startswith(("token.saliency", "rollout")) else \
+            encode_float32(value)
 
     config = copy.config
     lengths = {"enc": (len(source_ids), len(source_ids)), "dec": (count, count), "cross": (count, len(source_ids))}
@@ -238,10 +249,12 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
                          "rows": lengths[kind][0], "cols": lengths[kind][1], "queries": sides[kind][0],
                          "keys": sides[kind][1], "causal": kind == "dec"} for kind in KINDS},
         "token_gradients": {"positions": [t + 1 for t in embedded], "complete": len(embedded) == count,
-                            "values_per_token": per_token_values, "limit": token_values_limit,
+                            "values": sum(token_values(config, len_src, count, t) for t in embedded),
+                            "limit": token_values_limit,
                             "sum_check": _sum_check(total, per_token)},
         "check": check,
-        "arrays": {name: encode_array(value) for name, value in arrays.items()},
+        "arrays": stored,
+        "samples": samples,
     }
 
 
