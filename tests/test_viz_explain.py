@@ -2,6 +2,7 @@
 against a wrong backward, the command line's errors, and the page in a real browser (headless
 Chromium: the DOM after its scripts ran, read with html.parser)."""
 
+import base64
 import decimal
 import json
 import re
@@ -22,9 +23,9 @@ from tinyformer.data.special import BOS_ID, EOS_ID
 from tinyformer.data.tokenizer import Tokenizer
 from tinyformer.nn.layers import scale_embedding
 from tinyformer.train import load_model
-from tinyformer.viz import explanation
+from tinyformer.viz import explain_page, explanation
 from tinyformer.viz.explain_page import render
-from tinyformer.viz.explanation import decode_array, encode_array, softmax_backward
+from tinyformer.viz.explain_codec import decode_array, encode_float16, recompute, softmax_backward, storage_error
 
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 needs_browser = pytest.mark.skipif(
@@ -108,8 +109,30 @@ def page_data(text):
     return json.loads(found.group(1))
 
 
+def positions_of(data):
+    return [t - 1 for t in data["token_gradients"]["positions"]]
+
+
+PAGE_COMPUTED = ("P", "dP", "dS", "dQ", "dK", "dV", "token.dP", "token.dS")
+
+
 def array(data, name):
-    return decode_array(data["arrays"][name]).astype(np.float64)
+    """An array of the page as its script reads it: computed again from what is stored (P's rows
+    normalised, the gradients: ``explain_codec.recompute``, the Python twin of the page's own
+    computation), or stored (decoded)."""
+    if name.rsplit(".", 1)[0] in PAGE_COMPUTED:
+        return recompute(data)[name]
+    return decode_array(data["arrays"][name])
+
+
+def stored_within_bounds(data, name, exact):
+    """The stored array ``name`` holds ``exact`` (float64) within its encoding's stated error."""
+    entry = data["arrays"][name]
+    stored = decode_array(entry, positions_of(data))
+    bound = storage_error(entry, stored, positions_of(data))
+    assert stored.shape == exact.shape, name
+    worst = np.max(np.abs(stored - exact) / np.where(bound > 0, bound, np.inf), initial=0.0)
+    assert np.all(np.abs(stored - exact) <= bound), f"{name}: {worst:.3g} of its bound"
 
 
 def batch_of(data):
@@ -164,11 +187,19 @@ def assert_float32_of(stored, expected, what):
     np.testing.assert_allclose(stored, expected, rtol=2e-7, atol=2e-7 * scale, err_msg=what)
 
 
+def assert_recomputed(found, expected, what):
+    """The page's recomputation from float16 inputs against float64: within 2⁻⁷ of the largest
+    value (a few float16 units of the inputs, summed over d_k products; the page's self-test holds
+    each sampled entry to its own bound)."""
+    scale = np.max(np.abs(expected)) or 1.0
+    np.testing.assert_allclose(found, expected, rtol=0, atol=2.0 ** -7 * scale, err_msg=what)
+
+
 # ---------------------------------------------------------------- the data
 def test_the_data_has_a_schema_and_one_map_per_layer_and_head(page, model_and_tokenizer):
     _, data = page
     model, tokenizer = model_and_tokenizer
-    assert (data["schema"], data["version"]) == ("tinyformer-explain", 1)
+    assert (data["schema"], data["version"]) == ("tinyformer-explain", 2)
     assert data["source"]["ids"] == tokenizer.encode(SOURCE) + [EOS_ID]
     assert data["target"]["ids"] == tokenizer.encode(REFERENCE) + [EOS_ID] and data["target"]["given"] == "reference"
     assert data["target"]["inputs"][0] == "<s>" and data["target"]["outputs"][-1] == "</s>"
@@ -177,8 +208,14 @@ def test_the_data_has_a_schema_and_one_map_per_layer_and_head(page, model_and_to
     for kind in KINDS:
         info = data["kinds"][kind]
         assert (info["layers"], info["heads"], info["rows"], info["cols"]) == (2, 4, *rows_cols[kind])
-        for name in ("P", "dP", "dS"):
-            assert data["arrays"][f"{name}.{kind}"]["shape"] == [2, 4, *rows_cols[kind]]
+        assert data["arrays"][f"P.{kind}"]["shape"] == [2, 4, *rows_cols[kind]]
+        for name in ("Q", "V", "dO"):  # only what the page cannot compute again is stored
+            rows = rows_cols[kind][0] if name != "V" else rows_cols[kind][1]
+            assert data["arrays"][f"{name}.{kind}"]["shape"] == [2, 4, rows, 16]
+        assert not {f"dP.{kind}", f"dS.{kind}", f"dQ.{kind}", f"token.dS.{kind}"} & set(data["arrays"])
+        assert data["arrays"][f"token.dP.{kind}"]["encoding"] == "log8"
+        for name in ("dP", "dS"):
+            assert array(data, f"{name}.{kind}").shape == (2, 4, *rows_cols[kind])
     assert data["token_gradients"]["complete"] and data["token_gradients"]["positions"] == list(range(1, tgt_len + 1))
 
 
@@ -191,11 +228,16 @@ def test_the_arrays_are_what_the_library_backward_pass_gives(page, model_and_tok
     np.testing.assert_allclose(data["loss"]["tokens"], whole["nll"], rtol=1e-12)
     for kind in KINDS:
         probs, grads = whole[kind]["P"], whole[kind]["dP"]
-        assert_float32_of(array(data, f"P.{kind}"), probs, f"P of {kind}")
-        assert_float32_of(array(data, f"dP.{kind}"), grads, f"dL/dP of {kind}")
+        stored_within_bounds(data, f"P.{kind}", probs)
+        assert_recomputed(array(data, f"P.{kind}"), probs, f"P of {kind}")
+        assert_recomputed(array(data, f"dP.{kind}"), grads, f"dL/dP of {kind}")
         scores = probs * (grads - (probs * grads).sum(axis=-1, keepdims=True))
-        assert_float32_of(array(data, f"dS.{kind}"), scores, f"dL/dS of {kind}")
+        assert_recomputed(array(data, f"dS.{kind}"), scores, f"dL/dS of {kind}")
         assert_float32_of(array(data, f"sensitivity.{kind}"), (probs * grads).sum(axis=(-2, -1)), kind)
+        for name, exact in (("dP", grads), ("dS", scores)):  # the float64 values the page checks itself against
+            sample = data["samples"][f"{name}.{kind}"]
+            assert len(sample["index"]) >= 16
+            np.testing.assert_allclose(sample["value"], exact.ravel()[sample["index"]], rtol=1e-12, atol=1e-15)
     for side in ("source", "target"):
         g, e = whole["d_" + side], whole[side]
         assert_float32_of(array(data, f"saliency.{side}.norm"), np.linalg.norm(g, axis=-1), side)
@@ -204,19 +246,30 @@ def test_the_arrays_are_what_the_library_backward_pass_gives(page, model_and_tok
     alone = reference_backward(model, batch, position)
     index = data["token_gradients"]["positions"].index(position + 1)
     for kind in KINDS:
-        assert_float32_of(array(data, f"token.dP.{kind}")[index], alone[kind]["dP"], f"dl_3/dP of {kind}")
+        exact = np.zeros(array(data, f"token.dP.{kind}").shape)
+        exact[index] = alone[kind]["dP"]
+        others = [i for i in range(len(exact)) if i != index]
+        if not others:
+            continue
+        mine = array(data, f"token.dP.{kind}")[index]
+        relative = np.abs(mine - alone[kind]["dP"]) / np.maximum(np.abs(alone[kind]["dP"]), 1e-300)
+        assert np.all((relative <= 2 ** (1 / 16) - 1 + 1e-12) | (mine == 0)), f"dl_3/dP of {kind}"
         if kind != "enc":  # the decoder after position 3 does not reach its loss
             assert not array(data, f"token.dP.{kind}")[index][:, :, position + 1:].any()
-    assert_float32_of(array(data, "token.saliency.source.norm")[position], np.linalg.norm(alone["d_source"], axis=-1),
-                      "source saliency of y_3")
+    saliency = array(data, "token.saliency.source.norm")[position]
+    np.testing.assert_allclose(saliency, np.linalg.norm(alone["d_source"], axis=-1), rtol=2.0 ** -10)
 
 
 def test_the_gradients_of_every_token_sum_to_the_whole_loss(page):
     _, data = page
-    for kind in KINDS:
+    for kind in KINDS:  # within what one byte a value (4.4 % of each dℓₜ/dP) and float16 inputs allow
+        probs, token_grads = array(data, f"P.{kind}"), np.abs(array(data, "token.dP." + kind))
+        # |Δ dS_ij| ≤ P_ij·(|Δ dP_ij| + Σ_k P_ik·|Δ dP_ik|) for a change Δ of dP
+        moved = {"dP": token_grads, "dS": probs * (token_grads + (probs * token_grads).sum(axis=-1, keepdims=True))}
         for name in ("dP", "dS"):
             whole, parts = array(data, f"{name}.{kind}"), array(data, f"token.{name}.{kind}")
-            np.testing.assert_allclose(parts.sum(axis=0), whole, atol=1e-5 * np.abs(whole).max())
+            allowed = 0.045 * moved[name].sum(axis=0) + 2.0 ** -7 * np.abs(whole).max()
+            assert np.all(np.abs(parts.sum(axis=0) - whole) <= allowed), (kind, name)
     for name, found in data["token_gradients"]["sum_check"].items():
         assert found["max_abs_difference"] <= 1e-10 * max(1.0, found["max_abs"]), name
 
@@ -264,9 +317,14 @@ def test_the_derivation_formulas_match_the_engine(page):
         assert gaps.shape == (4, 2, 4) and gaps.max() < 1e-6, kind
         d_k = data["model"]["d_k"]
         queries, keys, scores = array(data, f"Q.{kind}"), array(data, f"K.{kind}"), array(data, f"dS.{kind}")
-        np.testing.assert_allclose(scores @ keys / np.sqrt(d_k), array(data, f"dQ.{kind}"), atol=1e-5)
+        np.testing.assert_allclose(scores @ keys / np.sqrt(d_k), array(data, f"dQ.{kind}"), atol=1e-12)
         np.testing.assert_allclose(np.swapaxes(scores, -1, -2) @ queries / np.sqrt(d_k), array(data, f"dK.{kind}"),
-                                   atol=1e-5)
+                                   atol=1e-12)
+        for name in ("dQ", "dK", "dV"):  # the page's, from float16 inputs, against the engine's float64
+            sample = data["samples"][f"{name}.{kind}"]
+            found = array(data, f"{name}.{kind}").ravel()[sample["index"]]
+            scale = np.max(np.abs(sample["value"])) or 1.0
+            np.testing.assert_allclose(found, sample["value"], rtol=0, atol=2.0 ** -7 * scale, err_msg=name)
 
 
 def test_the_gradient_check_passes_on_the_true_backward(page):
@@ -314,9 +372,12 @@ def test_the_page_holds_the_first_tokens_that_fit(model_and_tokenizer):
     data = viz.explain_data(model, tokenizer, SOURCE, REFERENCE, token_values_limit=1)
     assert data["token_gradients"]["positions"] == [] and not data["token_gradients"]["complete"]
     assert data["arrays"]["token.dP.enc"]["shape"][0] == 0
-    per_token = data["token_gradients"]["values_per_token"]
-    data = viz.explain_data(model, tokenizer, SOURCE, REFERENCE, token_values_limit=3 * per_token)
-    assert data["token_gradients"]["positions"] == [1, 2, 3]
+    lengths = len(data["source"]["ids"]), len(data["target"]["ids"])
+    three = sum(explanation.token_values(model.config, *lengths, t) for t in range(3))
+    data = viz.explain_data(model, tokenizer, SOURCE, REFERENCE, token_values_limit=three)
+    assert data["token_gradients"]["positions"] == [1, 2, 3] and data["token_gradients"]["values"] == three
+    # the decoder's rows up to each token, one byte a value
+    assert len(base64.b64decode(data["arrays"]["token.dP.dec"]["base64"])) == 2 * 4 * (1 + 2 + 3) * lengths[1]
     assert array(data, "token.saliency.target.norm").shape[0] == len(data["target"]["ids"])  # for every token
 
 
@@ -514,7 +575,9 @@ def test_in_the_browser_every_head_is_drawn_and_the_self_test_passes(page):
     assert PageDOM(text, only_ids=quick).ids == {name: dom.ids[name] for name in quick}
     assert {c["name"] for c in checks} >= {"P rows sum to 1", "dL/dS rows sum to 0", "every layer and head drawn",
                                            "Σ over tokens of the per-token dL/dP, dL/dS = the whole loss's",
-                                           "SVG export of this view", "PNG export of this view"}
+                                           SAMPLES_CHECK, "SVG export of this view", "PNG export of this view"}
+    sampled = next(c["detail"] for c in checks if c["name"] == SAMPLES_CHECK)
+    assert int(sampled.split()[0]) == sum(len(v["index"]) for v in data["samples"].values())
     for kind in KINDS:
         info = data["kinds"][kind]
         thumbs = dom.thumbs(kind)
@@ -527,10 +590,13 @@ def test_in_the_browser_every_head_is_drawn_and_the_self_test_passes(page):
             np.testing.assert_array_equal(drawn, probs[layer, head])  # the page draws the embedded numbers
             if kind == "dec":
                 assert not np.triu(drawn, k=1).any()  # causal: nothing above the diagonal
-    digest = json.loads(dom.ids["self-test"]["data-digest"])  # the arrays as the page decoded them
+    digest = json.loads(dom.ids["self-test"]["data-digest"])  # the arrays as the page decoded and computed them
     for name in data["arrays"]:
-        values = array(data, name)
-        assert digest[name][0] == pytest.approx(values.sum(), abs=1e-9 * max(1.0, np.abs(values).sum())), name
+        values = decode_array(data["arrays"][name], positions_of(data))
+        assert digest[name] == pytest.approx([values.sum(), np.abs(values).sum()], rel=1e-12, abs=1e-300), name
+    for name, values in recompute(data).items():
+        total = np.abs(values).sum()
+        assert digest["page:" + name] == pytest.approx([values.sum(), total], abs=1e-11 * max(total, 1e-300)), name
     assert dom.ids["gradcheck-badge"]["data-status"] == "pass"
     head = data["check"]["head"]  # the default view: the most sensitive head
     view = dom.ids["detail-view"]
@@ -561,7 +627,7 @@ def test_the_url_hash_selects_the_view(page, fragment, kind, layer, head, grad, 
                              ("grad", expected[layer - 1, head - 1])):
         cells = [c for c in detail["cells"] if c["data-q"] == quantity]
         assert len(cells) == info["rows"] * info["cols"]
-        np.testing.assert_array_equal(drawn_values(cells, info), values)
+        np.testing.assert_allclose(drawn_values(cells, info), values, rtol=0, atol=1e-12 * np.abs(values).max())
 
 
 @needs_browser
@@ -606,55 +672,53 @@ def test_the_self_test_records_errors_and_policy_violations(untrained_page, tmp_
     assert status == "fail" and any(e.startswith(recorded) for e in errors), errors
 
 
-def uncentred_softmax_backward(probs, grads):
-    """P∘(dP − rowsum(P∘dP)) as written: in a saturated row, round-off of about 2⁻⁵³·|dP|."""
-    return probs * (grads - np.sum(probs * grads, axis=-1, keepdims=True))
+SAMPLES_CHECK = "this page's dP, dS, dQ, dK, dV and per-token dS against Python's float64"
 
 
-def forgotten_subtraction(data):
-    """dL/dS replaced by P∘dP everywhere (whole loss and per token): rows that do not sum to 0."""
-    for kind in KINDS:
-        probs = array(data, f"P.{kind}")
-        for name in (f"dS.{kind}", f"token.dS.{kind}"):
-            data["arrays"][name] = encode_array(probs * array(data, name.replace("dS", "dP")))
+def forgotten_subtraction(script, data):
+    """The page's dL/dS computed as P∘(dP − dP_im), the row's r_i = Σ_k P_ik·(dP_ik − dP_im) left out."""
+    old = "dS[o + j] = P[o + j] * ((dP[o + j] - centre) - r);"
+    assert script.count(old) == 1
+    return script.replace(old, "dS[o + j] = P[o + j] * (dP[o + j] - centre);"), data
 
 
-def one_tiny_row_off(data):
-    """The largest entry of the decoder's smallest row of dL/dS (of normal float32 values) moved by
-    10⁻⁴ of itself: far below every other row's values, far above float32 rounding of its own."""
-    scores = array(data, "dS.dec")
-    sizes = np.abs(scores).sum(axis=-1)
-    row = np.unravel_index(np.argmin(np.where(sizes > 1e-30, sizes, np.inf)), sizes.shape)
-    j = int(np.argmax(np.abs(scores[row])))
-    scores[row + (j,)] *= 1 + 1e-4
-    data["arrays"]["dS.dec"] = encode_array(scores)
+def one_sample_off(script, data):
+    """Python's float64 value of the largest sampled decoder dL/dS moved by 2 % of itself."""
+    sample = data["samples"]["dS.dec"]
+    k = int(np.argmax(np.abs(sample["value"])))
+    sample["value"][k] *= 1.02
+    return script, data
+
+
+def one_probability_off(script, data):
+    """One stored P of the encoder moved by 0.01: its row sums to 1.01."""
+    probs = decode_array(data["arrays"]["P.enc"])
+    probs[0, 0, 0, 0] += 0.01
+    data["arrays"]["P.enc"] = encode_float16(probs)
+    return script, data
 
 
 @needs_browser
-@pytest.mark.parametrize("corrupt", [forgotten_subtraction, one_tiny_row_off])
-def test_the_self_test_fails_where_rows_of_dS_do_not_sum_to_zero(page, tmp_path, corrupt):
-    """The check judges each row by the float32 rounding of its own terms: it fails a page whose
-    dL/dS is not a softmax's backward, and a page with one wrong row however small its values."""
+@pytest.mark.parametrize("corrupt, failing, may_fail", [
+    (forgotten_subtraction, {"dL/dS rows sum to 0", SAMPLES_CHECK}, set()),
+    (one_sample_off, {SAMPLES_CHECK}, set()),
+    (one_probability_off, {"P rows sum to 1"}, {SAMPLES_CHECK}),
+], ids=["forgotten-subtraction", "one-sample-off", "one-probability-off"])
+def test_the_self_test_fails_where_the_page_or_its_data_is_wrong(page, tmp_path, monkeypatch, corrupt, failing,
+                                                                 may_fail):
+    """The page computes attention's backward itself: its self-test fails when that computation is
+    wrong (a script that forgets softmax's row term), when it does not match Python's float64 beyond
+    what storage allows (one sample moved by 2 %), and when the stored P is not a softmax."""
     _, data = page
-    data = json.loads(json.dumps(data))
-    corrupt(data)
+    script = explain_page._read("explain.js")
+    script, data = corrupt(script, json.loads(json.dumps(data)))
+    read = explain_page._read
+    monkeypatch.setattr(explain_page, "_read", lambda name: script if name == "explain.js" else read(name))
     path = tmp_path / "corrupt.html"
     path.write_text(render(data), encoding="utf-8")
     status, checks, errors = PageDOM(browse(path)[0], only_ids=["self-test"]).status()
     assert status == "fail" and errors == []
-    assert [c["name"] for c in checks if not c["passed"]] == ["dL/dS rows sum to 0"], checks
-
-
-@needs_browser
-def test_the_uncentred_formula_fails_the_self_test_of_a_trained_model(trained_synthetic, tmp_path, monkeypatch):
-    """What the page did before: dL/dS written as P∘(dP − rowsum(P∘dP)), in a trained model's
-    saturated rows, is round-off that does not sum to 0 at the scale of its own terms."""
-    model, tokenizer = trained_synthetic.load()
-    monkeypatch.setattr(explanation, "softmax_backward", uncentred_softmax_backward)
-    path = tmp_path / "uncentred.html"
-    path.write_text(viz.explain(model, tokenizer, "Today we see 5 red cars"), encoding="utf-8")
-    status, checks, _ = PageDOM(browse(path)[0], only_ids=["self-test"]).status()
-    assert status == "fail" and [c["name"] for c in checks if not c["passed"]] == ["dL/dS rows sum to 0"]
+    assert failing <= {c["name"] for c in checks if not c["passed"]} <= failing | may_fail, checks
 
 
 @needs_browser
@@ -671,7 +735,7 @@ def test_pages_of_a_trained_model_pass_their_self_test(trained_synthetic, tmp_pa
     assert any((array(data, f"P.{kind}") == 1).any() for kind in KINDS)  # saturated softmaxes
     dom = PageDOM(browse(path)[0], only_ids=["self-test", "gradcheck-badge"])
     checks = assert_self_test_passed(dom)
-    assert "ulp" in next(c["detail"] for c in checks if c["name"] == "dL/dS rows sum to 0")
+    assert "2⁻⁵³" in next(c["detail"] for c in checks if c["name"] == "dL/dS rows sum to 0")
     assert dom.ids["gradcheck-badge"]["data-status"] == "pass"
 
 
@@ -717,9 +781,12 @@ def test_a_128_token_sentence_is_drawn_on_canvas_within_the_time_budget(tmp_path
         thumbs = [c for c in dom.canvases if c.get("data-kind") == kind and "thumb" in c.get("class", "")]
         assert len(thumbs) == 8 and all(c["data-rows"] == "129" and c["data-cols"] == "129" for c in thumbs)
         assert not dom.thumbs(kind)
+    status = dom.ids["self-test"]
     with capsys.disabled():
-        print(f"\n128 tokens: page {path.stat().st_size / 2 ** 20:.1f} MiB, browser {seconds:.1f} s, "
-              f"scripts {dom.ids['self-test']['data-ms']} ms")
+        print(f"\n128 tokens: page {path.stat().st_size / 2 ** 20:.1f} MiB, browser {seconds:.1f} s, first paint "
+              f"{status.get('data-first-paint-ms')} ms, panels drawn {status['data-drawn-ms']} ms, scripts with the "
+              f"self-test {status['data-ms']} ms")
+    assert int(status["data-drawn-ms"]) < 2000 and int(status.get("data-first-paint-ms", 2000)) < 2000
     assert seconds < 60
 
 
@@ -751,8 +818,9 @@ def test_a_multi30k_checkpoint_on_a_30_token_sentence(tmp_path, capsys, request,
     dom = PageDOM(dom_text, only_ids=["self-test"])
     assert_self_test_passed(dom)
     size = page_path.stat().st_size / 2 ** 20
+    assert data["token_gradients"]["complete"]
     with capsys.disabled():
         print(f"\n{which}, 30 source tokens, {len(data['target']['ids'])} target tokens: page {size:.1f} MiB (token "
               f"gradients of {len(data['token_gradients']['positions'])}), command {python_seconds:.1f} s, browser "
               f"{seconds:.1f} s (scripts {dom.ids['self-test']['data-ms']} ms)")
-    assert size < 20
+    assert size <= 2  # MiB: the issue's budget for `small` and a 30-token sentence, every token's gradients held

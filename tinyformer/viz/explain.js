@@ -1167,7 +1167,7 @@
     };
     Object.keys(arrays).forEach(function (name) { digest[name] = sums(arrays[name].values); });
     KINDS.forEach(function (kind) {
-      ["P", "dP", "dS", "dQ", "dK", "dV", "token.dS"].forEach(function (name) {
+      ["P", "dP", "dS", "dQ", "dK", "dV", "token.dP", "token.dS"].forEach(function (name) {
         digest["page:" + name + "." + kind] = sums(whole(name + "." + kind));
       });
     });

@@ -97,14 +97,14 @@ def _log8_codes(values, exponent):
 def encode_log8(array, causal_positions=None):
     """(tokens, layers, heads, rows, cols) per-token gradients in one byte each, one scale per
     (token, layer, head). With ``causal_positions`` (each token's target position, from 0), a
-    token's blocks keep rows 0 to its position only, which the caller vouches are all the others
-    hold (zeros)."""
+    token's blocks keep rows 0 to its position only, where every later row is 0 (as the decoder's
+    are, unless a backward hook made them otherwise: then all rows are kept)."""
     array = numpy.asarray(array, dtype=numpy.float64)
+    if causal_positions is not None and any(token[:, :, p + 1:].any() for token, p in zip(array, causal_positions)):
+        causal_positions = None
     pieces, exponents = [], []
     for t, token in enumerate(array):
         kept = token if causal_positions is None else token[:, :, :causal_positions[t] + 1]
-        if causal_positions is not None and token[:, :, causal_positions[t] + 1:].any():
-            raise ValueError(f"encode_log8: token {t} has values below its causal rows")
         for block in kept.reshape(-1, *kept.shape[-2:]):
             exponent = int(_block_exponents(block.reshape(1, -1))[0])
             exponents.append(exponent)

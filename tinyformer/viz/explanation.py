@@ -122,7 +122,10 @@ def _per_token(copy, batch, hook, embedded):
             found["sensitivity"][kind].append(numpy.sum(probs * grads, axis=(-2, -1)).transpose(1, 0, 2))
             for name, values in (("dP", grads), ("dS", scores)):
                 found["sums"][kind, name] = found["sums"].get((kind, name), 0) + values.sum(axis=1)
-                found["kept"].setdefault((kind, name), []).extend(values[:, r] for r in keep)
+            if keep:  # what the page holds: attention's backward from the head's output gradient
+                formulas = _backward_formulas({name: result[kind][name][:, keep] for name in ("P", "V", "dO")})
+                for name in ("dP", "dS"):
+                    found["kept"].setdefault((kind, name), []).extend(numpy.moveaxis(formulas[name], 1, 0))
     return found
 
 
@@ -134,6 +137,23 @@ def _sum_check(total, per_token):
     return {name: {"max_abs_difference": float(numpy.max(numpy.abs(summed - whole))),
                    "max_abs": float(numpy.max(numpy.abs(whole)))}
             for name, (summed, whole) in pairs.items()}
+
+
+def _backward_formulas(found):
+    """Attention's backward from P, V, dO (and Q, K where given) of the probe's arrays (layers,
+    batch, heads, ...), as the page computes it: dP = dO·Vᵀ, dS (``softmax_backward``), dV = Pᵀ·dO,
+    dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k. Without a backward hook dP is the hook point's to rounding;
+    with one, these are what attention's backward gives from the hooked dO, and
+    ``_derivation_gaps`` says how far the engine is from them."""
+    probs, d_out = found["P"], found["dO"]
+    d_probs = d_out @ numpy.swapaxes(found["V"], -1, -2)
+    d_scores = softmax_backward(probs, d_probs)
+    out = {"dP": d_probs, "dS": d_scores, "dV": numpy.swapaxes(probs, -1, -2) @ d_out}
+    if "Q" in found:
+        scale = 1.0 / numpy.sqrt(found["Q"].shape[-1])
+        out["dQ"] = d_scores @ found["K"] * scale
+        out["dK"] = numpy.swapaxes(d_scores, -1, -2) @ found["Q"] * scale
+    return out
 
 
 def _derivation_gaps(found):
@@ -205,8 +225,9 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
         found = total[kind]
         for name in ("P", "Q", "K", "V", "dO"):
             stored[f"{name}.{kind}"] = encode_float16(found[name][:, 0], causal=name == "P" and kind == "dec")
+        formulas = _backward_formulas({name: found[name][:, 0] for name in ("P", "Q", "K", "V", "dO")})
         for name in ("dP", "dS", "dQ", "dK", "dV"):
-            samples[f"{name}.{kind}"] = _samples(found[name][:, 0], rng)
+            samples[f"{name}.{kind}"] = _samples(formulas[name], rng)
         kept = {name: numpy.stack(per_token["kept"][kind, name]) if embedded else numpy.zeros((0,) + shapes[kind])
                 for name in ("dP", "dS")}
         stored[f"token.dP.{kind}"] = encode_log8(kept["dP"], embedded if kind != "enc" else None)
