@@ -5,14 +5,16 @@ Cases (each a fresh, untrained checkpoint built as `tinyformer train` builds it,
 
 - ``small-30``: `small` on Multi30k (its 8k BPE), the first test sentence of 30 BPE tokens, taught
   its reference (needs ``TINYFORMER_DATA``);
+- ``small-128``: `small` on Multi30k, a 128-token source and target (the training sources' words);
 - ``tiny-128``: `tiny` on the built-in task, a 128-token source and target.
 
 For each: the page's size, the seconds `tinyformer explain` takes (Python, in this process), and,
 where headless Chromium is on the PATH, the seconds Chromium takes to load, draw and self-test it
-(`--dump-dom`), the page's own script time and the self-test's verdict. Prints a Markdown report
+(`--dump-dom`), the page's first paint, the time its panels are drawn, its scripts' time with
+the self-test, and the self-test's verdict. Prints a Markdown report
 with the command, date, commit and machine.
 
-    python benchmarks/bench_explain.py [--cases small-30,tiny-128] [--checkpoint PATH]
+    python benchmarks/bench_explain.py [--cases small-30,small-128,tiny-128] [--checkpoint PATH]
 """
 
 import argparse
@@ -38,7 +40,8 @@ from tinyformer.train import TrainConfig  # noqa: E402
 from tinyformer.train.builders import build_model, build_tokenizer, load_corpus  # noqa: E402
 from tinyformer.train.state import Position, run_metadata  # noqa: E402
 
-CASES = {"small-30": dict(data="multi30k", preset="small"), "tiny-128": dict(vocab_size=120)}
+CASES = {"small-30": dict(data="multi30k", preset="small"), "small-128": dict(data="multi30k", preset="small"),
+         "tiny-128": dict(vocab_size=120)}
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 
 
@@ -82,9 +85,13 @@ def browse(page):
         dom = subprocess.run(args, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL).stdout
         seconds = time.perf_counter() - start
     tag = re.search(r'<[^>]*id="self-test"[^>]*>', dom)
-    status = re.search(r'data-status="([^"]*)"', tag.group()) if tag else None
-    ms = re.search(r'data-ms="([^"]*)"', tag.group()) if tag else None
-    return seconds, (ms.group(1) if ms else "?"), (status.group(1) if status else "no self-test element")
+
+    def attribute(name):
+        found = re.search(rf'{name}="([^"]*)"', tag.group()) if tag else None
+        return found.group(1) if found else "?"
+
+    status = attribute("data-status") if tag else "no self-test element"
+    return seconds, {name: attribute(f"data-{name}") for name in ("first-paint-ms", "drawn-ms", "ms")}, status
 
 
 def measure(case, directory, given):
@@ -100,8 +107,9 @@ def measure(case, directory, given):
         raise SystemExit(f"bench_explain: tinyformer explain failed for {case} (exit {code})")
     data = json.loads(re.search(r'id="explain-data">(.*?)</script>', page.read_text(encoding="utf-8"), re.S).group(1))
     browser = browse(page)
+    held = data["token_gradients"]["positions"]
     return {"case": case, "source tokens": data["kinds"]["enc"]["rows"] - 1,
-            "target tokens": len(data["target"]["ids"]), "MiB": page.stat().st_size / 2 ** 20,
+            "target tokens": len(data["target"]["ids"]), "held": len(held), "MiB": page.stat().st_size / 2 ** 20,
             "python s": python_seconds, "browser": browser}
 
 
@@ -114,19 +122,25 @@ def main(argv=None):
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"--cases: unknown case {unknown[0]!r}; choose from {', '.join(CASES)}")
-    if "small-30" in cases and not args.checkpoint and not os.environ.get("TINYFORMER_DATA"):
-        parser.error("--cases small-30 needs TINYFORMER_DATA (the directory holding multi30k/)")
+    needs_data = [c for c in cases if c.startswith("small")]
+    if needs_data and not args.checkpoint and not os.environ.get("TINYFORMER_DATA"):
+        parser.error(f"--cases {needs_data[0]} needs TINYFORMER_DATA (the directory holding multi30k/)")
     print(provenance.header(f"python benchmarks/bench_explain.py --cases {','.join(cases)}",
                             f"Chromium: {'yes' if CHROMIUM else 'not found'}") + "\n")
-    print("| case | source / target tokens | page MiB | `tinyformer explain` s | Chromium s (page scripts ms) | "
-          "self-test |\n|---|---|---|---|---|---|")
+    print("| case | source / target tokens | tokens with their own dℓₜ/dP | page MiB | `tinyformer explain` s | "
+          "Chromium s | first paint ms | panels drawn ms | scripts with the self-test ms | self-test |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as directory:
         for case in cases:
             r = measure(case, Path(directory), args.checkpoint)
             browser = r["browser"]
-            seen = (f"{browser[0]:.1f} ({browser[1]})", browser[2]) if browser else ("n/a (no Chromium)", "n/a")
-            print(f"| {case} | {r['source tokens']} / {r['target tokens']} | {r['MiB']:.1f} | {r['python s']:.1f} | "
-                  f"{seen[0]} | {seen[1]} |", flush=True)
+            if browser:
+                seen = (f"{browser[0]:.1f} | {browser[1]['first-paint-ms']} | {browser[1]['drawn-ms']} | "
+                        f"{browser[1]['ms']}", browser[2])
+            else:
+                seen = ("n/a (no Chromium) | | |", "n/a")
+            print(f"| {case} | {r['source tokens']} / {r['target tokens']} | {r['held']} | {r['MiB']:.2f} | "
+                  f"{r['python s']:.1f} | {seen[0]} | {seen[1]} |", flush=True)
 
 
 if __name__ == "__main__":
