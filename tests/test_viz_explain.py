@@ -2,13 +2,13 @@
 against a wrong backward, the command line's errors, and the page in a real browser (headless
 Chromium: the DOM after its scripts ran, read with html.parser)."""
 
-import base64
 import decimal
 import json
 import re
 import shutil
 import struct
 import time
+import zlib
 from html.parser import HTMLParser
 
 import children
@@ -23,7 +23,7 @@ from tinyformer.data.special import BOS_ID, EOS_ID
 from tinyformer.data.tokenizer import Tokenizer
 from tinyformer.nn.layers import scale_embedding
 from tinyformer.train import load_model
-from tinyformer.viz import explain_page, explanation
+from tinyformer.viz import explain_codec, explain_page, explanation
 from tinyformer.viz.explain_page import render
 from tinyformer.viz.explain_codec import decode_array, encode_float16, recompute, softmax_backward, storage_error
 
@@ -377,7 +377,7 @@ def test_the_page_holds_the_first_tokens_that_fit(model_and_tokenizer):
     data = viz.explain_data(model, tokenizer, SOURCE, REFERENCE, token_values_limit=three)
     assert data["token_gradients"]["positions"] == [1, 2, 3] and data["token_gradients"]["values"] == three
     # the decoder's rows up to each token, one byte a value
-    assert len(base64.b64decode(data["arrays"]["token.dP.dec"]["base64"])) == 2 * 4 * (1 + 2 + 3) * lengths[1]
+    assert data["arrays"]["token.dP.dec"]["bytes"] == 2 * 4 * (1 + 2 + 3) * lengths[1]
     assert array(data, "token.saliency.target.norm").shape[0] == len(data["target"]["ids"])  # for every token
 
 
@@ -602,6 +602,31 @@ def test_in_the_browser_every_head_is_drawn_and_the_self_test_passes(page):
     view = dom.ids["detail-view"]
     assert (view["data-kind"], int(view["data-layer"]), int(view["data-head"])) == (head["kind"], head["layer"],
                                                                                      head["head"])
+
+
+@needs_browser
+@pytest.mark.parametrize("level, strategy", [(0, zlib.Z_DEFAULT_STRATEGY), (9, zlib.Z_FIXED), (9, zlib.Z_RLE),
+                                             (1, zlib.Z_HUFFMAN_ONLY)],
+                         ids=["stored-blocks", "fixed-codes", "run-lengths", "huffman-only"])
+def test_the_page_inflates_every_kind_of_deflate_block(untrained_run, tmp_path, monkeypatch, level, strategy):
+    """The page inflates its data itself: stored blocks, fixed and dynamic Huffman codes, whatever
+    zlib chose, give the bytes Python deflated (the page's sums of every array equal Python's)."""
+    original = zlib.compressobj
+
+    def compressobj(_level, method, wbits):
+        return original(level, method, wbits, 9, strategy)
+
+    monkeypatch.setattr(explain_codec.zlib, "compressobj", compressobj)
+    model, tokenizer, _ = load_model(untrained_run)
+    path = tmp_path / "page.html"
+    path.write_text(viz.explain(model, tokenizer, SOURCE, REFERENCE, tokens=[1, 2]), encoding="utf-8")
+    data = page_data(path.read_text(encoding="utf-8"))
+    dom = PageDOM(browse(path)[0], only_ids=["self-test"])
+    assert_self_test_passed(dom)
+    digest = json.loads(dom.ids["self-test"]["data-digest"])
+    for name in data["arrays"]:
+        values = decode_array(data["arrays"][name], positions_of(data))
+        assert digest[name] == pytest.approx([values.sum(), np.abs(values).sum()], rel=1e-12, abs=1e-300), name
 
 
 @needs_browser

@@ -6,7 +6,8 @@ rest as the backward of attention does (``recompute``, which mirrors ``explain.j
 line): dP = dO·Vᵀ, dS = P∘(dP − rowsum(P∘dP)) (centred, see ``softmax_backward``),
 dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k, dV = Pᵀ·dO, and each token's dℓₜ/dS from its dℓₜ/dP.
 
-Three encodings, each stated with its error bound (``storage_error``):
+Three encodings, each stated with its error bound (``storage_error``), their bytes split into
+planes, deflated and in base64 (``_packed``):
 
 - ``float32``: little-endian float32, for the small arrays (saliency, sensitivity, rollout);
 - ``float16``: float16 scaled by a power of two per block (a layer's head: its largest |x| below
@@ -21,6 +22,7 @@ Three encodings, each stated with its error bound (``storage_error``):
 """
 
 import base64
+import zlib
 
 import numpy
 
@@ -49,14 +51,29 @@ def softmax_backward(probs, grad_probs):
     return probs * (centred - numpy.sum(probs * centred, axis=-1, keepdims=True))
 
 
-def _base64(array, dtype):
-    return base64.b64encode(numpy.ascontiguousarray(array, dtype=dtype).tobytes()).decode()
+def _packed(array, dtype):
+    """{"deflate": bytes a value, "base64": ...}: the little-endian bytes of ``array`` as ``dtype``,
+    split into byte planes (every value's first byte, then every second byte, ...: the planes of
+    signs and exponents repeat, and compress), deflated (raw DEFLATE, which the page's script
+    inflates itself) and in base64."""
+    values = numpy.ascontiguousarray(array, dtype=dtype)
+    width = values.dtype.itemsize
+    planes = values.view(numpy.uint8).reshape(-1, width).T.tobytes()
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return {"deflate": width, "bytes": len(planes),
+            "base64": base64.b64encode(packer.compress(planes) + packer.flush()).decode()}
+
+
+def _unpacked(entry):
+    """The little-endian bytes ``_packed`` took."""
+    planes = numpy.frombuffer(zlib.decompress(base64.b64decode(entry["base64"]), -15), dtype=numpy.uint8)
+    return planes.reshape(entry["deflate"], -1).T.tobytes()
 
 
 def encode_float32(array):
     """A JSON-ready float32 array: shape, encoding and its little-endian bytes in base64."""
     array = numpy.asarray(array)
-    return {"shape": list(array.shape), "encoding": "float32", "base64": _base64(array, "<f4")}
+    return {"shape": list(array.shape), "encoding": "float32", **_packed(array, "<f4")}
 
 
 def _block_exponents(blocks):
@@ -83,7 +100,7 @@ def encode_float16(array, block_axes=2, causal=False):
     exponents = _block_exponents(blocks)
     scaled = numpy.ldexp(blocks, -exponents[..., None])
     return {"shape": list(array.shape), "encoding": "float16", "block_axes": block_axes, "causal": causal,
-            "exponents": exponents.ravel().tolist(), "base64": _base64(scaled, "<f2")}
+            "exponents": exponents.ravel().tolist(), **_packed(scaled, "<f2")}
 
 
 def _log8_codes(values, exponent):
@@ -111,8 +128,7 @@ def encode_log8(array, causal_positions=None):
             pieces.append(_log8_codes(block.ravel(), exponent))
     codes = numpy.concatenate(pieces) if pieces else numpy.zeros(0, dtype=numpy.uint8)
     return {"shape": list(array.shape), "encoding": "log8", "steps": LOG8_STEPS,
-            "causal": causal_positions is not None, "exponents": exponents,
-            "base64": base64.b64encode(codes.tobytes()).decode()}
+            "causal": causal_positions is not None, "exponents": exponents, **_packed(codes, numpy.uint8)}
 
 
 def _log8_blocks(entry, positions):
@@ -127,7 +143,7 @@ def _log8_blocks(entry, positions):
 def decode_array(entry, positions=None):
     """The float64 array an entry stores, as the page reads it (``positions``: the token
     positions from 0 of a causal log8 entry, ``token_gradients.positions`` − 1)."""
-    raw = base64.b64decode(entry["base64"])
+    raw = _unpacked(entry)
     shape = entry["shape"]
     if entry["encoding"] == "float32":
         return numpy.frombuffer(raw, dtype="<f4").astype(numpy.float64).reshape(shape)
