@@ -850,3 +850,120 @@ def test_a_multi30k_checkpoint_on_a_30_token_sentence(tmp_path, capsys, request,
               f"gradients of {len(data['token_gradients']['positions'])}), command {python_seconds:.1f} s, browser "
               f"{seconds:.1f} s (scripts {dom.ids['self-test']['data-ms']} ms)")
     assert size <= 2  # MiB: the issue's budget for `small` and a 30-token sentence, every token's gradients held
+
+
+# ---------------------------------------------------------------- across training: one run's checkpoints
+STEPS_SOURCE = "Today we see 5 red cars"
+
+
+@pytest.fixture(scope="module")
+def steps_page(trained_synthetic, tmp_path_factory):
+    """(path, data) of `tinyformer explain --checkpoints` over the trained run's checkpoints at 150,
+    300, 450 and 600 steps, the target its last checkpoint's translation."""
+    path = tmp_path_factory.mktemp("steps") / "steps.html"
+    assert cli.main(["explain", "--checkpoints", str(trained_synthetic.directory), "--every", "150", "--source",
+                     STEPS_SOURCE, "--output", str(path)]) == 0
+    return path, page_data(path.read_text(encoding="utf-8"))
+
+
+def step_data(data, k):
+    """Step k of a page across training as a page of one checkpoint (what the tests read of one)."""
+    return {**{key: value for key, value in data.items() if key != "steps"}, **data["steps"][k]}
+
+
+def test_a_run_across_checkpoints_holds_each_step_and_shares_the_rest(steps_page, trained_synthetic):
+    path, data = steps_page
+    steps = data["steps"]
+    assert [s["step"] for s in steps] == [150, 300, 450, 600]
+    assert [s["checkpoint"] for s in steps] == [f"checkpoint_{n:07d}.npz" for n in (150, 300, 450, 600)]
+    assert not {"arrays", "samples", "check", "loss", "token_gradients"} & set(data)  # held once per step
+    model, tokenizer, _ = load_model(trained_synthetic.checkpoint)
+    translation = decode.translate(model, tokenizer, [STEPS_SOURCE])[0]
+    assert data["target"]["text"] == translation and data["target"]["given"] == "translation"
+    assert data["target"]["decoding"].endswith("by step 600 (checkpoint_0000600.npz)")
+    assert len({tuple(s["token_gradients"]["positions"]) for s in steps}) == 1  # the same tokens at every step
+    losses = [s["loss"]["total"] for s in steps]
+    assert losses[-1] < losses[0] and len(set(losses)) == 4  # the last checkpoint's own translation, learnt
+    last = step_data(data, 3)  # the last step is the page of the last checkpoint, target teacher-forced
+    alone = viz.explain_data(model, tokenizer, STEPS_SOURCE, translation)
+    assert last["loss"]["total"] == pytest.approx(alone["loss"]["total"], rel=1e-12)
+    np.testing.assert_array_equal(array(last, "P.dec"), array(alone, "P.dec"))
+    assert path.stat().st_size <= 2 ** 20 * 2 * len(steps) / 2  # 2 MiB a page, times half the steps at most
+
+
+def test_models_of_another_architecture_are_not_one_run(trained_synthetic):
+    model, tokenizer, _ = load_model(trained_synthetic.checkpoint)
+    other = nn.Transformer(**{**model.config, "d_ff": 128, "seed": 0})
+    with pytest.raises(ValueError, match=r"^explain: second has another model than first \(d_ff 128, not 256\)"):
+        viz.explain_steps_data([(1, "first", model), (2, "second", other)], tokenizer, STEPS_SOURCE)
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--checkpoint", "{last}", "--every", "2"], 2, "--every and --steps go with --checkpoints RUN_DIR"),
+    (["--checkpoints", "{run}", "--every", "2", "--steps", "150"], 2, "--every and --steps: give one of them"),
+    (["--checkpoints", "{run}", "--steps", "150,160"], 1, "--steps 160: no checkpoint of step 160 in {run} (its "
+                                                          "steps: 150, 300, 450, 600)"),
+    (["--checkpoints", "{run}", "--every", "1000"], 1, "--every 1000: no checkpoint in {run} has a step that is a "
+                                                       "multiple of 1000"),
+    (["--checkpoints", "{last}"], 1, "--checkpoints {last}: not a directory"),
+    (["--checkpoints", "{tmp}"], 1, "--checkpoints {tmp}: no checkpoint_*.npz in it"),
+    (["--checkpoints", "{mixed}"], 1, "--checkpoints {mixed}: tokenizer {mixed}/spm.model"),
+    (["--checkpoints", "{run}", "--steps", "x"], 2, "--steps: must be comma-separated steps"),
+], ids=["every-without-checkpoints", "every-and-steps", "missing-step", "no-multiple", "not-a-directory",
+        "no-checkpoints", "another-run", "steps-not-numbers"])
+def test_bad_checkpoints_are_one_line(trained_synthetic, untrained_run, tmp_path, capsys, argv, code, message):
+    mixed = tmp_path / "mixed"  # the trained run's last checkpoint beside one of another run (another tokenizer)
+    mixed.mkdir()
+    shutil.copy(trained_synthetic.checkpoint, mixed / "checkpoint_0000600.npz")
+    shutil.copy(trained_synthetic.directory / "spm.model", mixed / "spm.model")
+    shutil.copy(untrained_run, mixed / "checkpoint_0000700.npz")
+    names = dict(run=trained_synthetic.directory, last=trained_synthetic.checkpoint, tmp=tmp_path / "empty",
+                 mixed=mixed)
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(**names) for a in argv] + ["--source", "I see", "--output", str(tmp_path / "page.html")]
+    try:
+        got = cli.main(["explain", *argv])
+    except SystemExit as exit_:
+        got = exit_.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert got == code and len(err) == 1 and message.format(**names) in err[0], err
+    assert not (tmp_path / "page.html").exists()
+
+
+def section_texts(dom_text):
+    """The markup of each numbered section of a page's DOM (its drawings and tables), by id."""
+    return dict(re.findall(r'<section id="([a-z-]+)-section"[^>]*>(.*?)</section>', dom_text, re.S))
+
+
+@needs_browser
+def test_the_slider_moves_every_panel_and_the_self_test_passes_at_every_step(steps_page, tmp_path):
+    """The page across training in Chromium: its self-test runs every check at each of the four steps
+    and moves the slider with the arrow keys (every panel changes) and back; the step of the URL hash
+    is the step every panel shows; two screenshots at two steps differ; the page stays offline."""
+    path, data = steps_page
+    text = path.read_text(encoding="utf-8")
+    assert not re.search(r"(?i)https?:", text) and "default-src 'none'" in text
+    sections = {}
+    for k, step in ((0, 150), (3, 600)):
+        dom_text, _ = browse(path, f"kind=dec&layer=2&head=1&step={step}")
+        dom = PageDOM(dom_text)
+        checks = assert_self_test_passed(dom)
+        slider = next(c for c in checks if c["name"] == "the step slider and ← → move every panel")
+        assert "every panel changed" in slider["detail"] and "every panel as before" in slider["detail"]
+        assert {c["name"] for c in checks} >= {"dL/dS rows sum to 0", SAMPLES_CHECK, "P rows sum to 1"}
+        assert all(c["detail"].count("step ") >= 4 for c in checks if c["name"] in ("P rows sum to 1", SAMPLES_CHECK))
+        assert re.search(r'<output id="step-label">([^<]*)</output>', dom_text).group(1) == f"step {step} ({k + 1} of 4)"
+        detail = next(s for s in dom.svgs if s["attrs"].get("id") == "detail-view")
+        cells = [c for c in detail["cells"] if c["data-q"] == "P"]
+        expected = array(step_data(data, k), "P.dec")[1, 0]
+        np.testing.assert_array_equal(drawn_values(cells, data["kinds"]["dec"]), expected)
+        sections[step] = section_texts(dom_text)
+    numbered = ["overview", "detail", "tokens", "saliency", "sensitivity", "check", "derivation", "steps"]
+    assert [name for name in numbered if sections[150][name] == sections[600][name]] == []
+    shots = []
+    for step in (150, 600):
+        shot = tmp_path / f"step{step}.png"
+        browse(path, f"kind=dec&layer=2&head=1&step={step}", screenshot=shot)
+        assert png_size(shot) == (1280, 2000)
+        shots.append(shot.read_bytes())
+    assert shots[0] != shots[1]

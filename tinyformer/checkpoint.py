@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy
 
-__all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "average_checkpoints",
+__all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of", "average_checkpoints",
            "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "CheckpointError"]
 
 _NAME = re.compile(r"checkpoint_(\d+)\.npz$")
@@ -170,12 +170,18 @@ def checkpoint_path(directory, step):
     return Path(directory) / f"checkpoint_{step:07d}.npz"
 
 
+def step_of(path):
+    """The step of a ``checkpoint_<step>.npz`` file (None for another name)."""
+    found = _NAME.search(Path(path).name)
+    return int(found.group(1)) if found else None
+
+
 def list_checkpoints(directory):
     """The ``checkpoint_<step>.npz`` files in ``directory``, oldest step first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.search(p.name))]
+    found = [(step_of(p), p) for p in directory.iterdir() if _NAME.search(p.name)]
     return [p for _, p in sorted(found)]
 
 

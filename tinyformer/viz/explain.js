@@ -8,6 +8,12 @@
   const started = performance.now();
   const data = JSON.parse(document.getElementById("explain-data").textContent);
   const KINDS = Object.keys(data.kinds);
+  // A page of several checkpoints of one run (`tinyformer explain --checkpoints`) holds what changes
+  // with training (the loss, the token gradients, the check, the arrays and samples) once per step in
+  // data.steps, and what does not (tokens, shapes, the model) once. A page of one checkpoint is its
+  // own only step. `view` is the step shown; the slider changes it.
+  const STEPS = data.steps || [data];
+  let current = STEPS.length - 1, view = STEPS[current];
   const GRADS = { dP: "dL/dP", dS: "dL/dS" };
 
   // ------------------------------------------------------------------ arrays
@@ -191,8 +197,8 @@
     }
     return { shape: entry.shape, strides: layout.strides, values: values, error: error };
   }
-  const tokenPositions = data.token_gradients.positions.map(function (t) { return t - 1; });
-  const arrays = {};
+  const tokenPositions = view.token_gradients.positions.map(function (t) { return t - 1; });
+  let arrays = {};
 
   // The contiguous block of a stored array `name` at the leading indices `index` (all of it for []).
   function slice(array, index, field) {
@@ -206,7 +212,23 @@
 
   // P of a head as the page computes with it: each stored row divided by its sum (float16 rows sum
   // to 1 only to their precision; explain_codec.normalised_rows).
-  const derived = {};
+  let derived = {};
+  const stepArrays = [], stepDerived = [];
+  // Show step k's numbers: its arrays decoded once, when first shown, and its own computed blocks.
+  function useStep(k) {
+    current = k;
+    view = STEPS[k];
+    if (!stepArrays[k]) {
+      const decoded = {};
+      for (const name of Object.keys(view.arrays)) {
+        decoded[name] = decodeArray(view.arrays[name], tokenPositions, bytesOf(view.arrays[name]));
+      }
+      stepArrays[k] = decoded;
+      stepDerived[k] = {};
+    }
+    arrays = stepArrays[k];
+    derived = stepDerived[k];
+  }
   function cached(key, make) { return derived[key] || (derived[key] = make()); }
   function probabilitiesOf(kind, l, h) {
     return cached("P." + kind + "." + l + "." + h, function () {
@@ -317,7 +339,7 @@
   const rowLabels = function (kind) { return pieces[data.kinds[kind].queries]; };
   const colLabels = function (kind) { return pieces[data.kinds[kind].keys]; };
   const tokenIndex = {}; // target position (1-based) -> index in the token.* arrays
-  data.token_gradients.positions.forEach(function (t, i) { tokenIndex[t] = i; });
+  view.token_gradients.positions.forEach(function (t, i) { tokenIndex[t] = i; });
 
   // ------------------------------------------------------------------ numbers and colours
   function fmt(v) {
@@ -510,7 +532,8 @@
   }
 
   // ------------------------------------------------------------------ state and the URL hash
-  const state = { kind: data.check.head.kind, layer: data.check.head.layer, head: data.check.head.head, grad: "dP",
+  let wantedStep = current; // the hash's step= (its index in STEPS)
+  const state = { kind: view.check.head.kind, layer: view.check.head.layer, head: view.check.head.head, grad: "dP",
     token: 0, row: 0 };
   function readHash() {
     const params = new URLSearchParams(location.hash.replace(/^#/, ""));
@@ -526,10 +549,13 @@
     if (GRADS[params.get("grad")]) state.grad = params.get("grad");
     state.token = params.get("token") === "all" ? 0 : whole("token", 1, outputs.length) || state.token;
     state.row = whole("row", 1, info.rows) || 0;
+    const step = STEPS.map(function (s) { return String(s.step); }).indexOf(params.get("step"));
+    wantedStep = step >= 0 ? step : current;
   }
   function writeHash() {
     const text = "kind=" + state.kind + "&layer=" + state.layer + "&head=" + state.head + "&grad=" + state.grad +
-      (state.token ? "&token=" + state.token : "") + (state.row ? "&row=" + state.row : "");
+      (state.token ? "&token=" + state.token : "") + (state.row ? "&row=" + state.row : "") +
+      (STEPS.length > 1 ? "&step=" + view.step : "");
     try {
       history.replaceState(null, "", "#" + text);
     } catch (error) {
@@ -559,15 +585,19 @@
   }
 
   // ------------------------------------------------------------------ header and controls
-  function header() {
-    document.getElementById("target-label").textContent = data.target.given;
+  function summary() {
     const m = data.model;
     document.getElementById("summary").textContent = "Model: " + m.layers + " layers, d_model " + m.d_model +
       ", " + m.heads + " heads (d_k " + m.d_k + "), d_ff " + m.d_ff + ", vocabulary " + m.vocabulary + ", " +
       m.parameters.toLocaleString("en") + " parameters. Target " + (data.target.decoding ?
       "translated by the model (" + data.target.decoding + ")" : "given as a reference") +
-      ", teacher-forced: L = Σₜ −log p(yₜ | y₍<t₎, x) = " + fmt(data.loss.total) + " over " + outputs.length +
-      " target tokens (no label smoothing).";
+      ", teacher-forced: L = Σₜ −log p(yₜ | y₍<t₎, x) = " + fmt(view.loss.total) + " over " + outputs.length +
+      " target tokens (no label smoothing)." + (STEPS.length > 1 ? " Step " + view.step + " of the run (" +
+      view.checkpoint + ")." : "");
+  }
+  function header() {
+    document.getElementById("target-label").textContent = data.target.given;
+    summary();
     document.getElementById("about").textContent = data.generator + " · data schema " + data.schema + " version " +
       data.version + " (the JSON in the element explain-data: P, Q, K, V, dO of every head as float16 scaled per head, " +
       "each token's dℓₜ/dP in one byte a value, the rest float32; this page computes dP, dS, dQ, dK, dV from them " +
@@ -778,13 +808,13 @@
         button.addEventListener("click", function () { select({ token: t }); });
         container.appendChild(button);
       };
-      add(0, "L (all)", data.loss.total);
-      outputs.forEach(function (piece, i) { add(i + 1, piece, data.loss.tokens[i]); });
+      add(0, "L (all)", view.loss.total);
+      outputs.forEach(function (piece, i) { add(i + 1, piece, view.loss.tokens[i]); });
     }
     container.querySelectorAll("button.token").forEach(function (b) {
       b.setAttribute("aria-pressed", String(Number(b.dataset.token) === state.token));
     });
-    const tg = data.token_gradients, check = tg.sum_check;
+    const tg = view.token_gradients, check = tg.sum_check;
     const worst = Object.keys(check).reduce(function (m, k) {
       return Math.max(m, check[k].max_abs_difference / Math.max(check[k].max_abs, 1e-300));
     }, 0);
@@ -910,13 +940,13 @@
 
   // ------------------------------------------------------------------ 6. gradient check
   function verdicts() {
-    const c = data.check;
+    const c = view.check;
     return c.rows.map(function (row) {
       return Math.abs(row.analytic - row.numeric) <= c.atol + c.rtol * Math.abs(row.numeric);
     });
   }
   function gradientCheck() {
-    const c = data.check, passed = verdicts();
+    const c = view.check, passed = verdicts();
     const all = passed.every(Boolean);
     const badge = document.getElementById("gradcheck-badge");
     badge.dataset.status = all ? "pass" : "fail";
@@ -1145,7 +1175,7 @@
     return scale * dotError(dS, errorOf("dS", kind, 0, l, h), stored("Q." + kind, [l, h]),
       storedError("Q." + kind, [l, h]), rows, r, cols, d, dk);
   }
-  // The page's value of a sample (data.samples[name], a flat index into the Python side's array) and its bound.
+  // The page's value of a sample (view.samples[name], a flat index into the Python side's array) and its bound.
   function sampleOf(name, flat) {
     const parts = name.split("."), token = parts[0] === "token", quantity = token ? "token." + parts[1] : parts[0];
     const kind = parts[parts.length - 1], info = data.kinds[kind], dk = data.model.d_k;
@@ -1160,12 +1190,10 @@
       : errorRow(quantity, kind, ti, l, h, Math.floor(at / info.cols))[at % info.cols];
     return { value: values[at], bound: bound };
   }
-  function selfTest() {
-    const checks = [];
-    const check = function (name, passed, detail) { checks.push({ name: name, passed: Boolean(passed), detail: detail }); };
-    check("schema", data.schema === "tinyformer-explain" && data.version === 2, data.schema + " " + data.version);
-    let rowSum = 0, scoreSum = 0, above = 0, cellsOk = true, tokenSum = 0;
-    const cells = {}, held = tokenPositions.length;
+  // Every check of the numbers of the step shown, reported through `check(name, passed, detail)`.
+  function stepChecks(check) {
+    let rowSum = 0, scoreSum = 0, above = 0, tokenSum = 0;
+    const held = tokenPositions.length;
     KINDS.forEach(function (kind) {
       const info = data.kinds[kind], rows = info.rows, cols = info.cols;
       for (let l = 0; l < info.layers; l++) {
@@ -1198,7 +1226,7 @@
               scoreSum = Math.max(scoreSum, sum === 0 ? 0 : Math.abs(sum) / limit);
             }
           }
-          if (data.token_gradients.complete) { // Σₜ dℓₜ/dX = dL/dX, within the bounds of both sides
+          if (view.token_gradients.complete) { // Σₜ dℓₜ/dX = dL/dX, within the bounds of both sides
             ["dP", "dS"].forEach(function (grad) {
               const whole = headGradient(grad, kind, l, h), bound = errorOf(grad, kind, 0, l, h);
               const sum = new Float64Array(whole.length), allowed = new Float64Array(bound);
@@ -1215,13 +1243,6 @@
           }
         }
       }
-      const thumbs = document.querySelectorAll('.thumb[data-kind="' + kind + '"]');
-      let count = 0;
-      thumbs.forEach(function (t) {
-        count += t.tagName.toLowerCase() === "svg" ? t.querySelectorAll("rect.cell").length : Number(t.dataset.rows) * Number(t.dataset.cols);
-      });
-      cells[kind] = count;
-      cellsOk = cellsOk && thumbs.length === info.layers * info.heads && count === info.layers * info.heads * rows * cols;
     });
     check("P rows sum to 1", rowSum <= 1, "largest |Σ_j P_ij − 1| / Σ_j e_ij = " + fmt(rowSum) +
       " (passes up to 1; e_ij the most float16 storage moves P_ij)");
@@ -1229,14 +1250,13 @@
       "|r_i|)) = " + fmt(scoreSum) + " (passes up to 1: float64 rounding of the row's own terms, whole loss and " +
       "every held token)");
     check("causal: decoder self-attention P and dL/dS are 0 above the diagonal", above === 0, above + " entries");
-    check("every layer and head drawn", cellsOk, JSON.stringify(cells));
-    if (data.token_gradients.complete) {
+    if (view.token_gradients.complete) {
       check("Σ over tokens of the per-token dL/dP, dL/dS = the whole loss's", tokenSum <= 1, "largest |Σₜ − whole| / " +
         "its bound = " + fmt(tokenSum) + " (passes up to 1; the bound adds what storage allows each side)");
     }
     let worstRatio = 0, worstGap = 0, where = "", count = 0;
-    Object.keys(data.samples).forEach(function (name) {
-      const sample = data.samples[name];
+    Object.keys(view.samples).forEach(function (name) {
+      const sample = view.samples[name];
       sample.index.forEach(function (flat, k) {
         const found = sampleOf(name, flat), gap = Math.abs(found.value - sample.value[k]);
         const ratio = gap === 0 ? 0 : gap / found.bound;
@@ -1248,15 +1268,50 @@
     check("this page's dP, dS, dQ, dK, dV and per-token dS against Python's float64", worstRatio <= 1, count +
       " entries: largest |page − float64| " + fmt(worstGap) + "; largest share of its bound " + fmt(worstRatio) +
       (where ? " (" + where + ")" : "") + "; passes up to 1");
-    const tg = data.token_gradients;
+    const tg = view.token_gradients;
     const python = Object.keys(tg.sum_check).every(function (k) {
       return tg.sum_check[k].max_abs_difference <= 1e-8 * Math.max(1, tg.sum_check[k].max_abs);
     });
     check("Python's float64 Σₜ check over all tokens", python, JSON.stringify(tg.sum_check));
     const passed = verdicts();
     check("gradient-check verdicts agree with the Python side", passed.every(function (p, i) {
-      return p === data.check.rows[i].passed;
-    }) && passed.every(Boolean) === data.check.passed, "");
+      return p === view.check.rows[i].passed;
+    }) && passed.every(Boolean) === view.check.passed, "");
+  }
+  function selfTest() {
+    const checks = [];
+    // With several steps, a check passes when it passes at every step; its detail says each step's.
+    const check = function (name, passed, detail) {
+      const text = STEPS.length > 1 ? "step " + view.step + ": " + detail : detail;
+      const found = checks.filter(function (c) { return c.name === name; })[0];
+      if (found) {
+        found.passed = found.passed && Boolean(passed);
+        found.detail += " | " + text;
+      } else {
+        checks.push({ name: name, passed: Boolean(passed), detail: text });
+      }
+    };
+    check("schema", data.schema === "tinyformer-explain" && data.version === 2, data.schema + " " + data.version);
+    const shown = current;
+    for (let k = 0; k < STEPS.length; k++) {
+      useStep(k);
+      stepChecks(check);
+    }
+    useStep(shown);
+    let cellsOk = true;
+    const cells = {};
+    KINDS.forEach(function (kind) {
+      const info = data.kinds[kind];
+      const thumbs = document.querySelectorAll('.thumb[data-kind="' + kind + '"]');
+      let count = 0;
+      thumbs.forEach(function (t) {
+        count += t.tagName.toLowerCase() === "svg" ? t.querySelectorAll("rect.cell").length : Number(t.dataset.rows) * Number(t.dataset.cols);
+      });
+      cells[kind] = count;
+      cellsOk = cellsOk && thumbs.length === info.layers * info.heads && count === info.layers * info.heads * info.rows * info.cols;
+    });
+    check("every layer and head drawn", cellsOk, JSON.stringify(cells));
+    if (STEPS.length > 1) sliderCheck(check);
     const svg = exportSVG();
     const info = data.kinds[state.kind];
     const expected = info.rows * info.cols * (gradient(state.grad, state.kind, state.layer, state.head, state.token) ? 2 : 1);
@@ -1291,8 +1346,133 @@
     }).map(function (c) { return c.name + " (" + c.detail + ")"; }).concat(errors).join("; ");
   }
 
+  // ------------------------------------------------------------------ 0. across training
+  function stepSlider() {
+    if (STEPS.length < 2) return;
+    const slider = document.getElementById("step-slider");
+    document.getElementById("step-field").hidden = false;
+    document.getElementById("steps-section").hidden = false;
+    slider.max = String(STEPS.length - 1);
+    slider.value = String(current);
+    slider.addEventListener("input", function () { setStep(Number(slider.value)); });
+    document.addEventListener("keydown", function (event) { // ← → anywhere but in a form control
+      const tag = (event.target && event.target.tagName || "").toLowerCase();
+      if (tag === "input" || tag === "select" || tag === "textarea" || event.altKey || event.ctrlKey || event.metaKey) return;
+      const k = event.key === "ArrowLeft" ? current - 1 : event.key === "ArrowRight" ? current + 1 : -1;
+      if (k >= 0 && k < STEPS.length) {
+        event.preventDefault();
+        setStep(k);
+      }
+    });
+    document.getElementById("steps-chart").addEventListener("click", function (event) {
+      const k = event.target.getAttribute && event.target.getAttribute("data-index");
+      if (k !== null && k !== undefined) setStep(Number(k));
+    });
+  }
+  // Every panel follows the step: what depends on it is drawn again.
+  function setStep(k) {
+    useStep(k);
+    stepPanels();
+    writeHash();
+    update();
+  }
+  function stepPanels() {
+    if (STEPS.length < 2) return;
+    document.getElementById("step-slider").value = String(current);
+    document.getElementById("step-label").textContent = "step " + view.step + " (" + (current + 1) + " of " +
+      STEPS.length + ")";
+    document.body.dataset.step = String(view.step);
+    summary();
+    ["overview", "rollout", "check", "tokens"].forEach(function (id) { document.getElementById(id).textContent = ""; });
+    overview();
+    rolloutPanel();
+    gradientCheck();
+  }
+  const stepSensitivity = {}; // "k.kind": (layers·heads) of step k, decoded apart from its other arrays
+  function sensitivityAt(k, kind) {
+    const key = k + "." + kind;
+    if (!stepSensitivity[key]) {
+      const entry = STEPS[k].arrays["sensitivity." + kind];
+      stepSensitivity[key] = decodeArray(entry, tokenPositions, bytesOf(entry)).values;
+    }
+    return stepSensitivity[key];
+  }
+  function stepChart() {
+    if (STEPS.length < 2) return;
+    const width = 330, height = 150, left = 52, right = 10, top = 18, bottom = 30;
+    const steps = STEPS.map(function (s) { return s.step; });
+    const x0 = Math.min.apply(null, steps), x1 = Math.max.apply(null, steps);
+    const x = function (v) { return left + (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5) * (width - left - right); };
+    const plot = function (title, series, selected) {
+      let lo = Infinity, hi = -Infinity;
+      series.forEach(function (line) { line.forEach(function (v) { lo = Math.min(lo, v); hi = Math.max(hi, v); }); });
+      if (!(hi > lo)) { hi = lo + 1; lo -= 1; }
+      const y = function (v) { return top + (hi - v) / (hi - lo) * (height - top - bottom); };
+      let svg = '<svg class="step-chart" width="' + width + '" height="' + height +
+        '"><text x="' + left + '" y="12" font-size="12">' + escapeText(title) + "</text>" +
+        '<line x1="' + x(steps[current]) + '" x2="' + x(steps[current]) + '" y1="' + top + '" y2="' + (height - bottom) +
+        '" stroke="#f28e2b" stroke-width="2"/>' +
+        '<text x="' + (left - 4) + '" y="' + (top + 4) + '" font-size="10" text-anchor="end">' + fmt(hi) + "</text>" +
+        '<text x="' + (left - 4) + '" y="' + (height - bottom) + '" font-size="10" text-anchor="end">' + fmt(lo) + "</text>" +
+        '<text x="' + left + '" y="' + (height - 8) + '" font-size="10">step ' + x0 + "</text>" +
+        '<text x="' + (width - right) + '" y="' + (height - 8) + '" font-size="10" text-anchor="end">' + x1 + "</text>";
+      series.forEach(function (line, i) {
+        const dark = i === selected;
+        svg += '<polyline fill="none" stroke="' + (dark ? "#3155c4" : "#c3cad8") + '" stroke-width="' + (dark ? 2 : 1) +
+          '" points="' + line.map(function (v, k) { return x(steps[k]) + "," + y(v); }).join(" ") + '"/>';
+      });
+      const line = series[selected];
+      line.forEach(function (v, k) {
+        svg += '<circle class="step-point" data-index="' + k + '" cx="' + x(steps[k]) + '" cy="' + y(v) + '" r="' +
+          (k === current ? 5 : 3.5) + '" fill="' + (k === current ? "#f28e2b" : "#3155c4") + '"><title>step ' + steps[k] +
+          ": " + fmt(v) + "</title></circle>";
+      });
+      return svg + "</svg>";
+    };
+    const info = data.kinds[state.kind], heads = [];
+    for (let i = 0; i < info.layers * info.heads; i++) {
+      heads.push(STEPS.map(function (_, k) { return sensitivityAt(k, state.kind)[i]; }));
+    }
+    document.getElementById("steps-chart").innerHTML =
+      plot("loss L", [STEPS.map(function (s) { return s.loss.total; })], 0) +
+      plot("sensitivity per head (" + state.kind + "), layer " + state.layer + " head " + state.head, heads,
+        (state.layer - 1) * info.heads + state.head - 1);
+  }
+
+  // The slider and the arrow keys move every panel: ← or → (a key event, as a reader's) shows the
+  // next step, and each panel's drawing (its markup, and its canvases' pixels) changes; the slider's
+  // input event brings every panel back as it was.
+  const PANELS = ["summary", "overview", "detail", "tokens", "saliency", "sensitivity", "rollout", "check",
+    "derivation", "steps-chart"];
+  function panelDrawings() {
+    const drawn = {};
+    PANELS.forEach(function (id) {
+      const element = document.getElementById(id);
+      drawn[id] = element.innerHTML + Array.prototype.map.call(element.querySelectorAll("canvas"), function (c) {
+        return c.toDataURL();
+      }).join("");
+    });
+    return drawn;
+  }
+  function sliderCheck(check) {
+    const shown = current, next = current > 0 ? current - 1 : current + 1, before = panelDrawings();
+    document.dispatchEvent(new KeyboardEvent("keydown", { key: next < shown ? "ArrowLeft" : "ArrowRight", bubbles: true }));
+    const moved = current === next, after = panelDrawings();
+    const still = PANELS.filter(function (id) { return before[id] === after[id]; });
+    const slider = document.getElementById("step-slider");
+    slider.value = String(shown);
+    slider.dispatchEvent(new Event("input", { bubbles: true }));
+    const back = panelDrawings();
+    const differ = PANELS.filter(function (id) { return before[id] !== back[id]; });
+    check("the step slider and ← → move every panel", moved && still.length === 0 && current === shown &&
+      differ.length === 0, "← / → to step " + STEPS[next].step + ": " + (moved ? "moved" : "did not move") +
+      (still.length ? "; unchanged: " + still.join(", ") : "; every panel changed") + "; the slider back to step " +
+      STEPS[shown].step + (differ.length ? ": not as before: " + differ.join(", ") : ": every panel as before"));
+  }
+
   // ------------------------------------------------------------------ start
   function update() {
+    stepChart();
     controls();
     markOverview();
     detail();
@@ -1303,13 +1483,23 @@
   }
   function start() {
   readHash();
+  if (wantedStep !== current) useStep(wantedStep);
   header();
-  overview();
-  rolloutPanel();
-  gradientCheck();
+  if (STEPS.length > 1) {
+    stepSlider();
+    stepPanels();
+  } else {
+    overview();
+    rolloutPanel();
+    gradientCheck();
+  }
   detailEvents();
   update();
-  window.addEventListener("hashchange", function () { readHash(); update(); });
+  window.addEventListener("hashchange", function () {
+    readHash();
+    if (wantedStep !== current) setStep(wantedStep);
+    else update();
+  });
   const drawn = performance.now(), status = document.getElementById("self-test");
   status.setAttribute("data-drawn-ms", String(Math.round(drawn - started))); // every panel drawn
   if (window.PerformanceObserver) { // the browser's first paint, when it reports one
@@ -1326,9 +1516,7 @@
   requestAnimationFrame(function () { setTimeout(check, 0); });
   setTimeout(check, 1000);
   }
-  for (const name of Object.keys(data.arrays)) {
-    arrays[name] = decodeArray(data.arrays[name], tokenPositions, bytesOf(data.arrays[name]));
-  }
+  useStep(current);
   const decoded = performance.now();
   start();
   document.getElementById("self-test").setAttribute("data-decoded-ms", String(Math.round(decoded - started)));

@@ -21,8 +21,8 @@ from .explain_page import render
 from .probe import KINDS, attention_modules, probed_copy, run_pass
 from .sentence import sentence_pair
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "TOKEN_VALUES_LIMIT", "explain", "explain_data", "softmax_backward",
-           "rollout", "decode_array", "token_values"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "TOKEN_VALUES_LIMIT", "explain", "explain_data", "explain_steps",
+           "explain_steps_data", "softmax_backward", "rollout", "decode_array", "token_values"]
 
 SCHEMA, SCHEMA_VERSION = "tinyformer-explain", 2
 TOKEN_VALUES_LIMIT = 900_000
@@ -285,3 +285,47 @@ def explain(model, tokenizer, source, reference=None, **options):
     ``options`` are ``explain_data``'s; ``explain_page.render`` draws its data.
     """
     return render(explain_data(model, tokenizer, source, reference, **options))
+
+
+STEP_FIELDS = ("loss", "token_gradients", "check", "arrays", "samples")
+"""What a page of several checkpoints holds once per step; the rest (tokens, shapes, the model) once."""
+
+
+def explain_steps_data(steps, tokenizer, source, reference=None, *, beam_size=1, alpha=0.6, tokens=None,
+                       token_values_limit=TOKEN_VALUES_LIMIT, threads=1, seed=0,
+                       names=("explain: the sentence", "explain: the reference")):
+    """One sentence pair across the checkpoints of one run, for a page with a step slider.
+
+    ``steps`` lists (step, label, model), oldest first, models of one architecture and
+    ``tokenizer``. The target is ``reference``, else the last model's translation, and stays the
+    same at every step (teacher-forced). Each step holds ``explain_data``'s per-step fields
+    (``STEP_FIELDS``) in ``"steps"``; the per-token gradients of the same target positions at every
+    step, within ``token_values_limit`` / max(2, steps) numbers a step (a page of n steps is then
+    at most about n/2 pages of one)."""
+    from ..train import blas_threads
+
+    steps = list(steps)
+    if not steps:
+        raise ValueError("explain: no checkpoints to explain")
+    first = steps[0][2].config
+    for _, label, model in steps[1:]:
+        if model.config != first:
+            differs = next(k for k in sorted(set(first) | set(model.config)) if first.get(k) != model.config.get(k))
+            raise ValueError(f"explain: {label} has another model than {steps[0][1]} ({differs} "
+                             f"{model.config.get(differs)}, not {first.get(differs)}): not one run")
+    source_ids, target_ids = sentence_pair(steps[-1][2], tokenizer, source, reference, beam_size, alpha, names)
+    limit = token_values_limit // max(2, len(steps))
+    with blas_threads(threads):
+        pages = [_explain_data(model, tokenizer, source, reference, source_ids, target_ids, beam_size, alpha, tokens,
+                               limit, seed, None) for _, _, model in steps]
+    data = {key: value for key, value in pages[-1].items() if key not in STEP_FIELDS}
+    if reference is None:
+        data["target"]["decoding"] += f", by step {steps[-1][0]} ({steps[-1][1]})"
+    data["steps"] = [{"step": int(step), "checkpoint": str(label), **{key: page[key] for key in STEP_FIELDS}}
+                     for (step, label, _), page in zip(steps, pages)]
+    return data
+
+
+def explain_steps(steps, tokenizer, source, reference=None, **options):
+    """The explain page of one sentence pair across checkpoints (``explain_steps_data``'s options)."""
+    return render(explain_steps_data(steps, tokenizer, source, reference, **options))
