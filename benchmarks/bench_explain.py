@@ -6,7 +6,10 @@ Cases (each a fresh, untrained checkpoint built as `tinyformer train` builds it,
 - ``small-30``: `small` on Multi30k (its 8k BPE), the first test sentence of 30 BPE tokens, taught
   its reference (needs ``TINYFORMER_DATA``);
 - ``small-128``: `small` on Multi30k, a 128-token source and target (the training sources' words);
-- ``tiny-128``: `tiny` on the built-in task, a 128-token source and target.
+- ``tiny-128``: `tiny` on the built-in task, a 128-token source and target;
+- ``small-30-steps``: the sentence of ``small-30`` across five checkpoints of one `small` run on
+  Multi30k (trained one step each: the size does not depend on training), `tinyformer explain
+  --checkpoints`, the page with a step slider.
 
 For each: the page's size, the seconds `tinyformer explain` takes (Python, in this process), and,
 where headless Chromium is on the PATH, the seconds Chromium takes to load, draw and self-test it
@@ -41,7 +44,18 @@ from tinyformer.train.builders import build_model, build_tokenizer, load_corpus 
 from tinyformer.train.state import Position, run_metadata  # noqa: E402
 
 CASES = {"small-30": dict(data="multi30k", preset="small"), "small-128": dict(data="multi30k", preset="small"),
-         "tiny-128": dict(vocab_size=120)}
+         "tiny-128": dict(vocab_size=120), "small-30-steps": dict(data="multi30k", preset="small")}
+STEPS = 5
+
+
+def five_checkpoints(directory, **options):
+    """The run directory of `tinyformer train` with ``options`` for STEPS steps, a checkpoint each."""
+    from tinyformer.train import Trainer
+
+    config = TrainConfig(save_dir=str(directory), max_steps=STEPS, save_every=1, keep_last=STEPS, eval_every=STEPS,
+                         threads=1, bleu_samples=1, **options)
+    Trainer(config, echo=lambda *a: None, progress=False).run()
+    return checkpoint.list_checkpoints(directory)[-1]
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 
 
@@ -58,7 +72,7 @@ def untrained_checkpoint(directory, **options):
 def sentence_for(case, path):
     """(source, reference) of ``case`` for the run of checkpoint ``path``."""
     config = TrainConfig.from_dict(checkpoint.load_checkpoint(path)[1]["config"])
-    if case == "small-30":
+    if case.startswith("small-30"):
         tokenizer = Tokenizer.load(Path(path).parent / "spm.model")
         sources, targets = load_corpus(config, "test")
         return next((s, t) for s, t in zip(sources, targets) if len(tokenizer.encode(s)) == 30)
@@ -95,19 +109,23 @@ def browse(page):
 
 
 def measure(case, directory, given):
-    path = Path(given) if given else untrained_checkpoint(directory / case, **CASES[case])
+    steps = case.endswith("-steps")
+    if given:
+        path = Path(given)
+    else:
+        path = (five_checkpoints if steps else untrained_checkpoint)(directory / case, **CASES[case])
     source, reference = sentence_for(case, path)
     page = directory / f"{case}.html"
+    which = ["--checkpoints", str(Path(path).parent)] if steps else ["--checkpoint", str(path)]
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        code = cli.main(["explain", "--checkpoint", str(path), "--source", source, "--reference", reference,
-                         "--output", str(page)])
+        code = cli.main(["explain", *which, "--source", source, "--reference", reference, "--output", str(page)])
     python_seconds = time.perf_counter() - start
     if code != 0:
         raise SystemExit(f"bench_explain: tinyformer explain failed for {case} (exit {code})")
     data = json.loads(re.search(r'id="explain-data">(.*?)</script>', page.read_text(encoding="utf-8"), re.S).group(1))
     browser = browse(page)
-    held = data["token_gradients"]["positions"]
+    held = (data["steps"][-1] if "steps" in data else data)["token_gradients"]["positions"]
     return {"case": case, "source tokens": data["kinds"]["enc"]["rows"] - 1,
             "target tokens": len(data["target"]["ids"]), "held": len(held), "MiB": page.stat().st_size / 2 ** 20,
             "python s": python_seconds, "browser": browser}
