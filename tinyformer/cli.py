@@ -478,26 +478,21 @@ def _run_checkpoints(args, load_model):
     return steps, tokenizer
 
 
-def _step_list(text):
-    """--steps: comma-separated training steps (0 or more)."""
-    try:
-        steps = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated steps (whole numbers), got {text!r}") from None
-    if not steps or min(steps) < 0:
-        raise argparse.ArgumentTypeError(f"must be comma-separated steps (whole numbers), got {text!r}")
-    return steps
+def _numbers(least, what):
+    """An argparse type: comma-separated whole numbers, each at least ``least`` (``what`` in errors)."""
+    def parse(text):
+        try:
+            numbers = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            numbers = []
+        if not numbers or min(numbers) < least:
+            raise argparse.ArgumentTypeError(f"must be comma-separated {what}, got {text!r}")
+        return numbers
+    return parse
 
 
-def _token_list(text):
-    """--tokens: comma-separated target positions, 1 for the first target token."""
-    try:
-        positions = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}") from None
-    if not positions or min(positions) < 1:
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
-    return positions
+_token_list = _numbers(1, "positive integers")  # --tokens: target positions, 1 for the first target token
+_step_list = _numbers(0, "steps (whole numbers)")  # --steps: training steps, 0 for the untrained model
 
 
 def _explain(args):
