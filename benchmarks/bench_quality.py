@@ -142,28 +142,92 @@ def plan_digest(plan):
     return digest.hexdigest()
 
 
+# ----------------------------------------------------------------------------- saving and resuming
+class Resume:
+    """One engine's training state in ``--work``, saved every ``every`` steps (atomically: a
+    temporary file, then a rename) so that an interrupted invocation, run again with the same
+    arguments, continues where it stopped: the same batches, and the same weights, optimiser state,
+    dropout generator and per-step records as the uninterrupted run's. A save of another batch list
+    is refused (one line) rather than continued."""
+
+    def __init__(self, work, label, engine, digest, every):
+        self.path = Path(work) / "results" / f"{label}-{engine}.resume"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.digest, self.every = digest, every
+
+    def _check(self, digest):
+        if digest != self.digest:
+            raise SystemExit(f"bench_quality: {self.path} was saved for another batch list (plan {digest[:12]}, "
+                             f"not {self.digest[:12]}); remove it to start again")
+
+    def save_tinyformer(self, state, done, adam_state, rng):
+        from tinyformer import checkpoint
+
+        meta = {"plan_digest": self.digest, "done": done, "rng_state": rng}
+        checkpoint.save_checkpoint(self.path.with_suffix(".npz"), state, meta, adam_state)
+
+    def load_tinyformer(self):
+        from tinyformer import checkpoint
+
+        path = self.path.with_suffix(".npz")
+        if not path.exists():
+            return None
+        state, meta, adam_state = checkpoint.load_checkpoint(path)
+        self._check(meta.get("plan_digest"))
+        return state, meta["done"], adam_state, meta["rng_state"]
+
+    def save_torch(self, saved):
+        import torch
+
+        path = self.path.with_suffix(".pt")
+        partial = path.with_name(path.name + ".partial")
+        torch.save({**saved, "plan_digest": self.digest}, partial)
+        os.replace(partial, path)
+
+    def load_torch(self):
+        import torch
+
+        path = self.path.with_suffix(".pt")
+        if not path.exists():
+            return None
+        saved = torch.load(path, weights_only=False)
+        self._check(saved.pop("plan_digest", None))
+        return saved
+
+
 # ----------------------------------------------------------------------------- the two engines
-def train_tinyformer(parts, config, plan, log=print, log_every=50):
-    """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds)."""
+def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None):
+    """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds).
+    With ``resume`` (a ``Resume``), continue from its last save and save every ``resume.every`` steps."""
+    from tinyformer import random as tf_random
     from tinyformer.train import Trainer
 
     trainer = Trainer(config, parts=parts, echo=lambda *a, **k: None, progress=False)
     parts.model.train()
-    losses, seconds, skipped = [], [], 0
-    for step, batch in enumerate(plan, 1):
+    done = {"losses": [], "seconds": [], "skipped_updates": 0}
+    if resume is not None and (saved := resume.load_tinyformer()) is not None:
+        state, done, adam_state, rng = saved
+        parts.model.load_state_dict(state)
+        parts.adam.load_state_dict(adam_state)
+        tf_random.set_rng_state(rng)
+        log(f"tinyformer: resumed after step {len(done['losses'])}")
+    for step in range(len(done["losses"]) + 1, len(plan) + 1):
         start = time.perf_counter()
-        loss, _, _, grad_norm = trainer.train_step([batch])
-        seconds.append(time.perf_counter() - start)
-        losses.append(loss)
-        skipped += grad_norm is None or not numpy.isfinite(grad_norm)
+        loss, _, _, grad_norm = trainer.train_step([plan[step - 1]])
+        done["seconds"].append(time.perf_counter() - start)
+        done["losses"].append(loss)
+        done["skipped_updates"] += bool(grad_norm is None or not numpy.isfinite(grad_norm))
         if step % log_every == 0 or step == len(plan):
-            log(f"tinyformer step {step}: loss {loss:.4f}, {statistics.median(seconds[-log_every:]):.3f} s/step")
-    return {"losses": losses, "seconds": seconds, "skipped_updates": skipped}
+            log(f"tinyformer step {step}: loss {loss:.4f}, {statistics.median(done['seconds'][-log_every:]):.3f} s/step")
+        if resume is not None and (step % resume.every == 0 or step == len(plan)):
+            resume.save_tinyformer(parts.model.state_dict(), done, parts.adam.state_dict(), tf_random.get_rng_state())
+    return done
 
 
-def train_torch(torch_model, config, plan, log=print, log_every=50):
+def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None):
     """Train the PyTorch model on ``plan``: torch.optim.Adam (0.9, 0.98, 1e-9) on the same Noam schedule,
-    F.cross_entropy with the run's label smoothing summed over the target tokens / their count."""
+    F.cross_entropy with the run's label smoothing summed over the target tokens / their count.
+    With ``resume`` (a ``Resume``), continue from its last save and save every ``resume.every`` steps."""
     import torch
     from torch.nn import functional as TF
 
@@ -175,8 +239,17 @@ def train_torch(torch_model, config, plan, log=print, log_every=50):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: schedule(i + 1))  # LambdaLR counts from 0
     vocab = torch_model.embed.weight.shape[0]
     torch_model.train()
-    losses, seconds = [], []
-    for step, batch in enumerate(plan, 1):
+    done = {"losses": [], "seconds": [], "skipped_updates": 0}
+    if resume is not None and (saved := resume.load_torch()) is not None:
+        done = saved.pop("done")
+        torch_model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"])
+        log(f"torch: resumed after step {len(done['losses'])}")
+    losses, seconds = done["losses"], done["seconds"]
+    for step in range(len(losses) + 1, len(plan) + 1):
+        batch = plan[step - 1]
         src, tgt_in, tgt_out = (torch.from_numpy(numpy.asarray(a, dtype=numpy.int64))
                                 for a in (batch.src, batch.tgt_in, batch.tgt_out))
         start = time.perf_counter()
@@ -192,7 +265,10 @@ def train_torch(torch_model, config, plan, log=print, log_every=50):
         losses.append(loss)
         if step % log_every == 0 or step == len(plan):
             log(f"torch step {step}: loss {loss:.4f}, {statistics.median(seconds[-log_every:]):.3f} s/step")
-    return {"losses": losses, "seconds": seconds, "skipped_updates": 0}
+        if resume is not None and (step % resume.every == 0 or step == len(plan)):
+            resume.save_torch({"model": torch_model.state_dict(), "optimizer": optimizer.state_dict(),
+                               "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "done": done})
+    return done
 
 
 def score(model, tokenizer, config, limit=None):
@@ -227,9 +303,11 @@ def run_engine(args, engine, log=print):
     if engine == "tinyformer-ulp":
         for parameter in parts.model.parameters():
             parameter.data[...] = numpy.nextafter(parameter.data, numpy.float32(numpy.inf))
+    resume = Resume(args.work, run_label(args), engine, result["plan_digest"], args.save_every) \
+        if args.save_every else None
     with blas_threads(1):
         if engine != "torch":
-            result.update(train_tinyformer(parts, config, plan, log, args.log_every))
+            result.update(train_tinyformer(parts, config, plan, log, args.log_every, resume))
         else:
             import torch
 
@@ -242,7 +320,7 @@ def run_engine(args, engine, log=print):
                 torch_transformer.copy_weights(parts.model, torch_model)
             result["torch_params"] = sum(p.numel() for p in torch_model.parameters())
             result["versions"]["torch"] = torch.__version__
-            result.update(train_torch(torch_model, config, plan, log, args.log_every))
+            result.update(train_torch(torch_model, config, plan, log, args.log_every, resume))
             torch_transformer.copy_weights_back(torch_model, parts.model)  # decoded by tinyformer's search
         if args.score:
             scores = score(parts.model, parts.tokenizer, config, args.limit)
@@ -384,6 +462,8 @@ def parse_args(argv):
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--window", type=int, default=100, help="steps per row of the loss table (default 100)")
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--save-every", type=int, default=100, help="save each engine's training state in --work "
+                        "every N steps; run the same command again to continue an interrupted one (0: never)")
     parser.add_argument("--work", default=os.path.join("runs", "bench-quality"))
     parser.add_argument("--report", help="append the markdown report to this file")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
@@ -404,8 +484,8 @@ def parse_args(argv):
             parser.error("--equal-init: both engines have the same extras (give --tf-extras only)")
         torch_extras = args.tf_extras
     args.torch_extras = EXTRAS if torch_extras is None else torch_extras
-    if args.steps < 1 or args.window < 1 or args.log_every < 1:
-        parser.error("--steps, --window and --log-every must be positive")
+    if args.steps < 1 or args.window < 1 or args.log_every < 1 or args.save_every < 0:
+        parser.error("--steps, --window and --log-every must be positive, --save-every 0 or more")
     return args
 
 

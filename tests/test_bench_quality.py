@@ -118,6 +118,44 @@ def test_a_tinyformer_run_records_every_steps_loss_and_time(prepared):
     assert result["plan_batches"] == 4 and len(result["plan_digest"]) == 64
 
 
+def interrupted_then_resumed(args, engine, monkeypatch, target, method):
+    """(uninterrupted result, result of a run stopped at step 3 and run again) of ``engine``,
+    saving every 2 steps (6 steps: a state not restored shows in the losses after the stop); ``target`` and ``method`` are the training step that the stop hits."""
+    fresh = argparse.Namespace(**dict(vars(args), score=False, save_every=0))
+    whole = bench.run_engine(fresh, engine, log=lambda line: None)
+    saving = argparse.Namespace(**dict(vars(args), score=False, save_every=2))
+    original, calls = getattr(target, method), []
+
+    def stopping(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(target, method, stopping)
+        with pytest.raises(KeyboardInterrupt):
+            bench.run_engine(saving, engine, log=lambda line: None)
+    lines = []
+    resumed = bench.run_engine(saving, engine, log=lines.append)
+    assert f"{engine}: resumed after step 2" in lines
+    return whole, resumed
+
+
+def test_an_interrupted_run_resumes_where_it_stopped_and_repeats_the_uninterrupted_one(work, monkeypatch):
+    """--save-every: run again, an interrupted invocation continues from its last save, with the
+    dropout generator and Adam's moments, and gives the uninterrupted run's losses exactly."""
+    args = bench_args(work / "resume", "--dropout", "0.1", "--steps", "6")
+    bench.prepare_tokenizer(args)
+    whole, resumed = interrupted_then_resumed(args, "tinyformer", monkeypatch, Trainer, "train_step")
+    assert resumed["losses"] == whole["losses"] and len(resumed["seconds"]) == 6
+    assert len(set(whole["losses"])) == 6
+    monkeypatch.setattr(bench, "plan_digest", lambda plan: "f" * 64)  # as if the batches had changed since
+    with pytest.raises(SystemExit, match="was saved for another batch list"):
+        bench.run_engine(argparse.Namespace(**dict(vars(args), score=False, save_every=2)), "tinyformer",
+                         log=lambda line: None)
+
+
 def test_the_control_engine_starts_one_ulp_away_and_is_compared_by_name(work):
     """--equal-init's control: "tinyformer-ulp" is tinyformer with its initial weights nudged one
     unit in the last place, so its first loss differs from tinyformer's by rounding only."""
@@ -209,10 +247,18 @@ def test_engine_equality_over_a_few_steps(prepared):
     loss at every step, to float32 rounding."""
     pytest.importorskip("torch")
     args = bench_args(prepared.work, "--equal-init", "--no-score", "--tf-extras", "final-norm,torch-init")
-    results = {e: bench.run_engine(args, e, log=lambda line: None) for e in bench.ENGINES}
+    results = {e: bench.run_engine(args, e, log=lambda line: None) for e in ("tinyformer", "torch")}
     tf, pt = results["tinyformer"], results["torch"]
     assert tf["plan_digest"] == pt["plan_digest"] and tf["params"] == pt["torch_params"]
     assert bench.relative_differences(tf["losses"], pt["losses"]).max() < 1e-5
     report = bench.report(args, ["--equal-init"], results, 1.0)
     assert "## Engine equality (--equal-init)" in report and "identical on both sides" in report
     assert "largest relative difference" in report
+
+
+def test_an_interrupted_torch_run_resumes_where_it_stopped(work, monkeypatch):
+    torch = pytest.importorskip("torch")
+    args = bench_args(work / "resume-torch", "--dropout", "0.1", "--engines", "torch", "--steps", "6")
+    bench.prepare_tokenizer(args)
+    whole, resumed = interrupted_then_resumed(args, "torch", monkeypatch, torch.optim.Adam, "step")
+    assert resumed["losses"] == whole["losses"] and len(set(whole["losses"])) == 6
