@@ -466,6 +466,8 @@ def parse_args(argv):
                         "every N steps; run the same command again to continue an interrupted one (0: never)")
     parser.add_argument("--work", default=os.path.join("runs", "bench-quality"))
     parser.add_argument("--report", help="append the markdown report to this file")
+    parser.add_argument("--skip-done", action="store_true", help="an engine whose result is in --work already is "
+                        "not trained again (an invocation with all of them is skipped, its report not appended again)")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from tinyformer.train.config import OPTIONS
@@ -503,8 +505,13 @@ def run_label(args):
             f"-torch_{extras_text(args.torch_extras)}{equal}").replace(",", "+")
 
 
+def result_path(args, engine):
+    """Where ``engine``'s child writes its result (a JSON file) when it has trained and scored."""
+    return Path(args.work) / "results" / f"{run_label(args)}-{engine}.json"
+
+
 def child_main(args):
-    out = Path(args.work) / "results" / f"{run_label(args)}-{args.child}.json"
+    out = result_path(args, args.child)
     result = run_engine(args, args.child, log=lambda line: print(line, flush=True))
     out.write_text(json.dumps(result), encoding="utf-8")
     return 0
@@ -536,21 +543,27 @@ def main(argv=None):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     label = run_label(args)
     logs = {e: Path(args.work) / "results" / f"{label}-{e}.log" for e in args.engines}
+    finished = {e for e in args.engines if args.skip_done and result_path(args, e).exists()}
+    if finished == set(args.engines):
+        print(f"bench_quality: done already ({', '.join(str(result_path(args, e)) for e in args.engines)})")
+        return 0
     running = {}
     for engine in args.engines:
-        with open(logs[engine], "w", encoding="utf-8") as log:
+        if engine in finished:
+            print(f"{engine}: done already, its result read from {result_path(args, engine)}", flush=True)
+            continue
+        with open(logs[engine], "a" if args.save_every else "w", encoding="utf-8") as log:
             print(f"{engine}: training, log in {logs[engine]}", flush=True)
             running[engine] = subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, "--child", engine],
                                                stdout=log, stderr=subprocess.STDOUT, env=env)
         if args.sequential:
             running[engine].wait()
     failed = [e for e, process in running.items() if process.wait() != 0]
-    for engine in args.engines:
+    for engine in running:
         print(logs[engine].read_text(encoding="utf-8").rstrip(), flush=True)
     if failed:
         raise SystemExit(f"bench_quality: {', '.join(failed)} failed (see the log above)")
-    results = {e: json.loads((Path(args.work) / "results" / f"{label}-{e}.json").read_text(encoding="utf-8"))
-               for e in args.engines}
+    results = {e: json.loads(result_path(args, e).read_text(encoding="utf-8")) for e in args.engines}
     text = report(args, argv, results, time.perf_counter() - start)
     print(text)
     if args.report:

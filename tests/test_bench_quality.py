@@ -185,6 +185,12 @@ def test_the_script_end_to_end_with_one_engine(work):
     assert "| tinyformer | none | " in text and "| 1-2 |" in text and "| 3-3 |" in text
     assert "4 sentences" not in text  # one engine: no comparison lines
     assert (work / "e2e" / "results").is_dir()
+    again = children.run([children.PYTHON, str(ROOT / "benchmarks" / "bench_quality.py"), "--data", "synthetic",
+                          "--preset", "tiny", "--vocab-size", "120", "--max-tokens", "512", "--steps", "3",
+                          "--limit", "4", "--engines", "tinyformer", "--window", "2", "--work", str(work / "e2e"),
+                          "--report", str(report), "--skip-done"], timeout=300)
+    assert again.returncode == 0 and "bench_quality: done already" in again.stdout, again.stdout + again.stderr
+    assert report.read_text(encoding="utf-8") == text  # nothing trained, nothing appended
 
 
 # ---------------------------------------------------------------------------- with PyTorch

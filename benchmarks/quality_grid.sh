@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 28's measurements at 800 steps, each seed: the paper's configuration (tinyformer's default)
+# against stock PyTorch nn.Transformer on identical batches, then each of PyTorch's extras alone in
+# tinyformer, and all of them. Every invocation is bench_quality.py with --skip-done and its
+# training state saved every 100 steps: run this again after an interruption and it continues
+# where it stopped (a finished invocation is skipped). JOBS invocations at a time (one thread
+# each; default 2); the reports are appended to REPORT.
+#
+#   WORK=runs/bench-quality REPORT=runs/bench-quality/grid.md SEEDS="0 1" JOBS=2 benchmarks/quality_grid.sh
+#
+# ARGS adds options to every invocation (e.g. ARGS="--data synthetic --preset tiny --limit 20" for a
+# quick rehearsal).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${WORK:-runs/bench-quality}
+REPORT=${REPORT:-$WORK/grid.md}
+SEEDS=${SEEDS:-0 1}
+STEPS=${STEPS:-800}
+JOBS=${JOBS:-2}
+ARGS=${ARGS:-}
+PYTHON=${PYTHON:-python}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, installed or not
+mkdir -p "$WORK"
+{
+    for seed in $SEEDS; do
+        echo "--seed $seed --engines tinyformer,torch"
+    done
+    for extra in attention-dropout activation-dropout final-norm torch-init all; do
+        for seed in $SEEDS; do
+            echo "--seed $seed --engines tinyformer --tf-extras $extra"
+        done
+    done
+} | sed "s|\$| $ARGS|" | xargs -P "$JOBS" -L 1 "$PYTHON" benchmarks/bench_quality.py --steps "$STEPS" \
+    --work "$WORK" --report "$REPORT" --skip-done
