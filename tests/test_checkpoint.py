@@ -1,5 +1,7 @@
 """Checkpoints: round trip, atomic writes, pruning, averaging, refusing bad files."""
 
+import os
+import stat
 import textwrap
 
 import children
@@ -172,3 +174,21 @@ def test_partial_files_of_a_killed_save_are_recognised_and_removed(tmp_path):
     assert checkpoint.list_checkpoints(tmp_path) == [keep[0]]
     assert checkpoint.remove_partial_files(tmp_path) == [partial]
     assert sorted(tmp_path.iterdir()) == sorted(keep)
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_written_whole_get_the_mode_of_any_new_file(tmp_path, umask, mode):
+    """A checkpoint, a tokenizer file or a page is written to a temporary file and renamed: it gets
+    0o666 less the umask, as a file opened for writing would (not mkstemp's 0o600)."""
+    from tinyformer.atomic import write_atomically
+
+    old = os.umask(umask)
+    try:
+        path = tmp_path / "checkpoint_0000001.npz"
+        checkpoint.save_checkpoint(path, {"w": np.ones(2, dtype=np.float32)}, {"step": 1})
+        write_atomically(tmp_path / "page.html", b"<html></html>")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "page.html").stat().st_mode) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_0000001.npz", "page.html"]

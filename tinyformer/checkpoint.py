@@ -12,14 +12,14 @@ is refused on loading with a ``CheckpointError`` naming the file and the problem
 """
 
 import json
-import os
 import re
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
 
 import numpy
+
+from .atomic import replacing
 
 __all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of", "average_checkpoints",
            "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "CheckpointError"]
@@ -36,32 +36,8 @@ class CheckpointError(ValueError):
 def _atomic_write_npz(path, arrays):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            numpy.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory):
-    """Make the rename itself durable (a power cut after it keeps the new name); POSIX only."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with replacing(path, prefix=path.name + ".", durable=True) as f:  # the prefix _PARTIAL knows
+        numpy.savez(f, **arrays)
 
 
 def _check_finite(path, arrays):

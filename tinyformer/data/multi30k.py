@@ -15,7 +15,6 @@ import gzip
 import hashlib
 import http.client
 import os
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..atomic import replacing
 from .tokenizer import file_sha256
 
 __all__ = ["SPLITS", "LANGUAGES", "BASE_URL", "SHA256", "NUM_LINES", "ENV_VAR",
@@ -142,25 +142,19 @@ def _download(url, target, name, expected, progress):
     """Stream ``url`` into a temporary file in the cache, check its SHA-256, then rename it in place."""
     check_url(url)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".part")
-    try:
+    with replacing(target, prefix=f".{name}.", suffix=".part") as out, _open(url) as response:
         digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out, _open(url) as response:
-            length = response.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
-            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                      desc=f"Multi30k {name}", disable=not progress, leave=False) as bar:
-                for chunk in iter(lambda: response.read(_CHUNK), b""):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
+        length = response.headers.get("Content-Length")
+        total = int(length) if length and length.isdigit() else None
+        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                  desc=f"Multi30k {name}", disable=not progress, leave=False) as bar:
+            for chunk in iter(lambda: response.read(_CHUNK), b""):
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
         actual = digest.hexdigest()
         if actual != expected:
             raise _checksum_error(name, target, expected, actual, downloaded=True)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return target
 
 

@@ -21,15 +21,15 @@ import hashlib
 import io
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import sentencepiece
 
+from ..atomic import write_atomically
 from .special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from ..validation import check_int, is_integer
 
-__all__ = ["Tokenizer", "file_sha256", "write_atomically"]
+__all__ = ["Tokenizer", "file_sha256"]
 
 MODEL_TYPES = ("bpe", "unigram", "char", "word")
 
@@ -41,18 +41,6 @@ def file_sha256(path, chunk_size=1 << 20):
         for chunk in iter(lambda: f.read(chunk_size), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def write_atomically(path, data):
-    """Write bytes to a temporary file beside ``path``, then rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class _Sentences:

@@ -247,7 +247,8 @@ def build_corpus_data(config, comm, echo=print):
     ``data.prepared``), its tokenizer copied into the run, and the validation pairs from ``--valid``
     or held out of the training pairs. Records the files' SHA-256 in ``config.data_files``."""
     from ..data.prepared import heldout_text, prepare_corpus, read_text
-    from ..data.tokenizer import Tokenizer, write_atomically
+    from ..atomic import write_atomically
+    from ..data.tokenizer import Tokenizer
 
     found = {split: _corpus_files(config, split) for split, (field, _) in CORPUS_OPTIONS.items()
              if getattr(config, field)}

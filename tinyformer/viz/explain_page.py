@@ -15,7 +15,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from ..data.tokenizer import write_atomically
+from ..atomic import write_atomically
 
 __all__ = ["ExplainPage", "render", "content_security_policy", "PAGE_FILES"]
 
