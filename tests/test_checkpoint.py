@@ -192,3 +192,14 @@ def test_files_written_whole_get_the_mode_of_any_new_file(tmp_path, umask, mode)
     assert stat.S_IMODE(path.stat().st_mode) == mode
     assert stat.S_IMODE((tmp_path / "page.html").stat().st_mode) == mode
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_0000001.npz", "page.html"]
+
+
+def test_what_is_not_a_regular_file_is_never_replaced(tmp_path):
+    from tinyformer.atomic import write_atomically
+
+    with pytest.raises(IsADirectoryError, match="is not a regular file"):
+        write_atomically(tmp_path, b"data")
+    if os.path.exists(os.devnull):
+        with pytest.raises(IsADirectoryError, match="is not a regular file"):
+            write_atomically(os.devnull, b"data")
+    assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,7 @@ against a wrong backward, the command line's errors, and the page in a real brow
 Chromium: the DOM after its scripts ran, read with html.parser)."""
 
 import decimal
+import os
 import json
 import re
 import shutil
@@ -10,6 +11,7 @@ import struct
 import time
 import zlib
 from html.parser import HTMLParser
+from pathlib import Path
 
 import children
 import numpy as np
@@ -971,3 +973,29 @@ def test_the_slider_moves_every_panel_and_the_self_test_passes_at_every_step(ste
         assert png_size(shot) == (1280, 2000)
         shots.append(shot.read_bytes())
     assert shots[0] != shots[1]
+
+
+def test_the_page_replaces_its_file_whole_and_never_a_device(cli_run, tmp_path, monkeypatch):
+    """--output is written to a temporary file and renamed over the old page: a write that fails
+    leaves the old page and no temporary; a path that is not a file (/dev/null) is written, not
+    replaced."""
+    from tinyformer import atomic
+
+    page = tmp_path / "page.html"
+    page.write_text("the old page", encoding="utf-8")
+
+    def failing_rename(source, target):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(atomic.os, "replace", failing_rename)
+        code, err = cli_run("--source", "I see", "--output", page, "--tokens", "1")
+    assert code == 1 and len(err) == 1 and "No space left on device" in err[0]
+    assert page.read_text(encoding="utf-8") == "the old page" and [p.name for p in tmp_path.iterdir()] == ["page.html"]
+    code, _ = cli_run("--source", "I see", "--output", page, "--tokens", "1")
+    assert code == 0 and page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"]  # no temporary left
+    if Path(os.devnull).exists() and not Path(os.devnull).is_file():
+        device = Path(os.devnull).stat()
+        assert cli_run("--source", "I see", "--output", os.devnull, "--tokens", "1")[0] == 0
+        assert Path(os.devnull).stat().st_rdev == device.st_rdev and not Path(os.devnull).is_file()

@@ -46,6 +46,8 @@ def replacing(path, prefix=None, suffix=".tmp", durable=False):
     part) is removed and ``path`` stays as it was. ``durable``: the data and the rename are synced
     to the disk before the block returns."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise IsADirectoryError(f"{path} is not a regular file: it cannot be replaced by one")
     fd, temporary = _create(path.parent, f".{path.name}." if prefix is None else prefix, suffix)
     try:
         with os.fdopen(fd, "wb") as stream:

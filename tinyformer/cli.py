@@ -260,10 +260,17 @@ def _warn(command, message):
 
 
 def _write_text(text, path):
-    """UTF-8 to a file, or to stdout for None or "-" (whatever the locale's encoding)."""
+    """UTF-8 to a file (replaced whole: an interrupted write leaves the old one), or to stdout for None
+    or "-" (whatever the locale's encoding)."""
+    from .atomic import write_atomically
+
     data = text.encode("utf-8")
     if path not in (None, "-"):
-        Path(path).write_bytes(data)
+        target = Path(path)
+        if target.exists() and not target.is_file():  # /dev/stdout, a pipe: written, never replaced
+            target.write_bytes(data)
+        else:
+            write_atomically(target, data)
         return
     buffer = getattr(sys.stdout, "buffer", None)
     if buffer is None:
