@@ -26,7 +26,7 @@ mkdir -p "$WORK"
     for seed in $SEEDS; do
         echo "--seed $seed --engines tinyformer,torch"
     done
-    for extra in attention-dropout activation-dropout final-norm torch-init all; do
+    for extra in torch-init final-norm all attention-dropout activation-dropout; do
         for seed in $SEEDS; do
             echo "--seed $seed --engines tinyformer --tf-extras $extra"
         done
