@@ -2,8 +2,6 @@
 
 import math
 
-import numpy
-
 from ..tensor import Tensor
 from ..validation import is_integer
 
