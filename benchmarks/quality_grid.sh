@@ -22,14 +22,21 @@ PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, installed or not
 mkdir -p "$WORK"
-{
+invocations=()
+for seed in $SEEDS; do
+    invocations+=("--seed $seed --engines tinyformer,torch")
+done
+for extra in torch-init final-norm all attention-dropout activation-dropout; do
     for seed in $SEEDS; do
-        echo "--seed $seed --engines tinyformer,torch"
+        invocations+=("--seed $seed --engines tinyformer --tf-extras $extra")
     done
-    for extra in torch-init final-norm all attention-dropout activation-dropout; do
-        for seed in $SEEDS; do
-            echo "--seed $seed --engines tinyformer --tf-extras $extra"
-        done
+done
+for invocation in "${invocations[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
+        wait -n || true  # a failed invocation says why in its own output; the others go on
     done
-} | sed "s|\$| $ARGS|" | xargs -P "$JOBS" -L 1 "$PYTHON" benchmarks/bench_quality.py --steps "$STEPS" \
-    --work "$WORK" --report "$REPORT" --skip-done
+    # shellcheck disable=SC2086 # the invocation's options and ARGS are words
+    "$PYTHON" benchmarks/bench_quality.py --steps "$STEPS" --work "$WORK" --report "$REPORT" --skip-done \
+        $invocation $ARGS &
+done
+wait
