@@ -283,10 +283,9 @@
   function headGradient(name, kind, l, h) {
     return cached(name + "." + kind + "." + l + "." + h, function () {
       const info = data.kinds[kind], dk = data.model.d_k, rows = info.rows, cols = info.cols;
-      const scale = 1 / Math.sqrt(dk);
-      const P = probabilitiesOf(kind, l, h);
       if (name === "dP") return matmulT(stored("dO." + kind, [l, h]), stored("V." + kind, [l, h]), rows, cols, dk);
-      const dS = name === "dP" ? null : softmaxBackward(P, headGradient("dP", kind, l, h), rows, cols);
+      const scale = 1 / Math.sqrt(dk), P = probabilitiesOf(kind, l, h);
+      const dS = softmaxBackward(P, headGradient("dP", kind, l, h), rows, cols);
       if (name === "dS") return dS;
       if (name === "dV") return matmulTA(P, stored("dO." + kind, [l, h]), rows, cols, dk);
       const out = name === "dQ" ? matmulTA(transpose(dS, rows, cols), stored("K." + kind, [l, h]), cols, rows, dk)

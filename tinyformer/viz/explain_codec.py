@@ -27,7 +27,7 @@ import zlib
 import numpy
 
 __all__ = ["encode_float32", "encode_float16", "encode_log8", "decode_array", "storage_error",
-           "softmax_backward", "normalised_rows", "recompute", "LOG8_STEPS", "LOG8_LEVELS"]
+           "softmax_backward", "normalised_rows", "backward_formulas", "recompute", "LOG8_STEPS", "LOG8_LEVELS"]
 
 LOG8_STEPS = 8
 """log8 levels per octave."""
@@ -202,6 +202,20 @@ def normalised_rows(probs):
     return probs / numpy.where(sums > 0, sums, 1.0)
 
 
+def backward_formulas(probs, values, d_out, queries=None, keys=None):
+    """Attention's backward from P, V, dO (and Q, K where given), arrays (..., rows, cols) and
+    (..., n, d_k), as the page computes it: dP = dO·Vᵀ, dS (``softmax_backward``), dV = Pᵀ·dO,
+    dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k."""
+    d_probs = d_out @ numpy.swapaxes(values, -1, -2)
+    d_scores = softmax_backward(probs, d_probs)
+    out = {"dP": d_probs, "dS": d_scores, "dV": numpy.swapaxes(probs, -1, -2) @ d_out}
+    if queries is not None:
+        scale = 1.0 / numpy.sqrt(queries.shape[-1])
+        out["dQ"] = d_scores @ keys * scale
+        out["dK"] = numpy.swapaxes(d_scores, -1, -2) @ queries * scale
+    return out
+
+
 def recompute(data):
     """{name: float64 array} of everything the page derives from ``data`` (``explain_data``'s dict)
     besides what it stores: ``dP``, ``dS``, ``dQ``, ``dK``, ``dV`` per kind (``"dS.enc"``, ...) and
@@ -209,16 +223,13 @@ def recompute(data):
     ``token.dP.<kind>`` decoded."""
     arrays, positions = data["arrays"], [p - 1 for p in data["token_gradients"]["positions"]]
     out = {}
-    d_k = data["model"]["d_k"]
     for kind in data["kinds"]:
         probs = normalised_rows(decode_array(arrays[f"P.{kind}"]))
         q, k, v, d_out = (decode_array(arrays[f"{name}.{kind}"]) for name in ("Q", "K", "V", "dO"))
-        d_probs = d_out @ numpy.swapaxes(v, -1, -2)
-        d_scores = softmax_backward(probs, d_probs)
         token_d_probs = decode_array(arrays[f"token.dP.{kind}"], positions)
-        out.update({f"P.{kind}": probs, f"dP.{kind}": d_probs, f"dS.{kind}": d_scores,
-                    f"dQ.{kind}": d_scores @ k / numpy.sqrt(d_k),
-                    f"dK.{kind}": numpy.swapaxes(d_scores, -1, -2) @ q / numpy.sqrt(d_k),
-                    f"dV.{kind}": numpy.swapaxes(probs, -1, -2) @ d_out,
-                    f"token.dP.{kind}": token_d_probs, f"token.dS.{kind}": softmax_backward(numpy.broadcast_to(probs, token_d_probs.shape), token_d_probs)})
+        formulas = backward_formulas(probs, v, d_out, q, k)
+        out.update({f"{name}.{kind}": value for name, value in formulas.items()})
+        out.update({f"P.{kind}": probs, f"token.dP.{kind}": token_d_probs,
+                    f"token.dS.{kind}": softmax_backward(numpy.broadcast_to(probs, token_d_probs.shape),
+                                                         token_d_probs)})
     return out

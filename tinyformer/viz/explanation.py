@@ -16,7 +16,8 @@ import numpy
 from .. import __version__
 from ..data.special import BOS_ID, EOS_ID
 from .explain_check import check_gradients
-from .explain_codec import decode_array, encode_float16, encode_float32, encode_log8, softmax_backward
+from .explain_codec import (backward_formulas, decode_array, encode_float16, encode_float32, encode_log8,
+                           softmax_backward)
 from .explain_page import render
 from .probe import KINDS, attention_modules, probed_copy, run_pass
 from .sentence import sentence_pair
@@ -123,7 +124,7 @@ def _per_token(copy, batch, hook, embedded):
             for name, values in (("dP", grads), ("dS", scores)):
                 found["sums"][kind, name] = found["sums"].get((kind, name), 0) + values.sum(axis=1)
             if keep:  # what the page holds: attention's backward from the head's output gradient
-                formulas = _backward_formulas({name: result[kind][name][:, keep] for name in ("P", "V", "dO")})
+                formulas = backward_formulas(*(result[kind][name][:, keep] for name in ("P", "V", "dO")))
                 for name in ("dP", "dS"):
                     found["kept"].setdefault((kind, name), []).extend(numpy.moveaxis(formulas[name], 1, 0))
     return found
@@ -137,23 +138,6 @@ def _sum_check(total, per_token):
     return {name: {"max_abs_difference": float(numpy.max(numpy.abs(summed - whole))),
                    "max_abs": float(numpy.max(numpy.abs(whole)))}
             for name, (summed, whole) in pairs.items()}
-
-
-def _backward_formulas(found):
-    """Attention's backward from P, V, dO (and Q, K where given) of the probe's arrays (layers,
-    batch, heads, ...), as the page computes it: dP = dO·Vᵀ, dS (``softmax_backward``), dV = Pᵀ·dO,
-    dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k. Without a backward hook dP is the hook point's to rounding;
-    with one, these are what attention's backward gives from the hooked dO, and
-    ``_derivation_gaps`` says how far the engine is from them."""
-    probs, d_out = found["P"], found["dO"]
-    d_probs = d_out @ numpy.swapaxes(found["V"], -1, -2)
-    d_scores = softmax_backward(probs, d_probs)
-    out = {"dP": d_probs, "dS": d_scores, "dV": numpy.swapaxes(probs, -1, -2) @ d_out}
-    if "Q" in found:
-        scale = 1.0 / numpy.sqrt(found["Q"].shape[-1])
-        out["dQ"] = d_scores @ found["K"] * scale
-        out["dK"] = numpy.swapaxes(d_scores, -1, -2) @ found["Q"] * scale
-    return out
 
 
 def _derivation_gaps(found):
@@ -225,7 +209,9 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
         found = total[kind]
         for name in ("P", "Q", "K", "V", "dO"):
             stored[f"{name}.{kind}"] = encode_float16(found[name][:, 0], causal=name == "P" and kind == "dec")
-        formulas = _backward_formulas({name: found[name][:, 0] for name in ("P", "Q", "K", "V", "dO")})
+        # what the page computes from its stored P, V, dO, Q, K (with a backward hook, the
+        # derivation gaps say how far the engine's own gradients are from these)
+        formulas = backward_formulas(*(found[name][:, 0] for name in ("P", "V", "dO", "Q", "K")))
         for name in ("dP", "dS", "dQ", "dK", "dV"):
             samples[f"{name}.{kind}"] = _samples(formulas[name], rng)
         kept = {name: numpy.stack(per_token["kept"][kind, name]) if embedded else numpy.zeros((0,) + shapes[kind])
