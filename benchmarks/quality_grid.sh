@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 28's measurements at 800 steps, each seed: the paper's configuration (tinyformer's default)
-# against stock PyTorch nn.Transformer on identical batches, then each of PyTorch's extras alone in
-# tinyformer, and all of them. Every invocation is bench_quality.py with --skip-done and its
+# against stock PyTorch nn.Transformer on identical batches, then all of PyTorch's extras in
+# tinyformer, then each alone. Every invocation is bench_quality.py with --skip-done and its
 # training state saved every 100 steps: run this again after an interruption and it continues
-# where it stopped (a finished invocation is skipped). JOBS invocations at a time (one thread
-# each; default 2); the reports are appended to REPORT.
+# where it stopped (a finished invocation is skipped). JOBS engine runs at a time (one thread
+# each; default 2): a side-by-side pair runs alone when JOBS is 2, so that its step times are
+# measured side by side and nothing else; the reports are appended to REPORT.
 #
 #   WORK=runs/bench-quality REPORT=runs/bench-quality/grid.md SEEDS="0 1" JOBS=2 benchmarks/quality_grid.sh
 #
@@ -26,17 +27,20 @@ invocations=()
 for seed in $SEEDS; do
     invocations+=("--seed $seed --engines tinyformer,torch")
 done
-for extra in torch-init final-norm all attention-dropout activation-dropout; do
+for extra in all torch-init final-norm attention-dropout activation-dropout; do
     for seed in $SEEDS; do
         invocations+=("--seed $seed --engines tinyformer --tf-extras $extra")
     done
 done
 for invocation in "${invocations[@]}"; do
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
+    runs=1
+    [[ $invocation == *tinyformer,torch* ]] && runs=2  # a pair trains both engines at once
+    while [ "$(jobs -rp | wc -l)" -gt $((JOBS - runs)) ]; do
         wait -n || true  # a failed invocation says why in its own output; the others go on
     done
     # shellcheck disable=SC2086 # the invocation's options and ARGS are words
     "$PYTHON" benchmarks/bench_quality.py --steps "$STEPS" --work "$WORK" --report "$REPORT" --skip-done \
         $invocation $ARGS &
+    if [ "$runs" -ge "$JOBS" ]; then wait || true; fi  # it holds every slot until it ends
 done
 wait
