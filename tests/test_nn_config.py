@@ -142,6 +142,25 @@ def test_presets_are_configs_and_from_preset_applies_the_overrides():
     assert nn.PRESETS["small"].dropout == 0.1  # the preset itself is unchanged
 
 
+@pytest.mark.parametrize("name", list(nn.PRESETS))
+def test_paper_true_is_the_papers_model_of_the_presets_size(name):
+    preset = nn.PRESETS[name]
+    paper = nn.Transformer.from_preset(name, vocab_size=11, paper=True, max_len=16).config
+    assert {k: paper[k] for k in nn.PAPER_CHOICES} == dict(nn.PAPER_CHOICES)
+    for size in ("d_model", "d_ff", "heads", "num_layers", "dropout"):  # the size is the preset's
+        assert paper[size] == getattr(preset, size)
+    # and the choices are the paper's: no module that the paper does not have, Xavier's draw
+    model = nn.Transformer.from_config(nn.TransformerConfig(**paper))
+    assert model.encoder.final_norm is None and model.decoder.final_norm is None
+    assert all(float(abs(layer.feed_forward.linear1.bias.data).max()) == 0 for layer in model.encoder.layers)
+
+
+def test_paper_true_gives_way_to_explicit_overrides():
+    config = nn.Transformer.from_preset("tiny", vocab_size=11, paper=True, init="torch", final_norm=True).config
+    assert config["init"] == "torch" and config["final_norm"] is True
+    assert config["attention_dropout"] == 0.0
+
+
 def test_label_smoothing_is_the_losss_not_the_models():
     with pytest.raises(TypeError) as error:
         nn.Transformer(11, d_model=8, d_ff=16, heads=2, num_layers=1, label_smoothing=0.1)

@@ -233,6 +233,13 @@ def test_configs_without_model_overrides_still_load():
     assert config.model_overrides is None and config.resolved().model_overrides is None
 
 
+def test_configs_written_before_paper_existed_build_the_papers_model():
+    values = small_config("x").to_dict()
+    assert TrainConfig.from_dict(values).paper is False
+    del values["paper"]  # a checkpoint written when every preset was the paper's model
+    assert TrainConfig.from_dict(values).paper is True
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"d_modle": 32}, "unknown Transformer argument 'd_modle'"),
     ({"dropout": 0.0}, "TrainConfig.dropout"),

@@ -6,12 +6,12 @@ from .layers import (Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, 
                      PositionwiseFeedForward)
 from .config import TransformerConfig
 from .module import Module, ModuleList, Parameter, StateDictError, inference
-from .presets import PRESETS
+from .presets import PAPER_CHOICES, PRESETS
 from .transformer import Decoder, DecoderLayer, DecoderState, Encoder, EncoderLayer, Transformer
 
 __all__ = [
     "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding", "LayerNorm",
     "Dropout", "PositionalEncoding", "LearnedPositionalEmbedding", "PositionwiseFeedForward",
     "MultiHeadAttention", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState",
-    "TransformerConfig", "PRESETS", "inference", "init",
+    "TransformerConfig", "PRESETS", "PAPER_CHOICES", "inference", "init",
 ]

@@ -8,7 +8,14 @@ from types import MappingProxyType
 
 from .config import TransformerConfig
 
-__all__ = ["PRESETS", "preset_config"]
+__all__ = ["PRESETS", "PAPER_CHOICES", "preset_config"]
+
+# The paper's own choice for each model option that the paper does not have (``paper=True`` restores
+# them over a preset's defaults): no dropout on the attention probabilities or after the
+# feed-forward ReLU, no LayerNorm after a post-LN stack, each projection Xavier-uniform on its own
+# shape with zero biases, post-LN, sinusoidal positions.
+PAPER_CHOICES = MappingProxyType({"attention_dropout": 0.0, "activation_dropout": 0.0, "final_norm": None,
+                                  "init": "xavier", "norm_first": False, "positional": "sinusoid"})
 
 PRESETS = MappingProxyType({
     # Table 3, "base": 65 M parameters with a shared 37k vocabulary.
@@ -22,11 +29,12 @@ PRESETS = MappingProxyType({
 })
 
 
-def preset_config(name, vocab_size=None, **overrides):
+def preset_config(name, vocab_size=None, *, paper=False, **overrides):
     """The ``TransformerConfig`` of preset ``name`` with ``overrides`` (Transformer arguments) applied.
 
     ``vocab_size`` sets a shared vocabulary; pass ``src_vocab_size`` and
-    ``tgt_vocab_size`` instead for separate ones.
+    ``tgt_vocab_size`` instead for separate ones. ``paper=True`` sets ``PAPER_CHOICES`` first, the
+    paper's exact model of that size, whatever the preset's defaults (``overrides`` still apply).
     """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
@@ -37,4 +45,4 @@ def preset_config(name, vocab_size=None, **overrides):
         overrides["src_vocab_size"] = vocab_size
     if overrides.get("src_vocab_size") is None:
         raise TypeError(f"preset {name!r} needs vocab_size (or src_vocab_size)")
-    return PRESETS[name].replace(**overrides)
+    return PRESETS[name].replace(**{**(PAPER_CHOICES if paper else {}), **overrides})

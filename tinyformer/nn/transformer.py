@@ -194,9 +194,10 @@ class Transformer(Module):
         return cls(**config.to_dict())
 
     @classmethod
-    def from_preset(cls, name, vocab_size=None, **overrides):
-        """A model of a named size (``nn.PRESETS``), e.g. ``from_preset("base", vocab_size=37000)``."""
-        return cls.from_config(preset_config(name, vocab_size, **overrides))
+    def from_preset(cls, name, vocab_size=None, *, paper=False, **overrides):
+        """A model of a named size (``nn.PRESETS``), e.g. ``from_preset("base", vocab_size=37000)``;
+        ``paper=True``: the paper's exact model of that size (``nn.PAPER_CHOICES``)."""
+        return cls.from_config(preset_config(name, vocab_size, paper=paper, **overrides))
 
     @property
     def label_smoothing(self):

@@ -91,7 +91,8 @@ def build_parts(config, resume=False, echo=print, comm=None):
     if comm.size > 1:
         position = _synchronise(comm, config, model, adam, position, rng_states)
         scaler.load_state_dict(comm.broadcast_object(scaler.state_dict()))
-    echo(f"model: {config.preset} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
+    paper = " (the paper's)" if config.paper else ""
+    echo(f"model: {config.preset}{paper} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
          f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch"
          + (f"; {comm.size} ranks over {comm.name}" if comm.size > 1 else ""))
     return Parts(tokenizer, train_data, val_data, val_text, model, adam, position, scaler)
@@ -280,13 +281,13 @@ def build_corpus_data(config, comm, echo=print):
 
 
 def build_model(config, tokenizer):
-    """The preset's Transformer over the tokenizer's vocabulary with the run's dropout and
-    model_overrides, initialised from the run's seed (which also restarts the dropout generator),
+    """The preset's Transformer (the paper's of its size with ``paper``) over the tokenizer's
+    vocabulary with the run's dropout and model_overrides, initialised from the run's seed (which also restarts the dropout generator),
     on the run's device."""
     overrides = {} if config.dropout is None else {"dropout": config.dropout}
     overrides.update(config.model_overrides or {})
     tf_random.manual_seed(config.seed)
-    return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=PAD_ID,
+    return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=PAD_ID, paper=config.paper,
                                    max_len=max(config.max_len, 1024), seed=config.seed, **overrides).to(config.device)
 
 

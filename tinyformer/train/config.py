@@ -151,6 +151,10 @@ class TrainConfig:
     # The built-in task: `tiny` reaches >= 95% exact match in a few CPU minutes; Multi30k: `small`.
     preset: str = option(help="model size", per_data={"synthetic": "tiny", "multi30k": "small", "files": "small"},
                          choices=tuple(PRESETS), check=_check_preset)
+    # The preset with none of the options the paper does not have (nn.PAPER_CHOICES), for runs that
+    # must be the paper's model; model_overrides still apply over it.
+    paper: bool = option(False, help="the paper's exact model of the preset's size: none of the preset's choices "
+                         "that the paper does not make (nn.PAPER_CHOICES)", kind=bool)
     # A joint BPE (§5.1: one source-target vocabulary, 37k for WMT): 8k for Multi30k's 29k pairs.
     vocab_size: int = option(help="joint BPE vocabulary size",
                              per_data={"synthetic": 600, "multi30k": 8000, "files": 8000},
@@ -275,8 +279,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values):
+        """The config a checkpoint holds. One written before ``paper`` existed trained the paper's
+        model (every preset was it then), which ``paper=True`` keeps building for it."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        return cls(**{"paper": True, **{k: v for k, v in values.items() if k in known}})
 
 
 OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}
