@@ -83,7 +83,7 @@ def test_reverse_task_example_trains_and_decodes():
 
 
 # ---------------------------------------------------------------- train / translate / eval / average
-@pytest.mark.parametrize("command", ["info", "train", "translate", "eval", "average", "gradcheck", "plot"])
+@pytest.mark.parametrize("command", ["info", "train", "translate", "eval", "average", "gradcheck", "plot", "study"])
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main([command, "--help"])

@@ -1,0 +1,328 @@
+"""tinyformer.study: the exercises, the checker that names mistakes, the swap into a real model, the CLI.
+
+Every reference solution (tests/study_solutions, the files `study start` writes with backward
+filled in) passes; typical mistakes, each a small edit of a reference solution, fail with the
+message naming them; a right backward swapped into a model gives tinyformer's own gradients and a
+falling loss, a wrong one is really used, and tinyformer's own methods are back afterwards.
+"""
+
+import types
+from pathlib import Path
+
+import numpy
+import pytest
+
+from tinyformer import cli, nn
+from tinyformer import functional as F
+from tinyformer.study import EXERCISES, check, load, swap
+from tinyformer.study.cases import prepared
+
+SOLUTIONS = Path(__file__).with_name("study_solutions")
+
+
+def edited(tmp_path, solution, old, new):
+    """A copy of a reference solution with ``old`` (found exactly once) replaced by ``new``."""
+    text = (SOLUTIONS / solution).read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} is not found once in {solution}"
+    path = tmp_path / solution
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------- the checker
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.filename)
+def test_every_reference_solution_passes(exercise):
+    report = check(SOLUTIONS / exercise.filename)
+    text = "\n".join(report.lines())
+    assert report.passed, text
+    assert f"exercise {exercise.number}, {exercise.title}: right." in text
+    assert report.differences[0] < 1e-12 and report.differences[1] < 1e-6
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.filename)
+def test_a_reference_solution_is_the_template_with_backward_written(exercise):
+    template = exercise.template()
+    solution = (SOLUTIONS / exercise.filename).read_text(encoding="utf-8")
+    given, _, unwritten = template.partition("def backward(")
+    assert solution.split("\n", 1)[1].startswith(given)  # after its first line, a comment
+    assert unwritten.count("raise NotImplementedError") == 1 and "raise NotImplementedError" not in solution
+
+
+@pytest.mark.parametrize("number", [e.number for e in EXERCISES])
+def test_the_op_and_central_differences_agree_on_every_case(number):
+    """The two answers the checker holds a backward to (prepared refuses to disagree), over the
+    edge cases the exercise promises."""
+    cases = prepared(number)
+    tags = set().union(*(c.tags for c in cases))
+    promised = {2: {"length 1", "batch 1", "masked entries"}, 3: {"one feature", "batch 1"},
+                4: {"causal", "padding", "fully masked row", "length 1", "batch 1", "len_q ≠ len_k"},
+                5: {"padding", "an all-padding row", "every target padding", "length 1", "batch 1"},
+                6: {"causal", "padding", "fully masked row", "length 1", "batch 1"}}.get(number, {"batch 1"})
+    assert promised <= tags
+    for case in cases:
+        for name, expected in case.expected.items():
+            assert numpy.allclose(case.numeric[name], expected, rtol=1e-4, atol=1e-6), (case.name, name)
+
+
+MISTAKES = {
+    "chain rule, not accumulated": (
+        "01_chain_rule.py", "dx = dz @ w.T + dy * h", "dx = dz @ w.T",
+        ["dx is wrong in every case", "gradients not accumulated for x", "only the path through z"]),
+    "chain rule, missing transpose": (
+        "01_chain_rule.py", "dw = x.T @ dz", "dw = dz.T @ x",
+        ["dW is wrong", "the right numbers transposed: a missing (or extra) transpose"]),
+    "chain rule, a sign lost": (
+        "01_chain_rule.py", "db = dz.sum(axis=0)", "db = -dz.sum(axis=0)",
+        ["db is wrong in every case (4 of 4)", "−1 times the right answer: the wrong sign"]),
+    "chain rule, rows in the wrong order": (
+        "01_chain_rule.py", "return dx, dw, db", "return dx[::-1], dw, db",
+        ["dx is wrong in every case but those for batch 1 (3 of 4)", "the right numbers at the wrong positions"]),
+    "softmax, Σ dp for Σ dp·p": (
+        "02_softmax.py", "(dp * p).sum(axis=-1, keepdims=True)", "dp.sum(axis=-1, keepdims=True)",
+        ["dx is wrong", "the wrong row sum in softmax's backward: Σ dp where it is Σ dp·p"]),
+    "softmax, sum over the wrong axis": (
+        "02_softmax.py", "(dp * p).sum(axis=-1, keepdims=True)", "(dp * p).sum(axis=0, keepdims=True)",
+        ["the wrong row sum in softmax's backward: summed over the wrong axis"]),
+    "softmax, a wrong row sum of another kind": (
+        "02_softmax.py", "(dp * p).sum(axis=-1, keepdims=True)", "0.5 * (dp * p).sum(axis=-1, keepdims=True)",
+        ["p times one number per row, so the number subtracted from each row of dp is wrong"]),
+    "layer norm, the path through σ² missing": (
+        "03_layer_norm.py", " - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))", ")",
+        ["dx is wrong", "the path through σ² is missing"]),
+    "attention, forgetting the 1/√d_k": (
+        "04_attention.py", "    dq = ds @ k * scale\n    dk = ds.swapaxes(-1, -2) @ q * scale",
+        "    dq = ds @ k\n    dk = ds.swapaxes(-1, -2) @ q",
+        ["dQ and dK are wrong in every case but those for length 1", "√d_k times the right answer: forgetting the 1/√d_k",
+         "dV is right"]),
+    "attention, missing transpose": (
+        "04_attention.py", "dv = p.swapaxes(-1, -2) @ d_out", "dv = p @ d_out",
+        ["(`dv = p @ d_out`) raised ValueError in case \"padding, len_q 3 ≠ len_k 5\"", "a missing transpose?",
+         "what it looks like: a missing transpose: dV = P·dO, where it is Pᵀ·dO"]),
+    "attention, the mask applied to P instead of S": (
+        "04_attention.py",
+        "    s = numpy.where(keep_mask(mask, causal, q.shape[-2], k.shape[-2]), s, -numpy.inf)\n    p = softmax(s)\n    dv",
+        "    p = softmax(s) * keep_mask(mask, causal, q.shape[-2], k.shape[-2])\n    dv",
+        ["there only in the rows with a hidden key", "the mask applied to P instead of S"]),
+    "attention, wrong only where the causal mask hides keys": (
+        "04_attention.py",
+        "    s = numpy.where(keep_mask(mask, causal, q.shape[-2], k.shape[-2]), s, -numpy.inf)\n    p = softmax(s)\n    dv",
+        "    s = numpy.where(keep_mask(mask, False, q.shape[-2], k.shape[-2]), s, -numpy.inf)\n    p = softmax(s)\n    dv",
+        ["dQ is wrong only with a causal mask (3 of 7 cases", "there only in the rows the causal mask hides keys from",
+         "the causal mask left out of backward"]),
+    "attention, nan in a fully masked row": (
+        "04_attention.py", "    p = softmax(s)\n    dv",
+        "    e = numpy.exp(s - s.max(axis=-1, keepdims=True))\n    p = e / e.sum(axis=-1, keepdims=True)\n    dv",
+        ["only when a row is fully masked (1 of 7 cases", "there only in the fully masked rows",
+         "nan from a query that sees no key"]),
+    "cross entropy, smoothing mass given to padding": (
+        "05_cross_entropy.py", "return d_loss * kept * (p - smoothed_target(target, vocab, smoothing)) / count",
+        "q = smoothed_target(target, vocab, smoothing) * kept + (~kept) * smoothing / vocab\n"
+        "    return d_loss * (p * kept - q) / count",
+        ["there only in the padding positions, where the right answer is 0", "smoothing mass given to padding"]),
+    "cross entropy, the mean over every position": (
+        "05_cross_entropy.py", "count = max(int(kept.sum()), 1)", "count = kept.size",
+        ["divided by every position, padding included"]),
+    "multi-head attention, forgetting the 1/√d_k": (
+        "06_multi_head_attention.py", "    dq = ds @ k * scale\n    dk = ds.swapaxes(-1, -2) @ q * scale",
+        "    dq = ds @ k\n    dk = ds.swapaxes(-1, -2) @ q",
+        ["dquery, dkey, dW_Q, db_Q and dW_K are wrong", "forgetting the 1/√d_k"]),
+    "multi-head attention, heads merged back by a reshape": (
+        "06_multi_head_attention.py", 'd_heads = split_heads(linear_backward(merged, params["w_o"], d_out, "o"), heads)',
+        'd_heads = linear_backward(merged, params["w_o"], d_out, "o").reshape(p.shape[0], heads, p.shape[2], -1)',
+        ["the heads' gradient split back by a reshape alone"]),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_typical_mistake_fails_with_the_message_naming_it(mistake, tmp_path):
+    solution, old, new, phrases = MISTAKES[mistake]
+    report = check(edited(tmp_path, solution, old, new))
+    text = "\n".join(report.lines())
+    assert not report.passed
+    assert "not right yet" in text
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} not in:\n{text}"
+    assert "largest error" in text and "expected" in text and "central differences" in text and "got" in text
+
+
+def test_a_wrong_shape_and_a_wrong_count_are_one_line_each(tmp_path):
+    shape = check(edited(tmp_path, "03_layer_norm.py", "return dx, (dy * xhat).sum(axis=rows), dy.sum(axis=rows)",
+                         "return dx, (dy * xhat).sum(axis=0), dy.sum(axis=rows)"))
+    assert not shape.passed
+    assert shape.lines()[0].endswith("dgain is wrong; dx and dbias are right where they could be compared.")
+    assert 'dgain has shape (3, 4) in case "(2, 3, 4): leading axes"; it must be (4,)' in shape.lines()[1]
+    count = check(edited(tmp_path, "01_chain_rule.py", "return dx, dw, db", "return dx, dw"))
+    assert not count.passed
+    assert count.lines()[1].strip() == "backward returned 2 values; exercise 1 returns 3: (dx, dW, db)"
+
+
+def test_a_file_whose_forward_was_changed_cannot_be_checked(tmp_path):
+    from tinyformer.study import ExerciseFileError
+
+    path = edited(tmp_path, "02_softmax.py", "return e / e.sum(axis=-1, keepdims=True)", "return e")
+    with pytest.raises(ExerciseFileError, match="its forward no longer computes exercise 2's"):
+        check(path)
+
+
+# ---------------------------------------------------------------------------- the swap into a model
+def _swapped_classes():
+    """The class attributes a swap replaces, as they are now."""
+    from tinyformer.functional import CrossEntropy, LayerNorm, ScaledDotProductAttention
+
+    return {(c.__name__, n): c.__dict__.get(n) for c in (ScaledDotProductAttention, LayerNorm, CrossEntropy)
+            for n in ("forward_cpu", "backward_cpu")} | {("MultiHeadAttention", "forward"):
+                                                         nn.MultiHeadAttention.__dict__["forward"]}
+
+
+def _model_gradients():
+    """The parameter gradients of a `tiny` Transformer (eval mode: no dropout) on one padded batch."""
+    model = nn.Transformer.from_preset("tiny", vocab_size=23, pad_id=0, max_len=32, seed=3)
+    model.eval()
+    src = numpy.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+    tgt_in = numpy.array([[1, 11, 12, 13], [1, 14, 15, 0]])
+    tgt_out = numpy.array([[11, 12, 13, 2], [14, 15, 2, 0]])
+    loss = F.cross_entropy(model(src, tgt_in), tgt_out, 0.1, ignore_index=0, reduction="sum")
+    loss.backward()
+    return [p.grad.copy() for p in model.parameters()]
+
+
+def _doubled(module):
+    """The reader's module with a wrong backward: twice the right gradients."""
+    def backward(*args):
+        grads = module.backward(*args)
+        if isinstance(grads, dict):
+            return {k: 2 * v for k, v in grads.items()}
+        return tuple(2 * g for g in grads) if isinstance(grads, tuple) else 2 * grads
+
+    return types.SimpleNamespace(**{**vars(module), "backward": backward})
+
+
+@pytest.mark.parametrize("number", [2, 3, 4, 5, 6])
+def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number):
+    before = _swapped_classes()
+    own = _model_gradients()
+    module, _ = load(SOLUTIONS / EXERCISES[number - 1].filename)
+    with swap.swapped_in(number, module) as right:
+        readers = _model_gradients()
+    assert right.calls > 0
+    for mine, theirs in zip(readers, own):
+        numpy.testing.assert_allclose(mine, theirs, rtol=2e-4, atol=2e-6)
+    with swap.swapped_in(number, _doubled(module)) as wrong:
+        doubled = _model_gradients()
+    assert wrong.calls > 0
+    assert any(not numpy.allclose(d, o, rtol=1e-2, atol=1e-5) for d, o in zip(doubled, own))
+    assert _swapped_classes() == before
+
+
+def test_the_swap_is_undone_after_an_error_or_ctrl_c():
+    before = _swapped_classes()
+    module, _ = load(SOLUTIONS / "04_attention.py")
+    for stop in (KeyboardInterrupt, RuntimeError):
+        with pytest.raises(stop):
+            with swap.swapped_in(4, module):
+                assert _swapped_classes() != before
+                raise stop()
+        assert _swapped_classes() == before
+    with pytest.raises(swap.NoModelOp):
+        with swap.swapped_in(1, load(SOLUTIONS / "01_chain_rule.py")[0]):
+            pass
+
+
+def test_a_right_backward_trains_a_tiny_model_with_a_falling_loss():
+    before = _swapped_classes()
+    module, _ = load(SOLUTIONS / "04_attention.py")
+    shown = []
+    proof = swap.train(4, module, steps=40, max_tokens=256, echo=shown.append)
+    assert proof.falling and proof.last < proof.first - 1.0, proof.losses
+    assert proof.calls == 40 * 6  # 2 encoder self-attentions + 2 × (decoder self + cross) per step
+    assert [line.split(":")[0].strip() for line in shown] == ["step  1", "step  8", "step 16", "step 24", "step 32",
+                                                              "step 40"]
+    assert _swapped_classes() == before
+
+
+# ---------------------------------------------------------------------------- the command line
+def run(argv, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_study_lists_the_six_exercises_in_order(capsys):
+    code, out, _ = run(["study"], capsys)
+    assert code == 0
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
+    assert listed == ["1", "2", "3", "4", "5", "6"]
+    for e in EXERCISES:
+        assert f"  {e.number}  {e.title}" in out and e.summary in out
+    assert "tinyformer study start N [DIR]" in out and "tinyformer study check FILE" in out
+
+
+def test_start_writes_an_exercise_that_check_calls_unwritten_and_is_never_overwritten(tmp_path, capsys):
+    folder = tmp_path / "course"
+    code, out, _ = run(["study", "start", "2", str(folder)], capsys)
+    path = folder / "02_softmax.py"
+    assert code == 0 and path.is_file()
+    assert f"wrote {path}" in out and f"tinyformer study check {path}" in out
+    assert "raise NotImplementedError" in path.read_text(encoding="utf-8")
+    assert [p.name for p in folder.iterdir()] == ["02_softmax.py"]  # no temporary file left
+    code, out, _ = run(["study", "check", str(path)], capsys)
+    assert code == 1
+    assert out.strip() == (f"{path}: exercise 2, softmax: backward is not written yet (it raises NotImplementedError): "
+                           f"write it, then run `tinyformer study check {path}` again")
+    path.write_text("# mine\n", encoding="utf-8")
+    code, _, err = run(["study", "start", "2", str(folder)], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"{path} exists already: not overwritten" in err
+    assert path.read_text(encoding="utf-8") == "# mine\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["study", "start", "7"], "argument N: must be an exercise number from 1 to 6"),
+    (["study", "start", "two"], "argument N: must be an exercise number from 1 to 6"),
+    (["study", "check"], "required: FILE"),
+])
+def test_study_usage_errors_exit_2_with_one_line(argv, message, capsys):
+    code, _, err = run(argv, capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("EXERCISE = 2\ndef backward(x, dp)\n    pass\n", "line 2: syntax error"),
+    ("import numpy\nprint('hello')\n", "not a tinyformer study exercise (it has no `EXERCISE = N` line)"),
+    ("EXERCISE = 9\n", "EXERCISE must be a number from 1 to 6, got 9"),
+    ("EXERCISE = 2\nraise RuntimeError('boom')\n", "line 2: importing it raised RuntimeError: boom"),
+    ("EXERCISE = 2\ndef forward(x):\n    return x\n", "exercise 2 needs a function `backward`"),
+])
+def test_a_file_that_cannot_be_checked_is_one_line_and_exit_2(content, message, tmp_path, capsys):
+    path = tmp_path / "mine.py"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    code, out, err = run(["study", "check", str(path)], capsys)
+    assert code == 2 and not out
+    assert err.startswith(f"tinyformer study: error: {path}") and message in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_exception_in_backward_names_its_line_and_exits_1(tmp_path, capsys):
+    path = edited(tmp_path, "02_softmax.py", "    p = forward(x)\n", "    p = forward(x)\n    p = p[None, 99]\n")
+    line = path.read_text(encoding="utf-8").splitlines().index("    p = p[None, 99]") + 1
+    code, out, _ = run(["study", "check", str(path), "--no-train"], capsys)
+    assert code == 1
+    assert f"line {line} (`p = p[None, 99]`) raised IndexError in case \"3 rows of 5\"" in out
+
+
+def test_check_passes_with_exit_0_and_trains_unless_told_not_to(capsys):
+    code, out, _ = run(["study", "check", str(SOLUTIONS / "01_chain_rule.py")], capsys)
+    assert code == 0
+    assert "exercise 1 has no op in the model" in out and "next: tinyformer study start 2" in out
+    code, out, _ = run(["study", "check", str(SOLUTIONS / "05_cross_entropy.py"), "--no-train"], capsys)
+    assert code == 0 and "right." in out and "--no-train" in out and "step" not in out
+    code, out, _ = run(["study", "check", str(SOLUTIONS / "05_cross_entropy.py"), "--steps", "12"], capsys)
+    assert code == 0, out
+    assert "CrossEntropy.backward_cpu runs your backward while `tiny` trains 12 steps" in out
+    assert "step  1: loss" in out and "step 12: loss" in out
+    assert ", falling, with your backward called 12 times; tinyformer's own backward is back in place." in out
