@@ -1,7 +1,7 @@
 """tinyformer.study: the exercises, the checker that names mistakes, the swap into a real model, the CLI.
 
-Every reference solution (tests/study_solutions, the files `study start` writes with backward
-filled in) passes; typical mistakes, each a small edit of a reference solution, fail with the
+Every reference solution (tests/study_solutions: what a reader writes from `def backward(` on, put
+into the file `study start` writes) passes; typical mistakes, each a small edit of a reference solution, fail with the
 message naming them; a right backward swapped into a model gives tinyformer's own gradients and a
 falling loss, a wrong one is really used, and tinyformer's own methods are back afterwards.
 """
@@ -17,12 +17,29 @@ from tinyformer import functional as F
 from tinyformer.study import EXERCISES, check, load, swap
 from tinyformer.study.cases import prepared
 
-SOLUTIONS = Path(__file__).with_name("study_solutions")
+BACKWARDS = Path(__file__).with_name("study_solutions")
+BY_FILENAME = {exercise.filename: exercise for exercise in EXERCISES}
+
+
+def solution_text(filename):
+    """Reference solution ``filename``: the file `study start` writes, its unwritten backward
+    replaced by tests/study_solutions/``filename`` (a ``def backward(`` and what follows)."""
+    given, found, _ = BY_FILENAME[filename].template().partition("def backward(")
+    _, written, body = (BACKWARDS / filename).read_text(encoding="utf-8").partition("def backward(")
+    assert found and written, f"{filename}: no def backward( in the template or the solution"
+    return given + written + body
+
+
+def solution(tmp_path, filename):
+    """Reference solution ``filename`` written to ``tmp_path``; its path."""
+    path = tmp_path / filename
+    path.write_text(solution_text(filename), encoding="utf-8")
+    return path
 
 
 def edited(tmp_path, solution, old, new):
     """A copy of a reference solution with ``old`` (found exactly once) replaced by ``new``."""
-    text = (SOLUTIONS / solution).read_text(encoding="utf-8")
+    text = solution_text(solution)
     assert text.count(old) == 1, f"{old!r} is not found once in {solution}"
     path = tmp_path / solution
     path.write_text(text.replace(old, new), encoding="utf-8")
@@ -31,8 +48,8 @@ def edited(tmp_path, solution, old, new):
 
 # ---------------------------------------------------------------------------- the checker
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.filename)
-def test_every_reference_solution_passes(exercise):
-    report = check(SOLUTIONS / exercise.filename)
+def test_every_reference_solution_passes(exercise, tmp_path):
+    report = check(solution(tmp_path, exercise.filename))
     text = "\n".join(report.lines())
     assert report.passed, text
     assert f"exercise {exercise.number}, {exercise.title}: right." in text
@@ -41,11 +58,10 @@ def test_every_reference_solution_passes(exercise):
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.filename)
 def test_a_reference_solution_is_the_template_with_backward_written(exercise):
-    template = exercise.template()
-    solution = (SOLUTIONS / exercise.filename).read_text(encoding="utf-8")
+    template, text = exercise.template(), solution_text(exercise.filename)
     given, _, unwritten = template.partition("def backward(")
-    assert solution.split("\n", 1)[1].startswith(given)  # after its first line, a comment
-    assert unwritten.count("raise NotImplementedError") == 1 and "raise NotImplementedError" not in solution
+    assert text.startswith(given) and template.count("def backward(") == text.count("def backward(") == 1
+    assert unwritten.count("raise NotImplementedError") == 1 and "raise NotImplementedError" not in text
 
 
 @pytest.mark.parametrize("number", [e.number for e in EXERCISES])
@@ -198,10 +214,10 @@ def _doubled(module):
 
 
 @pytest.mark.parametrize("number", [2, 3, 4, 5, 6])
-def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number):
+def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number, tmp_path):
     before = _swapped_classes()
     own = _model_gradients()
-    module, _ = load(SOLUTIONS / EXERCISES[number - 1].filename)
+    module, _ = load(solution(tmp_path, EXERCISES[number - 1].filename))
     with swap.swapped_in(number, module) as right:
         readers = _model_gradients()
     assert right.calls > 0
@@ -214,9 +230,9 @@ def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number):
     assert _swapped_classes() == before
 
 
-def test_the_swap_is_undone_after_an_error_or_ctrl_c():
+def test_the_swap_is_undone_after_an_error_or_ctrl_c(tmp_path):
     before = _swapped_classes()
-    module, _ = load(SOLUTIONS / "04_attention.py")
+    module, _ = load(solution(tmp_path, "04_attention.py"))
     for stop in (KeyboardInterrupt, RuntimeError):
         with pytest.raises(stop):
             with swap.swapped_in(4, module):
@@ -224,13 +240,13 @@ def test_the_swap_is_undone_after_an_error_or_ctrl_c():
                 raise stop()
         assert _swapped_classes() == before
     with pytest.raises(swap.NoModelOp):
-        with swap.swapped_in(1, load(SOLUTIONS / "01_chain_rule.py")[0]):
+        with swap.swapped_in(1, load(solution(tmp_path, "01_chain_rule.py"))[0]):
             pass
 
 
-def test_a_right_backward_trains_a_tiny_model_with_a_falling_loss():
+def test_a_right_backward_trains_a_tiny_model_with_a_falling_loss(tmp_path):
     before = _swapped_classes()
-    module, _ = load(SOLUTIONS / "04_attention.py")
+    module, _ = load(solution(tmp_path, "04_attention.py"))
     shown = []
     proof = swap.train(4, module, steps=40, max_tokens=256, echo=shown.append)
     assert proof.falling and proof.last < proof.first - 1.0, proof.losses
@@ -315,13 +331,13 @@ def test_an_exception_in_backward_names_its_line_and_exits_1(tmp_path, capsys):
     assert f"line {line} (`p = p[None, 99]`) raised IndexError in case \"3 rows of 5\"" in out
 
 
-def test_check_passes_with_exit_0_and_trains_unless_told_not_to(capsys):
-    code, out, _ = run(["study", "check", str(SOLUTIONS / "01_chain_rule.py")], capsys)
+def test_check_passes_with_exit_0_and_trains_unless_told_not_to(tmp_path, capsys):
+    code, out, _ = run(["study", "check", str(solution(tmp_path, "01_chain_rule.py"))], capsys)
     assert code == 0
     assert "exercise 1 has no op in the model" in out and "next: tinyformer study start 2" in out
-    code, out, _ = run(["study", "check", str(SOLUTIONS / "05_cross_entropy.py"), "--no-train"], capsys)
+    code, out, _ = run(["study", "check", str(solution(tmp_path, "05_cross_entropy.py")), "--no-train"], capsys)
     assert code == 0 and "right." in out and "--no-train" in out and "step" not in out
-    code, out, _ = run(["study", "check", str(SOLUTIONS / "05_cross_entropy.py"), "--steps", "12"], capsys)
+    code, out, _ = run(["study", "check", str(solution(tmp_path, "05_cross_entropy.py")), "--steps", "12"], capsys)
     assert code == 0, out
     assert "CrossEntropy.backward_cpu runs your backward while `tiny` trains 12 steps" in out
     assert "step  1: loss" in out and "step 12: loss" in out
