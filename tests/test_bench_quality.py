@@ -191,6 +191,39 @@ def test_the_script_end_to_end_with_one_engine(work):
                           "--report", str(report), "--skip-done"], timeout=300)
     assert again.returncode == 0 and "bench_quality: done already" in again.stdout, again.stdout + again.stderr
     assert report.read_text(encoding="utf-8") == text  # nothing trained, nothing appended
+    summary = children.run([children.PYTHON, str(ROOT / "benchmarks" / "quality_summary.py"), str(work / "e2e"),
+                            "--data", "synthetic", "--preset", "tiny"], timeout=120)
+    assert summary.returncode == 0, summary.stdout + summary.stderr
+    assert summary.stdout.splitlines()[2].startswith("| tinyformer | none | ")
+
+
+def fake_result(folder, engine, extras, seed, bleu, steps=4):
+    result = {"engine": engine, "extras": extras, "equal_init": False, "model_config": {"seed": seed},
+              "losses": [5.0] * (steps - 1) + [float(seed + 1)], "seconds": [1.0 + seed] * steps, "bleu": bleu}
+    name = f"multi30k-small-s{seed}-n{steps}-{engine}-{'+'.join(extras) or 'none'}.json"
+    (folder / name).write_text(__import__("json").dumps(result), encoding="utf-8")
+
+
+def test_the_summary_compares_each_configuration_with_pytorch_on_the_same_seeds(tmp_path):
+    summary = load_script("benchmarks/quality_summary.py")
+    results = tmp_path / "results"
+    results.mkdir()
+    stock = ["attention-dropout", "activation-dropout", "final-norm", "torch-init"]
+    for seed, bleu in ((0, 30.0), (1, 32.0), (2, 40.0)):
+        fake_result(results, "torch", stock, seed, bleu)
+    for seed, bleu in ((0, 29.0), (1, 30.0)):
+        fake_result(results, "tinyformer", [], seed, bleu)
+    fake_result(results, "tinyformer", ["torch-init"], 1, 33.5)
+    fake_result(results, "tinyformer", ["torch-init"], 0, 99.0, steps=3)  # another step count: left out
+    lines = summary.summary(summary.load_runs(tmp_path, steps=4)).splitlines()
+    assert lines[0].startswith("| engine | extras | seed 0 | seed 1 | seed 2 | mean BLEU | vs PyTorch")
+    assert lines[2] == "| PyTorch | activation-dropout,attention-dropout,final-norm,torch-init | 30.00 | 32.00 | 40.00 | " \
+                       "**34.00** |  | 4.2500 | 2.000 |"
+    assert lines[3].startswith("| tinyformer | none | 29.00 | 30.00 |  | **29.50** | -1.50 (2 seeds) | ")
+    assert lines[4].startswith("| tinyformer | torch-init |  | 33.50 |  | **33.50** | +1.50 (1 seed) | ")
+    assert len(lines) == 5
+    with pytest.raises(SystemExit):
+        summary.main([str(tmp_path), "--steps", "7"])  # no run of 7 steps: refused, not an empty table
 
 
 # ---------------------------------------------------------------------------- with PyTorch
