@@ -1,4 +1,4 @@
-"""Size and time of `tinyformer explain` pages: the README's figures, measured.
+"""Size and time of `tinyformer explain` pages: the manual's figures (docs/attention.md), measured.
 
 Cases (each a fresh, untrained checkpoint built as `tinyformer train` builds it, unless
 ``--checkpoint`` names one; the page's size and plumbing do not depend on training):

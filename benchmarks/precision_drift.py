@@ -1,4 +1,5 @@
-"""How far bf16 and fp16 training drift from fp32 on the CPU: the README's figures, measured.
+"""How far bf16 and fp16 training drift from fp32 on the CPU: the manual's figures
+(docs/mixed-precision.md), measured.
 
 The runs of tests/test_train_precision.py, as the command line makes them: `tiny` on the built-in
 task, 150 steps of 256 target tokens, seed 0 in fp32, bf16 and fp16, and fp32 again from seed 1.

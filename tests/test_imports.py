@@ -219,8 +219,9 @@ def _part(module):
 
 
 def test_the_parts_of_the_package_import_one_way(package_edges):
-    """The README's arrow: the parts (nn/, functional/, kernels/, backend.py, ...) form no circle,
-    not even through modules that themselves form none (kernels/ asks nothing of functional/)."""
+    """The manual's arrow (docs/architecture.md): the parts (nn/, functional/, kernels/, backend.py,
+    ...) form no circle, not even through modules that themselves form none (kernels/ asks nothing
+    of functional/)."""
     edges = [(_part(a), _part(b), line, late) for a, b, line, late in package_edges
              if _part(a) and _part(b) and _part(a) != _part(b)]
     check_acyclic([(f"tinyformer.{a}", f"tinyformer.{b}", line, late) for a, b, line, late in edges],

@@ -80,13 +80,26 @@ def test_an_unfounded_hardware_claim_is_caught(cell, problem):
     assert any(problem in p for p in found), found
 
 
+def results_links(page):
+    """The results files a page links, repository-relative: the README links them as
+    ``benchmarks/results/NAME.md``, the manual's pages (docs/) relative to themselves,
+    ``../benchmarks/results/NAME.md``."""
+    links = re.findall(r"\]\(([^)#\s]+)", page.read_text(encoding="utf-8"))
+    resolved = {(page.parent / link).resolve() for link in links if "://" not in link}
+    results = (ROOT / "benchmarks" / "results").resolve()
+    return sorted(path.relative_to(ROOT).as_posix() for path in resolved if path.parent == results)
+
+
 def test_every_results_file_the_readme_links_exists_and_says_how_it_was_measured():
-    """Command, date, commit and machine in each linked results file."""
-    linked = sorted(set(LINK.findall(README.read_text(encoding="utf-8"))))
-    assert linked
+    """Command, date, commit and machine in each results file the README or the manual links
+    (the figures the README held moved into the manual with their links)."""
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    linked = {link for page in pages for link in results_links(page)}
+    linked = sorted(linked | set(LINK.findall(README.read_text(encoding="utf-8"))))
+    assert linked and len(linked) >= 10
     for link in linked:
         path = ROOT / link
-        assert path.is_file(), f"README links {link}, which does not exist"
+        assert path.is_file(), f"README or the manual links {link}, which does not exist"
         text = path.read_text(encoding="utf-8")
         assert re.search(r"(?i)\bcommand\b|`python ", text), f"{link}: no command"
         assert DATE.search(text), f"{link}: no date"

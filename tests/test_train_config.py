@@ -191,7 +191,8 @@ def test_resume_changes_exactly_the_resumable_fields(name, saved_run):
 
 
 def test_resume_accepts_options_that_repeat_the_saved_run(saved_run):
-    """As in the README: `tinyformer train --data multi30k --preset small --resume --max-steps 6000`."""
+    """As in the manual (docs/training.md):
+    `tinyformer train --data multi30k --preset small --resume --max-steps 6000`."""
     run, saved = saved_run
     config = cli._resumed_config({"save_dir": str(run), "data": "synthetic", "preset": "tiny", "vocab_size": 120,
                                   "max_steps": 9})

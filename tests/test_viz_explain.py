@@ -142,7 +142,7 @@ def batch_of(data):
             np.array([data["target"]["ids"]]))
 
 
-# ---------------------------------------------------------------- a reference: the README's way, no probes
+# ------------------------------------------ a reference: the manual's way (docs/attention.md), no probes
 def float64_copy(model):
     copy = nn.Transformer(**{**model.config, "seed": 0})
     copy.load_state_dict(model.state_dict())

@@ -201,7 +201,7 @@ class TrainConfig:
     threads: int = option(help="BLAS threads", per_data={"synthetic": 1, "multi30k": None, "files": None}, unset="all",
                           kind=int, check=positive_int, resumable=True)
     device: str = option("cpu", help="where to train", choices=backend.DEVICES, check=_check_device, resumable=True)
-    # Mixed precision (README "Mixed precision"): the master weights and Adam's moments stay fp32.
+    # Mixed precision (docs/mixed-precision.md): the master weights and Adam's moments stay fp32.
     precision: str = option("fp32", help="arithmetic of the matrix products and attention: fp32, or bf16/fp16 with "
                             "fp32 master weights (fp16 with dynamic loss scaling)", choices=tuple(PRECISIONS),
                             check=_check_precision)
@@ -210,7 +210,7 @@ class TrainConfig:
                                     kind=int, check=positive_int)
     min_loss_scale: float = option(1e-4, help="fp16: stop the run when overflows push the loss scale below this",
                                    kind=float, check=positive_real, resumable=True)
-    # Data parallelism (README: "Several processes and GPUs"). nproc is the run's world size: it
+    # Data parallelism (docs/distributed.md). nproc is the run's world size: it
     # sets how many batches a step takes, so --resume keeps it.
     nproc: int = option(help="data-parallel processes: run under mpiexec -n N (started for you when tinyformer "
                         "train is not already one rank of an MPI launch)", unset="1, or the size of the MPI launch",
@@ -226,7 +226,7 @@ class TrainConfig:
                                  "stops with a message", kind=float, check=positive_real, resumable=True)
     check_every: int = option(100, help="compare a checksum of every rank's parameters every N steps",
                               kind=int, check=positive_int, resumable=True)
-    # README "CUDA graphs": off by default until a GPU run has confirmed them (issue 17).
+    # docs/cuda-graphs.md: off by default until a GPU run has confirmed them (issue 17).
     cuda_graphs: str = option("off", help="on: capture each batch shape's whole training step into a CUDA graph "
                               "and replay it (GPU, one process); off: run every op eagerly", choices=CUDA_GRAPHS,
                               check=_check_cuda_graphs, resumable=True)
