@@ -421,7 +421,10 @@ def _run_backward(roots, root_grads, retain_graph, capture=None):
                 f"for an input of shape {tensor.shape}"
             )
         if g.dtype != tensor.data.dtype:
-            g = g.astype(tensor.data.dtype)
+            # A float32 gradient too large for a float16 tensor becomes inf, as on a GPU: what the loss
+            # scaler looks for (a skipped step), not a numerical accident to warn about.
+            with numpy.errstate(over="ignore"):
+                g = g.astype(tensor.data.dtype)
         ctx = tensor._ctx
         if ctx is None:
             entry = leaf_grads.get(id(tensor))
