@@ -13,6 +13,7 @@ from tinyformer import checkpoint, nn
 from tinyformer.data.synthetic import synthetic_pairs
 from tinyformer.data.tokenizer import Tokenizer
 from tinyformer.nn import TransformerConfig
+from tinyformer.nn.presets import preset_config
 
 SMALL = dict(src_vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.0, seed=0)
 
@@ -145,14 +146,28 @@ def test_presets_are_configs_and_from_preset_applies_the_overrides():
 @pytest.mark.parametrize("name", list(nn.PRESETS))
 def test_paper_true_is_the_papers_model_of_the_presets_size(name):
     preset = nn.PRESETS[name]
-    paper = nn.Transformer.from_preset(name, vocab_size=11, paper=True, max_len=16).config
+    paper = preset_config(name, vocab_size=11, paper=True, max_len=16).to_dict()
     assert {k: paper[k] for k in nn.PAPER_CHOICES} == dict(nn.PAPER_CHOICES)
     for size in ("d_model", "d_ff", "heads", "num_layers", "dropout"):  # the size is the preset's
         assert paper[size] == getattr(preset, size)
-    # and the choices are the paper's: no module that the paper does not have, Xavier's draw
-    model = nn.Transformer.from_config(nn.TransformerConfig(**paper))
+    # and the choices are the paper's: no module that the paper does not have, Xavier's draw (built at
+    # one layer of the preset's width: base and big in full take seconds to draw)
+    model = nn.Transformer.from_preset(name, vocab_size=11, paper=True, max_len=16, num_layers=1)
     assert model.encoder.final_norm is None and model.decoder.final_norm is None
     assert all(float(abs(layer.feed_forward.linear1.bias.data).max()) == 0 for layer in model.encoder.layers)
+
+
+def test_paper_true_undoes_a_presets_choices_that_the_paper_does_not_make(monkeypatch):
+    from tinyformer.nn import presets
+    unlike_the_paper = nn.PRESETS["tiny"].replace(attention_dropout=0.1, activation_dropout=0.1, final_norm=True,
+                                                  init="torch", norm_first=True, positional="learned")
+    monkeypatch.setattr(presets, "PRESETS", {**nn.PRESETS, "tiny": unlike_the_paper})
+    own = preset_config("tiny", vocab_size=11).to_dict()
+    assert {k: own[k] for k in nn.PAPER_CHOICES} != dict(nn.PAPER_CHOICES)
+    paper = preset_config("tiny", vocab_size=11, paper=True).to_dict()
+    assert {k: paper[k] for k in nn.PAPER_CHOICES} == dict(nn.PAPER_CHOICES)
+    assert {k: v for k, v in paper.items() if k not in nn.PAPER_CHOICES} == \
+           {k: v for k, v in own.items() if k not in nn.PAPER_CHOICES}
 
 
 def test_paper_true_gives_way_to_explicit_overrides():
