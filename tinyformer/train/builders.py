@@ -282,8 +282,8 @@ def build_corpus_data(config, comm, echo=print):
 
 def build_model(config, tokenizer):
     """The preset's Transformer (the paper's of its size with ``paper``) over the tokenizer's
-    vocabulary with the run's dropout and model_overrides, initialised from the run's seed (which also restarts the dropout generator),
-    on the run's device."""
+    vocabulary with the run's dropout and model_overrides, initialised from the run's seed (which
+    also restarts the dropout generator), on the run's device."""
     overrides = {} if config.dropout is None else {"dropout": config.dropout}
     overrides.update(config.model_overrides or {})
     tf_random.manual_seed(config.seed)
