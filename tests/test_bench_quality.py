@@ -183,6 +183,9 @@ def test_the_script_end_to_end_with_one_engine(work):
     assert "## Side by side: synthetic en-de, `tiny`, 3 steps, seed 0" in text
     assert "--work WORK" in text and str(work) not in text and "commit " in text and "cores" in text
     assert "| tinyformer | none | " in text and "| 1-2 |" in text and "| 3-3 |" in text
+    assert "| validation NLL | BLEU |" in text  # the held-out loss of the trained weights, beside BLEU
+    result = __import__("json").loads(next((work / "e2e" / "results").glob("*-tinyformer.json")).read_text())
+    assert 0 < result["valid_nll"] < 10 and 0 < result["valid_loss"] < 10
     assert "4 sentences" not in text  # one engine: no comparison lines
     assert (work / "e2e" / "results").is_dir()
     again = children.run([children.PYTHON, str(ROOT / "benchmarks" / "bench_quality.py"), "--data", "synthetic",
