@@ -1,13 +1,21 @@
-"""One table of every finished ``bench_quality.py`` run in a work folder: BLEU per seed and its mean
-for each configuration, against stock PyTorch on the same seeds.
+"""One table of every finished ``bench_quality.py`` run in one or more folders: BLEU per seed and its
+mean for each configuration, against stock PyTorch on the same seeds, with the validation NLL.
 
-    python benchmarks/quality_summary.py WORK [--steps 800] [--data multi30k] [--preset small]
+    python benchmarks/quality_summary.py WORK [MORE ...] [--steps 800] [--data multi30k] [--preset small]
+    python benchmarks/quality_summary.py WORK --keep benchmarks/results/quality-runs
 
 A configuration is an engine and its extras (``none`` is the paper's model; PyTorch's ``all`` is stock
-``nn.Transformer``). Each run's result file (WORK/results/*.json, written by ``bench_quality.py``)
-gives its seed (its model's), its BLEU on the test set, its per-step losses and step times. A row's
-mean is over the seeds it has; "vs PyTorch" is that mean minus stock PyTorch's mean over the same
-seeds (blank where PyTorch has none of them). Runs of ``--equal-init`` and unscored runs are left out.
+``nn.Transformer``). Each run's result file (``WORK/results/*.json``, written by ``bench_quality.py``,
+or the files of a folder of kept records) gives its seed (its model's), its BLEU on the test set, its
+per-step losses and step times and, since the validation loss was added, its NLL per token on the
+validation split. A row's mean is over the seeds it has; "vs PyTorch" is that mean minus stock PyTorch's
+mean over the same seeds (blank where PyTorch has none of them). Runs of ``--equal-init`` and unscored
+runs are left out. Where two folders hold the same run (configuration, seed, steps), the later folder's wins.
+
+``--keep DIR`` writes each run read, without its hypotheses, into DIR (``benchmarks/results/quality-runs``
+is the project's record: the work folders of the machines that trained them do not last). A kept
+record made from a report in ``results/quality.md`` rather than from a result file carries
+``from_report`` and, instead of per-step values, the mean loss of its last 100 steps and its median step.
 """
 
 import argparse
@@ -20,34 +28,64 @@ ENGINE_NAMES = {"tinyformer": "tinyformer", "torch": "PyTorch", "tinyformer (ini
 STOCK_TORCH = ("torch", "activation-dropout,attention-dropout,final-norm,torch-init")
 
 
-def load_runs(work, steps=None, data="multi30k", preset="small"):
-    """The scored runs of ``work``/results with ``steps`` steps (any where None), as dicts with
-    engine, extras (comma-joined, sorted), seed, steps, bleu, last-window loss and median step s."""
-    runs = []
-    for path in sorted(Path(work, "results").glob(f"{data}-{preset}-*.json")):
-        result = json.loads(path.read_text(encoding="utf-8"))
-        if result.get("equal_init") or "bleu" not in result:
-            continue
-        if steps is not None and len(result["losses"]) != steps:
-            continue
-        losses = result["losses"]
-        runs.append({"engine": result["engine"], "extras": ",".join(sorted(result["extras"])) or "none",
-                     "seed": result["model_config"]["seed"], "steps": len(losses), "bleu": result["bleu"],
-                     "loss": statistics.fmean(losses[-100:]), "step_s": statistics.median(result["seconds"]),
-                     "file": path.name})
-    return runs
+def result_files(folder, data="multi30k", preset="small"):
+    """The result files of ``folder``: its results/ (a --work folder) or, without one, its own files."""
+    folder = Path(folder)
+    inside = folder / "results" if (folder / "results").is_dir() else folder
+    return sorted(inside.glob(f"{data}-{preset}-*.json"))
+
+
+def run_of(result, name):
+    """A scored result as one row's facts, or None for an --equal-init or unscored run."""
+    if result.get("equal_init") or "bleu" not in result:
+        return None
+    losses = result.get("losses")
+    steps = len(losses) if losses is not None else result["steps"]
+    return {"engine": result["engine"], "extras": ",".join(sorted(result["extras"])) or "none",
+            "seed": result["model_config"]["seed"], "steps": steps, "bleu": result["bleu"],
+            "loss": statistics.fmean(losses[-100:]) if losses is not None else result["loss_last_100"],
+            "step_s": statistics.median(result["seconds"]) if losses is not None else result["median_step_s"],
+            "valid_nll": result.get("valid_nll"), "file": name, "result": result}
+
+
+def load_runs(folders, steps=None, data="multi30k", preset="small"):
+    """The scored runs of ``folders`` (one folder or several) with ``steps`` steps (any where None),
+    as dicts with engine, extras (comma-joined, sorted), seed, steps, bleu, last-window loss, median
+    step s and validation NLL (None where not measured); a run in a later folder replaces the same run
+    in an earlier one."""
+    folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    runs = {}
+    for folder in folders:
+        for path in result_files(folder, data, preset):
+            run = run_of(json.loads(path.read_text(encoding="utf-8")), path.name)
+            if run is not None and (steps is None or run["steps"] == steps):
+                runs[(run["engine"], run["extras"], run["seed"], run["steps"])] = run
+    return list(runs.values())
+
+
+def keep(runs, folder):
+    """Each run's result, without its hypotheses, as a JSON file in ``folder``; the names written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for run in runs:
+        record = {k: v for k, v in run["result"].items() if k != "hypotheses"}
+        (folder / run["file"]).write_text(json.dumps(record, indent=None) + "\n", encoding="utf-8")
+        written.append(run["file"])
+    return written
 
 
 def summary(runs):
-    """Markdown: one row per (engine, extras), a column per seed, the mean, and the mean minus
-    stock PyTorch's over the same seeds."""
+    """Markdown: one row per (engine, extras), a column per seed, the mean, the mean minus stock
+    PyTorch's over the same seeds, and the mean validation NLL over the seeds that have one."""
     seeds = sorted({r["seed"] for r in runs})
     configs = {}
     for r in runs:
         configs.setdefault((r["engine"], r["extras"]), {})[r["seed"]] = r
     torch = configs.get(STOCK_TORCH, {})
     header = (["engine", "extras"] + [f"seed {s}" for s in seeds]
-              + ["mean BLEU", "vs PyTorch, same seeds", "mean loss, last 100 steps", "median step s (mean over seeds)"])
+              + ["mean BLEU", "vs PyTorch, same seeds", "validation NLL (mean)", "mean loss, last 100 steps",
+                 "median step s (mean over seeds)"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     order = sorted(configs, key=lambda c: (c != STOCK_TORCH, c[0] != "tinyformer", c[1] != "none", c[1]))
     for config in order:
@@ -61,7 +99,11 @@ def summary(runs):
             difference = (statistics.fmean(by_seed[s]["bleu"] for s in common)
                           - statistics.fmean(torch[s]["bleu"] for s in common))
             versus = f"{difference:+.2f} ({len(common)} seed{'s' if len(common) > 1 else ''})"
-        row += [f"**{mean:.2f}**", versus, f"{statistics.fmean(r['loss'] for r in by_seed.values()):.4f}",
+        nlls = [r["valid_nll"] for r in by_seed.values() if r["valid_nll"] is not None]
+        nll = f"{statistics.fmean(nlls):.4f}" if nlls else ""
+        if nlls and len(nlls) < len(by_seed):
+            nll += f" ({len(nlls)} of {len(by_seed)} seeds)"
+        row += [f"**{mean:.2f}**", versus, nll, f"{statistics.fmean(r['loss'] for r in by_seed.values()):.4f}",
                 f"{statistics.fmean(r['step_s'] for r in by_seed.values()):.3f}"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
@@ -69,16 +111,22 @@ def summary(runs):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("work", help="bench_quality.py's --work folder")
+    parser.add_argument("folders", nargs="+", metavar="WORK",
+                        help="bench_quality.py --work folders, or folders of kept records (later ones win)")
     parser.add_argument("--steps", type=int, help="only runs of this many steps (default: all)")
     parser.add_argument("--data", default="multi30k")
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--keep", metavar="DIR", help="also write each run read, without its hypotheses, into DIR")
     args = parser.parse_args(argv)
-    if not Path(args.work, "results").is_dir():
-        parser.error(f"{args.work}: no results/ folder (not a bench_quality.py --work folder)")
-    runs = load_runs(args.work, args.steps, args.data, args.preset)
+    for folder in args.folders:
+        if not Path(folder).is_dir():
+            parser.error(f"{folder}: no such folder")
+    runs = load_runs(args.folders, args.steps, args.data, args.preset)
     if not runs:
-        parser.error(f"{args.work}: no scored run" + (f" of {args.steps} steps" if args.steps else ""))
+        parser.error(f"{', '.join(args.folders)}: no scored run" + (f" of {args.steps} steps" if args.steps else ""))
+    if args.keep:
+        for name in keep(runs, args.keep):
+            print(f"kept {Path(args.keep) / name}", file=sys.stderr)
     sys.stdout.write(summary(runs))
     return 0
 

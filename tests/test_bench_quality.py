@@ -200,33 +200,67 @@ def test_the_script_end_to_end_with_one_engine(work):
     assert summary.stdout.splitlines()[2].startswith("| tinyformer | none | ")
 
 
-def fake_result(folder, engine, extras, seed, bleu, steps=4):
+def fake_result(folder, engine, extras, seed, bleu, steps=4, valid_nll=None):
     result = {"engine": engine, "extras": extras, "equal_init": False, "model_config": {"seed": seed},
-              "losses": [5.0] * (steps - 1) + [float(seed + 1)], "seconds": [1.0 + seed] * steps, "bleu": bleu}
+              "losses": [5.0] * (steps - 1) + [float(seed + 1)], "seconds": [1.0 + seed] * steps, "bleu": bleu,
+              "hypotheses": ["ein Hund"] * 3}
+    if valid_nll is not None:
+        result["valid_nll"] = valid_nll
     name = f"multi30k-small-s{seed}-n{steps}-{engine}-{'+'.join(extras) or 'none'}.json"
     (folder / name).write_text(__import__("json").dumps(result), encoding="utf-8")
+
+
+STOCK = ["attention-dropout", "activation-dropout", "final-norm", "torch-init"]
 
 
 def test_the_summary_compares_each_configuration_with_pytorch_on_the_same_seeds(tmp_path):
     summary = load_script("benchmarks/quality_summary.py")
     results = tmp_path / "results"
     results.mkdir()
-    stock = ["attention-dropout", "activation-dropout", "final-norm", "torch-init"]
     for seed, bleu in ((0, 30.0), (1, 32.0), (2, 40.0)):
-        fake_result(results, "torch", stock, seed, bleu)
+        fake_result(results, "torch", STOCK, seed, bleu)
     for seed, bleu in ((0, 29.0), (1, 30.0)):
-        fake_result(results, "tinyformer", [], seed, bleu)
-    fake_result(results, "tinyformer", ["torch-init"], 1, 33.5)
+        fake_result(results, "tinyformer", [], seed, bleu, valid_nll=2.0 + seed)
+    fake_result(results, "tinyformer", ["torch-init"], 1, 33.5, valid_nll=1.5)
+    fake_result(results, "tinyformer", ["torch-init"], 2, 34.5)  # measured before the validation NLL
     fake_result(results, "tinyformer", ["torch-init"], 0, 99.0, steps=3)  # another step count: left out
     lines = summary.summary(summary.load_runs(tmp_path, steps=4)).splitlines()
-    assert lines[0].startswith("| engine | extras | seed 0 | seed 1 | seed 2 | mean BLEU | vs PyTorch")
+    assert lines[0].startswith("| engine | extras | seed 0 | seed 1 | seed 2 | mean BLEU | vs PyTorch, same seeds | "
+                               "validation NLL (mean) |")
     assert lines[2] == "| PyTorch | activation-dropout,attention-dropout,final-norm,torch-init | 30.00 | 32.00 | 40.00 | " \
-                       "**34.00** |  | 4.2500 | 2.000 |"
-    assert lines[3].startswith("| tinyformer | none | 29.00 | 30.00 |  | **29.50** | -1.50 (2 seeds) | ")
-    assert lines[4].startswith("| tinyformer | torch-init |  | 33.50 |  | **33.50** | +1.50 (1 seed) | ")
+                       "**34.00** |  |  | 4.2500 | 2.000 |"
+    assert lines[3].startswith("| tinyformer | none | 29.00 | 30.00 |  | **29.50** | -1.50 (2 seeds) | 2.5000 | ")
+    assert lines[4].startswith("| tinyformer | torch-init |  | 33.50 | 34.50 | **34.00** | -2.00 (2 seeds) | "
+                               "1.5000 (1 of 2 seeds) | ")
     assert len(lines) == 5
     with pytest.raises(SystemExit):
         summary.main([str(tmp_path), "--steps", "7"])  # no run of 7 steps: refused, not an empty table
+
+
+def test_the_summary_reads_several_folders_keeps_records_and_reads_them_back(tmp_path, capsys):
+    """--keep writes each run without its hypotheses; a folder of kept records reads like a work
+    folder; a run in a later folder replaces the same run of an earlier one; a record made from a
+    report (no per-step values) gives its own last-100 loss and median step."""
+    summary = load_script("benchmarks/quality_summary.py")
+    first, second, kept = tmp_path / "a", tmp_path / "b", tmp_path / "kept"
+    (first / "results").mkdir(parents=True)
+    second.mkdir()
+    fake_result(first / "results", "torch", STOCK, 0, 30.0)
+    fake_result(first / "results", "tinyformer", [], 0, 28.0)
+    fake_result(second, "tinyformer", [], 0, 28.5)  # the same run again: this one counts
+    from_report = {"engine": "tinyformer", "extras": ["torch-init"], "equal_init": False, "model_config": {"seed": 0},
+                   "steps": 4, "bleu": 31.0, "loss_last_100": 3.25, "median_step_s": 4.5,
+                   "from_report": "results/quality.md, a section"}
+    (second / "multi30k-small-s0-n4-report.json").write_text(__import__("json").dumps(from_report))
+    assert summary.main([str(first), str(second), "--steps", "4", "--keep", str(kept)]) == 0
+    table = capsys.readouterr().out
+    assert "| tinyformer | none | 28.50 | **28.50** | -1.50 (1 seed) |" in table
+    assert "| tinyformer | torch-init | 31.00 | **31.00** | +1.00 (1 seed) |  | 3.2500 | 4.500 |" in table
+    records = sorted(kept.glob("*.json"))
+    assert len(records) == 3 and all("hypotheses" not in r.read_text() for r in records)
+    assert summary.summary(summary.load_runs(kept, steps=4)) == table
+    with pytest.raises(SystemExit):
+        summary.main([str(tmp_path / "missing")])  # a folder that is not there: one line, not a traceback
 
 
 # ---------------------------------------------------------------------------- with PyTorch
