@@ -338,3 +338,49 @@ def test_an_interrupted_torch_run_resumes_where_it_stopped(work, monkeypatch):
     bench.prepare_tokenizer(args)
     whole, resumed = interrupted_then_resumed(args, "torch", monkeypatch, torch.optim.Adam, "step")
     assert resumed["losses"] == whole["losses"] and len(set(whole["losses"])) == 6
+
+
+def test_every_dropout_sits_where_pytorchs_does(monkeypatch):
+    """With every dropout on (stock extras), one training forward of each engine on the same input
+    draws its masks at the same sites: the same number, the same shapes, the same p (attention
+    probabilities, feed-forward activations, sub-layer outputs, embedding sums); engine equality
+    (dropout off) cannot see a dropout that is missing or misplaced."""
+    torch = pytest.importorskip("torch")
+    import importlib
+
+    import torch_transformer
+
+    p = {"attention_dropout": 0.2, "activation_dropout": 0.3}
+    tiny = nn.Transformer.from_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, num_layers=2, seed=4,
+                                      dropout=0.1, final_norm=True, init="torch", **p)
+    torch.manual_seed(0)
+    model = torch_transformer.build_torch_model(tiny.config)
+    src = np.array([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
+    tgt = np.array([[1, 10, 11, 12], [1, 13, 0, 0]])
+    ours, theirs = [], []
+    dropout_module = importlib.import_module("tinyformer.functional.dropout")
+    dropped, keep_mask = dropout_module._dropped, dropout_module._keep_mask_on_cpu
+    for name in ("dropout", "attention", "residual", "linear"):
+        module = importlib.import_module(f"tinyformer.functional.{name}")
+        if hasattr(module, "_dropped"):
+            monkeypatch.setattr(module, "_dropped", lambda x, q, g: ours.append((tuple(x.shape), q)) or dropped(x, q, g))
+        if hasattr(module, "_keep_mask_on_cpu"):
+            monkeypatch.setattr(module, "_keep_mask_on_cpu",
+                                lambda shape, q, g: ours.append((tuple(shape), q)) or keep_mask(shape, q, g))
+    tiny.train()(src, tgt)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.register_forward_hook(lambda m, args, out: theirs.append((tuple(out.shape), m.p)))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **rest):
+        theirs.append((tuple(q.shape[:-1]) + (k.shape[-2],), dropout_p))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **rest)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", attention)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        model.train()(torch.from_numpy(src), torch.from_numpy(tgt))
+    assert len(ours) == 22  # 2 embeddings; per encoder layer 4, per decoder layer 6
+    assert sorted(ours) == sorted(theirs)
+    assert sorted({q for _, q in ours}) == [0.1, 0.2, 0.3]
