@@ -381,7 +381,12 @@ def report(args, argv, results, wall):
     versions = results[engines[0]]["versions"]
     torch_version = results.get("torch", {}).get("versions", {}).get("torch")
     machine = f"{cpu_model()}, numpy {versions['numpy']}" + (f", torch {torch_version}" if torch_version else "")
-    title = "Engine equality (--equal-init)" if args.equal_init else "Side by side"
+    if args.equal_init:
+        title = "Engine equality (--equal-init)"
+    elif len(engines) == 2:
+        title = "Side by side"
+    else:
+        title = f"{ENGINE_NAMES[engines[0]]} alone, extras {extras_text(results[engines[0]]['extras'])}"
     lines = [f"## {title}: {args.data} {args.src}-{args.tgt}, `{args.preset}`, {args.steps} steps, seed {args.seed}", "",
              provenance.header(shown_command(argv), machine) + ".", ""]
     digests = {results[e]["plan_digest"] for e in engines}
@@ -393,7 +398,8 @@ def report(args, argv, results, wall):
                  f"sha256 {first['plan_digest'][:16]}, {same}. Joint BPE of {args.vocab_size} pieces (tinyformer's, "
                  f"sha256 {first['tokenizer_sha256'][:12]}). Noam factor {args.lr_factor:g}, warm-up "
                  f"{args.warmup_steps}, label smoothing {args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); one thread "
-                 f"per engine, {'one after the other' if args.sequential else 'both training at the same time'}.")
+                 + ("per engine, " + ("one after the other" if args.sequential else "both training at the same time")
+                    if len(engines) == 2 else "(other work on the machine is not recorded here)") + ".")
     if args.equal_init and "tinyformer-ulp" in engines:
         lines.append("Equal init, the control: tinyformer against itself with every initial weight moved one unit "
                      "in the last place (float32 nextafter towards +inf); dropout 0 everywhere.")

@@ -180,7 +180,8 @@ def test_the_script_end_to_end_with_one_engine(work):
                            "--report", str(report)], timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     text = report.read_text(encoding="utf-8")
-    assert "## Side by side: synthetic en-de, `tiny`, 3 steps, seed 0" in text
+    assert "## tinyformer alone, extras none: synthetic en-de, `tiny`, 3 steps, seed 0" in text
+    assert "both training at the same time" not in text and "Side by side" not in text
     assert "--work WORK" in text and str(work) not in text and "commit " in text and "cores" in text
     assert "| tinyformer | none | " in text and "| 1-2 |" in text and "| 3-3 |" in text
     assert "| validation NLL | BLEU |" in text  # the held-out loss of the trained weights, beside BLEU
