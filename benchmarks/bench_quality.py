@@ -286,18 +286,10 @@ def score(model, tokenizer, config, limit=None):
     return result
 
 
-def held_out_loss(parts, config):
-    """(label-smoothed loss, NLL) per target token of the trained model on the validation split
-    (``valid_data``, 1,014 sentences for Multi30k), dropout off: deterministic for the weights, and
-    far less noisy than BLEU for comparing two configurations."""
-    from tinyformer.train.evaluation import validation_loss
-
-    return validation_loss(parts.model, parts.val_data, config.max_tokens, config.label_smoothing)
-
-
 def run_engine(args, engine, log=print):
     """One engine's whole run (in its own process): its parts, training, scoring; the result as a dict."""
     from tinyformer.train import build_parts
+    from tinyformer.train.evaluation import validation_loss
     from tinyformer.train.trainer import blas_threads
 
     config = run_config(args, engine)
@@ -332,7 +324,9 @@ def run_engine(args, engine, log=print):
             result.update(train_torch(torch_model, config, plan, log, args.log_every, resume))
             torch_transformer.copy_weights_back(torch_model, parts.model)  # decoded by tinyformer's search
         if args.score:
-            result["valid_loss"], result["valid_nll"] = held_out_loss(parts, config)
+            # the validation split's loss and NLL per token, dropout off: deterministic for the weights
+            result["valid_loss"], result["valid_nll"] = validation_loss(parts.model, parts.val_data, config.max_tokens,
+                                                                        config.label_smoothing)
             log(f"{engine}: validation loss {result['valid_loss']:.4f}, NLL {result['valid_nll']:.4f} per token")
             scores = score(parts.model, parts.tokenizer, config, args.limit)
             result.update({k: scores[k] for k in ("bleu", "signature", "sentences", "exact_match", "decode_seconds")})
@@ -393,13 +387,14 @@ def report(args, argv, results, wall):
     first = results[engines[0]]
     same = "identical on both sides" if len(engines) == 2 and len(digests) == 1 else (
         "DIFFERENT on the two sides" if len(digests) > 1 else "one engine only")
+    together = "one after the other" if args.sequential else "both training at the same time"
+    threads = (f"one thread per engine, {together}" if len(engines) == 2
+               else "one thread (other work on the machine is not recorded here)")
     lines.append(f"Data: {first['plan_batches']} batches of up to {args.max_tokens} padded tokens "
                  f"({first['target_tokens']:,} target tokens), tinyformer's order for seed {args.seed}; batch list "
                  f"sha256 {first['plan_digest'][:16]}, {same}. Joint BPE of {args.vocab_size} pieces (tinyformer's, "
                  f"sha256 {first['tokenizer_sha256'][:12]}). Noam factor {args.lr_factor:g}, warm-up "
-                 f"{args.warmup_steps}, label smoothing {args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); one thread "
-                 + ("per engine, " + ("one after the other" if args.sequential else "both training at the same time")
-                    if len(engines) == 2 else "(other work on the machine is not recorded here)") + ".")
+                 f"{args.warmup_steps}, label smoothing {args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); {threads}.")
     if args.equal_init and "tinyformer-ulp" in engines:
         lines.append("Equal init, the control: tinyformer against itself with every initial weight moved one unit "
                      "in the last place (float32 nextafter towards +inf); dropout 0 everywhere.")

@@ -40,12 +40,13 @@ def run_of(result, name):
     if result.get("equal_init") or "bleu" not in result:
         return None
     losses = result.get("losses")
-    steps = len(losses) if losses is not None else result["steps"]
+    if losses is None:  # a record made from a report: its figures, no per-step values
+        steps, loss, step_s = result["steps"], result["loss_last_100"], result["median_step_s"]
+    else:
+        steps, loss, step_s = len(losses), statistics.fmean(losses[-100:]), statistics.median(result["seconds"])
     return {"engine": result["engine"], "extras": ",".join(sorted(result["extras"])) or "none",
-            "seed": result["model_config"]["seed"], "steps": steps, "bleu": result["bleu"],
-            "loss": statistics.fmean(losses[-100:]) if losses is not None else result["loss_last_100"],
-            "step_s": statistics.median(result["seconds"]) if losses is not None else result["median_step_s"],
-            "valid_nll": result.get("valid_nll"), "file": name, "result": result}
+            "seed": result["model_config"]["seed"], "steps": steps, "bleu": result["bleu"], "loss": loss,
+            "step_s": step_s, "valid_nll": result.get("valid_nll"), "file": name, "result": result}
 
 
 def load_runs(folders, steps=None, data="multi30k", preset="small"):
@@ -70,7 +71,7 @@ def keep(runs, folder):
     written = []
     for run in runs:
         record = {k: v for k, v in run["result"].items() if k != "hypotheses"}
-        (folder / run["file"]).write_text(json.dumps(record, indent=None) + "\n", encoding="utf-8")
+        (folder / run["file"]).write_text(json.dumps(record) + "\n", encoding="utf-8")
         written.append(run["file"])
     return written
 

@@ -5,6 +5,7 @@ engine equality."""
 
 import argparse
 import dataclasses
+import json
 import math
 import warnings
 
@@ -185,7 +186,7 @@ def test_the_script_end_to_end_with_one_engine(work):
     assert "--work WORK" in text and str(work) not in text and "commit " in text and "cores" in text
     assert "| tinyformer | none | " in text and "| 1-2 |" in text and "| 3-3 |" in text
     assert "| validation NLL | BLEU |" in text  # the held-out loss of the trained weights, beside BLEU
-    result = __import__("json").loads(next((work / "e2e" / "results").glob("*-tinyformer.json")).read_text())
+    result = json.loads(next((work / "e2e" / "results").glob("*-tinyformer.json")).read_text())
     assert 0 < result["valid_nll"] < 10 and 0 < result["valid_loss"] < 10
     assert "4 sentences" not in text  # one engine: no comparison lines
     assert (work / "e2e" / "results").is_dir()
@@ -208,7 +209,7 @@ def fake_result(folder, engine, extras, seed, bleu, steps=4, valid_nll=None):
     if valid_nll is not None:
         result["valid_nll"] = valid_nll
     name = f"multi30k-small-s{seed}-n{steps}-{engine}-{'+'.join(extras) or 'none'}.json"
-    (folder / name).write_text(__import__("json").dumps(result), encoding="utf-8")
+    (folder / name).write_text(json.dumps(result), encoding="utf-8")
 
 
 STOCK = ["attention-dropout", "activation-dropout", "final-norm", "torch-init"]
@@ -252,7 +253,7 @@ def test_the_summary_reads_several_folders_keeps_records_and_reads_them_back(tmp
     from_report = {"engine": "tinyformer", "extras": ["torch-init"], "equal_init": False, "model_config": {"seed": 0},
                    "steps": 4, "bleu": 31.0, "loss_last_100": 3.25, "median_step_s": 4.5,
                    "from_report": "results/quality.md, a section"}
-    (second / "multi30k-small-s0-n4-report.json").write_text(__import__("json").dumps(from_report))
+    (second / "multi30k-small-s0-n4-report.json").write_text(json.dumps(from_report))
     assert summary.main([str(first), str(second), "--steps", "4", "--keep", str(kept)]) == 0
     table = capsys.readouterr().out
     assert "| tinyformer | none | 28.50 | **28.50** | -1.50 (1 seed) |" in table
