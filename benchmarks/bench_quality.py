@@ -17,10 +17,11 @@ given; the report compares them and says whether the two lists were identical.
 
 The configuration differences between tinyformer's paper model and stock ``nn.Transformer`` are
 switched one by one with ``--tf-extras`` and ``--torch-extras`` (comma-separated, or ``none`` /
-``all``): ``attention-dropout`` (dropout p on the attention probabilities), ``activation-dropout``
+``all`` / ``preset``): ``attention-dropout`` (dropout p on the attention probabilities), ``activation-dropout``
 (after the feed-forward ReLU), ``final-norm`` (a LayerNorm after each stack, also post-LN) and
 ``torch-init`` (nn.Transformer's initialisation: Q, K, V Xavier-uniform as one packed 3d x d matrix,
-feed-forward biases U(+-1/sqrt(fan_in))). Defaults: tinyformer none (the paper), PyTorch all (stock).
+feed-forward biases U(+-1/sqrt(fan_in))). Defaults: tinyformer ``preset``, the preset's own model as
+``tinyformer train`` builds it (``small``: torch-init; ``none`` is the paper's model), PyTorch all (stock).
 
 ``--equal-init`` tests the engines themselves: PyTorch starts from tinyformer's initial weights,
 dropout is off everywhere, both have the same extras, and the report gives the largest relative
@@ -28,7 +29,7 @@ difference of the two loss curves in each window of 100 steps. Its control, ``--
 tinyformer,tinyformer-ulp``, trains tinyformer against itself with every initial weight moved one
 unit in the last place: how far float32 rounding alone parts two curves over the same steps.
 
-    python benchmarks/bench_quality.py --steps 800 --seed 0 [--tf-extras none] [--torch-extras all]
+    python benchmarks/bench_quality.py --steps 800 --seed 0 [--tf-extras preset] [--torch-extras all]
     python benchmarks/bench_quality.py --steps 300 --equal-init --no-score
     python benchmarks/bench_quality.py --steps 300 --equal-init --no-score --engines tinyformer,tinyformer-ulp
     python benchmarks/bench_quality.py --data synthetic --preset tiny --steps 20 --limit 50   (a smoke run)
@@ -76,6 +77,17 @@ def parse_extras(text):
     if unknown:
         raise ValueError(f"unknown extra(s) {', '.join(unknown)}; known: {', '.join(EXTRAS)}, or none / all")
     return tuple(name for name in EXTRAS if name in names)
+
+
+def preset_extras(name):
+    """The extras that preset ``name`` has of itself (the model ``tinyformer train --preset name`` builds),
+    in EXTRAS' order; their dropout p is the run's, as for any extra."""
+    from tinyformer.nn.presets import PRESETS
+
+    preset = PRESETS[name]
+    has = {"attention-dropout": preset.attention_dropout > 0, "activation-dropout": preset.activation_dropout > 0,
+           "final-norm": preset.final_norm is True, "torch-init": preset.init == "torch"}
+    return tuple(extra for extra in EXTRAS if has[extra])
 
 
 def extras_text(extras):
@@ -462,7 +474,8 @@ def parse_args(argv):
     parser.add_argument("--label-smoothing", type=float, default=0.1)
     parser.add_argument("--dropout", type=float, help="residual/embedding dropout p, also the extras' p "
                         "(default: the preset's)")
-    parser.add_argument("--tf-extras", default="none", help=f"tinyformer's extras: none, all, or of {', '.join(EXTRAS)}")
+    parser.add_argument("--tf-extras", default="preset", help="tinyformer's extras: preset (the preset's own, "
+                        f"default), none (the paper's model), all, or of {', '.join(EXTRAS)}")
     parser.add_argument("--torch-extras", help="PyTorch's extras (default: all, stock nn.Transformer; with "
                         "--equal-init: tinyformer's)")
     parser.add_argument("--equal-init", action="store_true", help="engine equality: PyTorch from tinyformer's "
@@ -483,13 +496,16 @@ def parse_args(argv):
                         "not trained again (an invocation with all of them is skipped, its report not appended again)")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    from tinyformer.nn.presets import PRESETS
     from tinyformer.train.config import OPTIONS
 
     args.vocab_size = args.vocab_size or OPTIONS["vocab_size"].per_data[args.data]
     args.max_tokens = args.max_tokens or OPTIONS["max_tokens"].per_data[args.data]
     args.warmup_steps = args.warmup_steps or OPTIONS["warmup_steps"].per_data[args.data]
     try:
-        args.tf_extras = parse_extras(args.tf_extras)
+        if args.preset not in PRESETS:
+            raise ValueError(f"--preset: unknown {args.preset!r}; known: {', '.join(PRESETS)}")
+        args.tf_extras = preset_extras(args.preset) if args.tf_extras.strip() == "preset" else parse_extras(args.tf_extras)
         torch_extras = None if args.torch_extras is None else parse_extras(args.torch_extras)
         args.engines = tuple(e for e in ENGINES if e in parse_list(args.engines, ENGINES))
     except ValueError as error:

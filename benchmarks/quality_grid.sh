@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 28's measurements at 800 steps, each seed: the paper's configuration (tinyformer's default)
-# against stock PyTorch nn.Transformer on identical batches, then all of PyTorch's extras in
-# tinyformer, then each alone. Every invocation is bench_quality.py with --skip-done and its
+# Issue 28's measurements at 800 steps, each seed: tinyformer's preset as `tinyformer train` builds
+# it (small: PyTorch's init) against stock PyTorch nn.Transformer on identical batches, then the
+# paper's model (no extra), all of PyTorch's extras in tinyformer, and each alone. Every invocation is bench_quality.py with --skip-done and its
 # training state saved every 100 steps: run this again after an interruption and it continues
 # where it stopped (a finished invocation is skipped). JOBS engine runs at a time (one thread
 # each; default 2): a side-by-side pair runs alone when JOBS is 2, so that its step times are
@@ -27,7 +27,7 @@ invocations=()
 for seed in $SEEDS; do
     invocations+=("--seed $seed --engines tinyformer,torch")
 done
-for extra in all torch-init final-norm attention-dropout activation-dropout; do
+for extra in none all torch-init final-norm attention-dropout activation-dropout; do
     for seed in $SEEDS; do
         invocations+=("--seed $seed --engines tinyformer --tf-extras $extra")
     done

@@ -52,8 +52,23 @@ def test_extras_are_parsed_and_become_model_overrides():
     assert bench.model_overrides(bench.EXTRAS, 0.1) == torch_transformer.stock_extras(0.1)
 
 
+def test_tinyformer_defaults_to_the_presets_own_model_and_none_is_the_papers(work, monkeypatch):
+    small = bench.parse_args(["--preset", "small", "--work", str(work)])
+    assert small.tf_extras == ("torch-init",) == bench.preset_extras("small")  # tinyformer train's small
+    assert bench.run_config(small, "tinyformer").model_overrides["init"] == "torch"
+    assert bench.parse_args(["--preset", "small", "--tf-extras", "none", "--work", str(work)]).tf_extras == ()
+    assert bench.preset_extras("tiny") == bench.preset_extras("base") == ()
+    from tinyformer.nn import presets
+
+    monkeypatch.setattr(presets, "PRESETS", {**presets.PRESETS, "tiny": presets.PRESETS["tiny"].replace(
+        attention_dropout=0.1, final_norm=True)})
+    assert bench_args(work).tf_extras == ("attention-dropout", "final-norm")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--preset", "huge", "--work", str(work)])
+
+
 def test_defaults_compare_the_paper_with_stock_pytorch_and_equal_init_drops_all_dropout(work):
-    args = bench_args(work)
+    args = bench_args(work)  # tiny is the paper's model
     assert (args.tf_extras, args.torch_extras, args.steps, args.warmup_steps) == ((), bench.EXTRAS, 4, 200)
     tf_config, torch_config = bench.run_config(args, "tinyformer"), bench.run_config(args, "torch")
     assert tf_config.dropout == torch_config.dropout == 0.1 and tf_config.label_smoothing == 0.1

@@ -157,6 +157,17 @@ def test_paper_true_is_the_papers_model_of_the_presets_size(name):
     assert all(float(abs(layer.feed_forward.linear1.bias.data).max()) == 0 for layer in model.encoder.layers)
 
 
+def test_small_starts_from_pytorchs_initialisation_and_every_other_preset_is_the_papers():
+    """``small``'s one choice that the paper does not make (chosen by benchmarks/results/quality.md)."""
+    for name, preset in nn.PRESETS.items():
+        choices = {k: getattr(preset, k) for k in nn.PAPER_CHOICES}
+        assert choices == dict(nn.PAPER_CHOICES, **({"init": "torch"} if name == "small" else {})), name
+    model = nn.Transformer.from_preset("small", vocab_size=11, max_len=16, num_layers=1)
+    w_q, bias = model.encoder.layers[0].self_attn.w_q.weight.data, model.encoder.layers[0].feed_forward.linear1.bias.data
+    assert float(abs(w_q).max()) <= (6 / (4 * 256)) ** 0.5 < (6 / (2 * 256)) ** 0.5  # the packed Q, K, V bound
+    assert 0 < float(abs(bias).max()) <= 256 ** -0.5  # nn.Linear's bias, not zero
+
+
 def test_paper_true_undoes_a_presets_choices_that_the_paper_does_not_make(monkeypatch):
     from tinyformer.nn import presets
     unlike_the_paper = nn.PRESETS["tiny"].replace(attention_dropout=0.1, activation_dropout=0.1, final_norm=True,

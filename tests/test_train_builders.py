@@ -43,6 +43,20 @@ def test_resumed_parts_stand_where_the_checkpoint_stood(tmp_path, three_steps):
     assert "resumed from checkpoint_0000003.npz at step 3 (epoch 1, batch 3)" in lines
 
 
+def test_a_resumed_run_records_how_its_weights_were_first_drawn_whatever_the_preset_says_now(
+        tmp_path, three_steps, monkeypatch):
+    """A run begun with the paper's draw and resumed after its preset moved to PyTorch's (as ``small``
+    did) keeps ``init="xavier"`` in its model_config: the weights are the checkpoint's."""
+    from tinyformer.nn import presets
+
+    run = copy_run(three_steps, tmp_path / "run")
+    assert presets.PRESETS["tiny"].init == "xavier"
+    monkeypatch.setattr(presets, "PRESETS", {**presets.PRESETS, "tiny": presets.PRESETS["tiny"].replace(init="torch")})
+    assert build_parts(small_config(tmp_path / "fresh").resolved(), echo=lambda *a: None).model.config["init"] == "torch"
+    parts = build_parts(small_config(run).resolved(), resume=True, echo=lambda *a: None)
+    assert parts.model.config["init"] == "xavier" and parts.position.step == 3
+
+
 def test_the_corpus_refuses_a_language_the_data_lacks():
     with pytest.raises(ConfigError, match="src_lang 'fr': the synthetic data has the languages en, de"):
         load_corpus(TrainConfig(src_lang="fr"), "train")  # an unresolved config, too
