@@ -357,6 +357,31 @@ def test_an_interrupted_torch_run_resumes_where_it_stopped(work, monkeypatch):
     assert resumed["losses"] == whole["losses"] and len(set(whole["losses"])) == 6
 
 
+def test_label_smoothing_spreads_over_the_whole_vocabulary_padding_included_as_pytorchs():
+    """The issue names it as a difference; it is none: tinyformer's smoothed loss (ε/V on every class,
+    the padding id's included, padded positions ignored) is F.cross_entropy's, value and gradient."""
+    torch = pytest.importorskip("torch")
+    import tinyformer as tf
+    from tinyformer import functional as F
+    from tinyformer.data import PAD_ID
+
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((3, 5, 7))
+    target = rng.integers(1, 7, size=(3, 5))
+    target[0, 3:] = target[2, 1:] = PAD_ID
+    ours = tf.Tensor(logits.copy(), requires_grad=True)
+    loss = F.cross_entropy(ours, target, label_smoothing=0.1, ignore_index=PAD_ID, reduction="sum")
+    upstream = rng.standard_normal()
+    (loss * upstream).backward()
+    theirs = torch.tensor(logits, requires_grad=True)
+    expected = torch.nn.functional.cross_entropy(theirs.reshape(-1, 7), torch.from_numpy(target).reshape(-1),
+                                                 ignore_index=PAD_ID, label_smoothing=0.1, reduction="sum")
+    (expected * upstream).backward()
+    np.testing.assert_allclose(float(loss.data), expected.item(), rtol=1e-12)
+    np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), rtol=1e-10, atol=1e-14)
+    assert not ours.grad[target == PAD_ID].any() and ours.grad[target != PAD_ID].all()  # padded positions ignored
+
+
 def test_every_dropout_sits_where_pytorchs_does(monkeypatch):
     """With every dropout on (stock extras), one training forward of each engine on the same input
     draws its masks at the same sites: the same number, the same shapes, the same p (attention
