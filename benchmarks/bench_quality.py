@@ -505,7 +505,8 @@ def parse_args(argv):
     try:
         if args.preset not in PRESETS:
             raise ValueError(f"--preset: unknown {args.preset!r}; known: {', '.join(PRESETS)}")
-        args.tf_extras = preset_extras(args.preset) if args.tf_extras.strip() == "preset" else parse_extras(args.tf_extras)
+        own = args.tf_extras.strip() == "preset"
+        args.tf_extras = preset_extras(args.preset) if own else parse_extras(args.tf_extras)
         torch_extras = None if args.torch_extras is None else parse_extras(args.torch_extras)
         args.engines = tuple(e for e in ENGINES if e in parse_list(args.engines, ENGINES))
     except ValueError as error:

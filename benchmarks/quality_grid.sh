@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 28's measurements at 800 steps, each seed: tinyformer's preset as `tinyformer train` builds
 # it (small: PyTorch's init) against stock PyTorch nn.Transformer on identical batches, then the
-# paper's model (no extra), all of PyTorch's extras in tinyformer, and each alone. Every invocation is bench_quality.py with --skip-done and its
+# paper's model (no extra), all of PyTorch's extras in tinyformer, and each alone (the preset's own
+# is skipped: the pair trained it). Every invocation is bench_quality.py with --skip-done and its
 # training state saved every 100 steps: run this again after an interruption and it continues
 # where it stopped (a finished invocation is skipped). JOBS engine runs at a time (one thread
 # each; default 2): a side-by-side pair runs alone when JOBS is 2, so that its step times are

@@ -79,11 +79,11 @@ def restore_checkpoint(path, model, adam, tokenizer):
             f"{path} holds another model than this run builds ({'; '.join(differences)}; checkpoint vs "
             "run): resume with the run's own settings (tinyformer train --resume reads them from the checkpoint)")
     _load_state(model, state, f"{path}: its parameters do not fit its model_config")
-    if "init" in (meta.get("model_config") or {}):  # how these weights were first drawn, whatever the preset says now
-        model.config["init"] = meta["model_config"]["init"]
     if adam_state is None:
         raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): "
                                          "cannot resume from it")
+    if "init" in (meta.get("model_config") or {}):  # how these weights were first drawn, whatever the preset says now
+        model.config["init"] = meta["model_config"]["init"]
     schedule = adam.lr
     adam.load_state_dict(adam_state)
     adam.lr = schedule
