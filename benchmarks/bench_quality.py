@@ -496,15 +496,17 @@ def parse_args(argv):
                         "not trained again (an invocation with all of them is skipped, its report not appended again)")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from tinyformer.nn.presets import PRESETS
+    from tinyformer.nn.presets import check_preset
     from tinyformer.train.config import OPTIONS
 
     args.vocab_size = args.vocab_size or OPTIONS["vocab_size"].per_data[args.data]
     args.max_tokens = args.max_tokens or OPTIONS["max_tokens"].per_data[args.data]
     args.warmup_steps = args.warmup_steps or OPTIONS["warmup_steps"].per_data[args.data]
     try:
-        if args.preset not in PRESETS:
-            raise ValueError(f"--preset: unknown {args.preset!r}; known: {', '.join(PRESETS)}")
+        check_preset(args.preset)
+    except ValueError as error:
+        parser.error(f"--preset: {error}")
+    try:
         own = args.tf_extras.strip() == "preset"
         args.tf_extras = preset_extras(args.preset) if own else parse_extras(args.tf_extras)
         torch_extras = None if args.torch_extras is None else parse_extras(args.torch_extras)

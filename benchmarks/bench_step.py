@@ -513,13 +513,13 @@ def print_table(header, rows, markdown):
 
 # ----------------------------------------------------------------------------- main
 def parse_presets(values):
-    from tinyformer.nn.presets import PRESETS
+    from tinyformer.nn.presets import check_preset
 
     names = [n.strip() for v in (values or ["small,base"]) for n in v.split(",") if n.strip()]
-    for n in names:
-        if n not in PRESETS:
-            raise SystemExit(f"unknown preset {n!r}; known: {', '.join(PRESETS)}")
-    return names
+    try:
+        return [check_preset(n) for n in names]
+    except ValueError as error:
+        raise SystemExit(f"--preset: {error}") from None
 
 
 def same_model_check(preset, tiny, torch_runner, batch, result, lines):

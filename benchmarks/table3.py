@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
 
 from tinyformer import backend  # noqa: E402
 from tinyformer.nn import MultiHeadAttention  # noqa: E402
-from tinyformer.nn.presets import PRESETS  # noqa: E402
+from tinyformer.nn.presets import PRESETS, check_preset  # noqa: E402
 from tinyformer.train import TOKENIZER_FILE, TrainConfig, Trainer, load_corpus  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -456,8 +456,10 @@ def main(argv=None):
     for key in ("device", "steps", "preset", "vocab_size", "max_tokens", "warmup_steps", "bleu_samples", "threads"):
         if getattr(args, key) is not None:
             scale[key] = getattr(args, key)
-    if scale["preset"] not in PRESETS:
-        raise SystemExit(f"--preset: unknown {scale['preset']!r}; known: {', '.join(PRESETS)}")
+    try:
+        check_preset(scale["preset"])
+    except ValueError as error:
+        raise SystemExit(f"--preset: {error}") from None
     base_model = dict(scale["model"])
     base = PRESETS[scale["preset"]].replace(**base_model).to_dict()
     rows = select(variants(base), args.variants)

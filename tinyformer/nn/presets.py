@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from .config import TransformerConfig
 
-__all__ = ["PRESETS", "PAPER_CHOICES", "preset_config"]
+__all__ = ["PRESETS", "PAPER_CHOICES", "check_preset", "preset_config"]
 
 # The paper's own choice for each model option that the paper does not have (``paper=True`` restores
 # them over a preset's defaults): no dropout on the attention probabilities or after the
@@ -34,6 +34,13 @@ PRESETS = MappingProxyType({
 })
 
 
+def check_preset(name):
+    """``name`` if it is a preset; otherwise a ``ValueError`` that lists the known ones."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return name
+
+
 def preset_config(name, vocab_size=None, *, paper=False, **overrides):
     """The ``TransformerConfig`` of preset ``name`` with ``overrides`` (Transformer arguments) applied.
 
@@ -41,8 +48,7 @@ def preset_config(name, vocab_size=None, *, paper=False, **overrides):
     ``tgt_vocab_size`` instead for separate ones. ``paper=True`` sets ``PAPER_CHOICES`` first, the
     paper's exact model of that size, whatever the preset's defaults (``overrides`` still apply).
     """
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    check_preset(name)
     TransformerConfig.check_names(overrides, f"preset {name!r}")
     if vocab_size is not None:
         if "src_vocab_size" in overrides or "tgt_vocab_size" in overrides:

@@ -18,7 +18,7 @@ from ..distributed import COMMS
 from ..data.corpus import LANGUAGE_CODE
 from ..data.multi30k import LANGUAGES as MULTI30K_LANGUAGES
 from ..nn import TransformerConfig
-from ..nn.presets import PRESETS
+from ..nn.presets import PRESETS, check_preset
 from ..validation import check_int, check_probability, check_real
 
 __all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
@@ -80,9 +80,7 @@ _check_data = _one_of(DATASETS)
 
 
 def _check_preset(name, value):
-    if value not in PRESETS:
-        raise ValueError(f"unknown preset {value!r}; known presets: {', '.join(PRESETS)}")
-    return value
+    return check_preset(value)
 
 
 def _corpus_path(name, value):
