@@ -185,7 +185,7 @@ def test_torch_search_bans_pad_and_bos_and_agrees_up_to_tied_words(model, source
     src = bench.make_batches(sources, 64, PAD_ID)[0][1]
     ours = beam_search(tweaked, src, return_scores=True, max_len_b=MAX_LEN_B)
     theirs = bench.torch_beam_search(torch_model, src, pad_id=PAD_ID, return_scores=True, max_len_b=MAX_LEN_B)
-    tokens = {t for hyps in theirs + [[(h.tokens,) for h in hyps] for hyps in ours] for h in hyps for t in h[0]}
+    tokens = {t for hyps in theirs for h in hyps for t in h[0]} | {t for hyps in ours for h in hyps for t in h.tokens}
     assert not tokens & {PAD_ID, BOS_ID} and {5, 6} & tokens
 
     def as_five(ids):
