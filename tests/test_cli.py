@@ -142,6 +142,50 @@ def test_translate_keeps_one_line_per_input_line(trained_run, tmp_path, capsys):
     assert len(lines) == 5 and lines[1] == "" and lines[3] == "" and lines[4] == ""
 
 
+def _thread_counts():
+    """tinyformer's row-work threads and the BLAS libraries' threads, as they are now."""
+    from threadpoolctl import threadpool_info
+
+    return backend.get_num_threads(), {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+
+@pytest.mark.parametrize("command", ["translate", "eval", "explain"])
+def test_threads_limits_decoding_and_is_given_back(trained_run, tmp_path, monkeypatch, command):
+    """--threads 1 holds BLAS and tinyformer's own threads to one while the command decodes, and the
+    old settings come back after; explain decodes on one thread unless told otherwise."""
+    from tinyformer import decode, train, viz
+
+    from threadpoolctl import threadpool_limits
+
+    monkeypatch.setattr(backend, "_num_threads", 3)  # a setting of neither the default nor --threads
+    limits = threadpool_limits(limits=3, user_api="blas")
+    seen, before = [], _thread_counts()
+    assert before == (3, {3})
+
+    def recording(real):
+        def run(*args, **kwargs):
+            seen.append((_thread_counts(), kwargs.get("threads")))
+            return real(*args, **kwargs)
+        return run
+
+    target = {"translate": (decode, "translate"), "eval": (train, "evaluate"), "explain": (viz, "explain")}[command]
+    monkeypatch.setattr(*target, recording(getattr(*target)))
+    checkpoint = str(trained_run / "checkpoint_0000004.npz")
+    source = tmp_path / "in.txt"
+    source.write_text("I see 3 red cats\n", encoding="utf-8")
+    argv = {"translate": ["--input", str(source), "--output", str(tmp_path / "out.txt")],
+            "eval": ["--split", "val", "--limit", "2"],
+            "explain": ["--source", "I see 3 red cats", "--output", str(tmp_path / "page.html")]}[command]
+    for threads in ([], ["--threads", "1"]) if command != "explain" else ([], ["--threads", "2"]):
+        assert cli.main([command, "--checkpoint", checkpoint, "--beam", "1", *argv, *threads]) == 0
+    if command == "explain":
+        assert [asked for _, asked in seen] == [1, 2]  # explain limits the threads itself, to what it is given
+    else:
+        assert seen[0][0] == before and seen[1][0] == (1, {1})
+    assert _thread_counts() == before
+    limits.restore_original_limits()
+
+
 def test_average_and_eval_through_the_cli(trained_run, tmp_path, capsys):
     averaged = tmp_path / "avg.npz"
     assert cli.main(["average", "--dir", str(trained_run), "--last", "2", "--output", str(averaged)]) == 0

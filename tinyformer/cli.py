@@ -525,7 +525,8 @@ def _explain(args):
         source, name = lines[line - 1], f"--input {args.input}, line {line},"
     else:
         source, name = args.source, "--source"
-    options = dict(beam_size=args.beam, alpha=args.alpha, tokens=args.tokens, names=(name, "--reference"))
+    options = dict(beam_size=args.beam, alpha=args.alpha, tokens=args.tokens, names=(name, "--reference"),
+                   threads=args.threads)
     if args.checkpoints is None:
         if args.every is not None or args.steps is not None:
             raise UsageError("--every and --steps go with --checkpoints RUN_DIR")
@@ -621,11 +622,24 @@ def _study_training(report, args):
 
 
 # ------------------------------------------------------------------ parser
-def _add_decoding_options(parser, beam=4):
+def _add_decoding_options(parser, beam=4, threads=None):
     parser.add_argument("--beam", type=_positive_int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
+    parser.add_argument("--threads", type=_positive_int, default=threads,
+                        help=f"CPU threads for matrix products and row-wise work (default {threads or 'all'})")
     parser.add_argument("--alpha", type=_non_negative_float, default=0.6, help="GNMT length penalty α (default 0.6)")
     parser.add_argument("--device", default="cpu", choices=backend.DEVICES, help="cpu (default) or cuda")
     parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
+
+
+def _limiting_threads(command):
+    """``command`` run with at most ``args.threads`` CPU threads (BLAS and tinyformer's own; None: all)."""
+    @functools.wraps(command)
+    def run(args):
+        from .train import blas_threads
+
+        with blas_threads(args.threads):
+            return command(args)
+    return run
 
 
 def _add_precision_option(parser):
@@ -677,7 +691,7 @@ def build_parser():
                            help="with --plot-attention, plot the first N non-empty lines (default 1)")
     _add_decoding_options(translate)
     _add_precision_option(translate)
-    translate.set_defaults(run=_translate)
+    translate.set_defaults(run=_limiting_threads(_translate))
 
     evaluate = commands.add_parser("eval", help="BLEU of a checkpoint on a split, or of two files",
                                    description="sacreBLEU (cased, detokenized, 13a) and tokenized "
@@ -691,7 +705,7 @@ def build_parser():
     evaluate.add_argument("--references", help="... against this file of references")
     _add_decoding_options(evaluate)
     _add_precision_option(evaluate)
-    evaluate.set_defaults(run=_eval)
+    evaluate.set_defaults(run=_limiting_threads(_eval))
 
     average = commands.add_parser("average", help="average checkpoints into one (§6.1)")
     average.add_argument("checkpoints", nargs="*", help="checkpoint files to average")
@@ -740,7 +754,7 @@ def build_parser():
     explain.add_argument("--tokens", type=_token_list, metavar="T1,T2,...",
                          help="target positions (1 = the first target token) whose own dL/dP and dL/dS the "
                               "page holds (default: all, or the first whose 900,000 numbers fit)")
-    _add_decoding_options(explain)
+    _add_decoding_options(explain, threads=1)  # one sentence's matrices are too small for more
     explain.set_defaults(run=_explain)
 
     plot = commands.add_parser(
