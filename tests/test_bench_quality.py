@@ -382,47 +382,104 @@ def test_label_smoothing_spreads_over_the_whole_vocabulary_padding_included_as_p
     assert not ours.grad[target == PAD_ID].any() and ours.grad[target != PAD_ID].all()  # padded positions ignored
 
 
-def test_every_dropout_sits_where_pytorchs_does(monkeypatch):
-    """With every dropout on (stock extras), one training forward of each engine on the same input
-    draws its masks at the same sites: the same number, the same shapes, the same p (attention
-    probabilities, feed-forward activations, sub-layer outputs, embedding sums); engine equality
-    (dropout off) cannot see a dropout that is missing or misplaced."""
-    torch = pytest.importorskip("torch")
+def _recording_dropout_masks(monkeypatch):
+    """Every dropout mask tinyformer draws, as (p, boolean keep mask), in the order it draws them."""
     import importlib
 
-    import torch_transformer
-
-    p = {"attention_dropout": 0.2, "activation_dropout": 0.3}
-    tiny = nn.Transformer.from_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, num_layers=2, seed=4,
-                                      dropout=0.1, final_norm=True, init="torch", **p)
-    torch.manual_seed(0)
-    model = torch_transformer.build_torch_model(tiny.config)
-    src = np.array([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
-    tgt = np.array([[1, 10, 11, 12], [1, 13, 0, 0]])
-    ours, theirs = [], []
+    masks = []
     dropout_module = importlib.import_module("tinyformer.functional.dropout")
     dropped, keep_mask = dropout_module._dropped, dropout_module._keep_mask_on_cpu
+
+    def recorded_dropped(x, p, generator):
+        y, keep = dropped(x, p, generator)
+        masks.append((p, keep.copy()))
+        return y, keep
+
+    def recorded_keep_mask(shape, p, generator):
+        keep = keep_mask(shape, p, generator)
+        masks.append((p, keep.copy()))
+        return keep
+
     for name in ("dropout", "attention", "residual", "linear"):
         module = importlib.import_module(f"tinyformer.functional.{name}")
         if hasattr(module, "_dropped"):
-            monkeypatch.setattr(module, "_dropped", lambda x, q, g: ours.append((tuple(x.shape), q)) or dropped(x, q, g))
+            monkeypatch.setattr(module, "_dropped", recorded_dropped)
         if hasattr(module, "_keep_mask_on_cpu"):
-            monkeypatch.setattr(module, "_keep_mask_on_cpu",
-                                lambda shape, q, g: ours.append((tuple(shape), q)) or keep_mask(shape, q, g))
-    tiny.train()(src, tgt)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.register_forward_hook(lambda m, args, out: theirs.append((tuple(out.shape), m.p)))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+            monkeypatch.setattr(module, "_keep_mask_on_cpu", recorded_keep_mask)
+    return masks
+
+
+def _pytorch_dropping_these_masks(monkeypatch, torch, masks):
+    """PyTorch's F.dropout and its attention's probability dropout made to drop ``masks`` in turn
+    (each site checks that the mask has its shape and its p); returns the iterator, to check all were used."""
+    functional = torch.nn.functional
+    sdpa = functional.scaled_dot_product_attention
+    remaining = iter(masks)
+
+    def next_mask(p, shape):
+        q, keep = next(remaining)
+        assert (q, keep.shape) == (p, tuple(shape)), \
+            f"PyTorch drops p {p} of {tuple(shape)}, tinyformer p {q} of {keep.shape}"
+        return torch.from_numpy(keep)
+
+    def dropout(x, p=0.5, training=True, inplace=False):
+        return x * next_mask(p, x.shape) / (1 - p) if training and p else x
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **rest):
-        theirs.append((tuple(q.shape[:-1]) + (k.shape[-2],), dropout_p))
-        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **rest)
+        if not dropout_p:
+            return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **rest)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else scores + attn_mask
+        probabilities = torch.softmax(scores, -1)
+        return probabilities * next_mask(dropout_p, probabilities.shape) / (1 - dropout_p) @ v
 
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", attention)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        model.train()(torch.from_numpy(src), torch.from_numpy(tgt))
-    assert len(ours) == 22  # 2 embeddings; per encoder layer 4, per decoder layer 6
-    assert sorted(ours) == sorted(theirs)
-    assert sorted({q for _, q in ours}) == [0.1, 0.2, 0.3]
+    monkeypatch.setattr(functional, "dropout", dropout)
+    monkeypatch.setattr(functional, "scaled_dot_product_attention", attention)
+    return remaining
+
+
+@pytest.mark.parametrize("final_norm", [True, False])
+def test_with_the_same_dropout_masks_both_engines_give_the_same_loss_and_gradients(monkeypatch, final_norm):
+    """Training mode with every dropout on (embedding sums, attention probabilities, feed-forward
+    activations, sub-layer outputs; three different p): the masks tinyformer draws, given to PyTorch at
+    the same sites, give the same loss and the same gradient of every parameter, in float64. Engine
+    equality (dropout off) cannot see a dropout that is missing, misplaced or scaled wrongly; this can."""
+    torch = pytest.importorskip("torch")
+    import torch_transformer
+
+    from tinyformer import functional as F
+
+    tiny = nn.Transformer.from_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, num_layers=2, seed=4,
+                                      dropout=0.1, attention_dropout=0.2, activation_dropout=0.3,
+                                      final_norm=final_norm, init="torch").double()
+    model = torch_transformer.build_torch_model(tiny.config).double()
+    torch_transformer.copy_weights(tiny, model)
+    src = np.array([[5, 6, 7, 2, 0, 0], [8, 9, 2, 0, 0, 0], [3, 4, 5, 6, 7, 2]])
+    tgt = np.array([[1, 10, 11, 12, 2, 0], [1, 13, 0, 0, 0, 0], [1, 14, 15, 16, 17, 2]])
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    upstream = np.random.default_rng(5).standard_normal()
+
+    with monkeypatch.context() as patch:
+        masks = _recording_dropout_masks(patch)
+        ours = F.cross_entropy(tiny.train()(src, tgt_in), tgt_out, 0.1, ignore_index=0, reduction="sum")
+        (ours * upstream).backward()
+    assert len(masks) == 22  # 2 embeddings; per encoder layer 4, per decoder layer 6
+    assert sorted({p for p, _ in masks}) == [0.1, 0.2, 0.3]
+    # PyTorch embeds the target before it runs the encoder: tinyformer's 10th mask is its 2nd
+    in_pytorchs_order = [masks[0], masks[9], *masks[1:9], *masks[10:]]
+    with monkeypatch.context() as patch:
+        remaining = _pytorch_dropping_these_masks(patch, torch, in_pytorchs_order)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            logits = model.train()(torch.from_numpy(src), torch.from_numpy(tgt_in))
+        theirs = torch.nn.functional.cross_entropy(logits.reshape(-1, 30), torch.from_numpy(tgt_out).reshape(-1),
+                                                   ignore_index=0, label_smoothing=0.1, reduction="sum")
+        (theirs * upstream).backward()
+        assert next(remaining, None) is None, "PyTorch drew fewer masks than tinyformer"
+    np.testing.assert_allclose(float(ours.data), theirs.item(), rtol=1e-12)
+    for sources, target in torch_transformer.weight_pairs(tiny, model):
+        np.testing.assert_allclose(np.concatenate([s.grad for s in sources]), target.grad.numpy(),
+                                   rtol=1e-9, atol=1e-12)
