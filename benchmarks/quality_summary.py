@@ -3,6 +3,7 @@ mean for each configuration, against stock PyTorch on the same seeds, with the v
 
     python benchmarks/quality_summary.py WORK [MORE ...] [--steps 800] [--data multi30k] [--preset small]
     python benchmarks/quality_summary.py WORK --keep benchmarks/results/quality-runs
+    python benchmarks/quality_summary.py WORK --steps 3000 --bootstrap
 
 A configuration is an engine and its extras (``none`` is the paper's model; PyTorch's ``all`` is stock
 ``nn.Transformer``). Each run's result file (``WORK/results/*.json``, written by ``bench_quality.py``,
@@ -11,6 +12,11 @@ per-step losses and step times and, since the validation loss was added, its NLL
 validation split. A row's mean is over the seeds it has; "vs PyTorch" is that mean minus stock PyTorch's
 mean over the same seeds (blank where PyTorch has none of them). Runs of ``--equal-init`` and unscored
 runs are left out. Where two folders hold the same run (configuration, seed, steps), the later folder's wins.
+
+``--bootstrap`` adds a table of each run beside stock PyTorch's run of the same seed and steps (both
+read with their hypotheses, so from work folders, not kept records): the BLEU difference and sacreBLEU's
+paired bootstrap p-value (two-sided, 1,000 resamples of the test sentences). It measures how much the
+difference could be the test set's sampling alone; the spread between training seeds is not in it.
 
 ``--keep DIR`` writes each run read, without its hypotheses, into DIR (``benchmarks/results/quality-runs``
 is the project's record: the work folders of the machines that trained them do not last). A kept
@@ -110,6 +116,44 @@ def summary(runs):
     return "\n".join(lines) + "\n"
 
 
+def bootstrap(runs, references, samples=1000):
+    """Markdown: one row per run that has stock PyTorch's run of the same seed and steps beside it,
+    both with hypotheses for every reference: BLEU, PyTorch's, the difference and sacreBLEU's paired
+    bootstrap p-value (``PairedTest``, test_type "bs": two-sided, ``samples`` resamples, its seed); none
+    where the two scores are equal."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    def hypotheses(run):
+        found = run["result"].get("hypotheses")
+        return found if found is not None and len(found) == len(references) else None
+
+    torch = {(r["seed"], r["steps"]): r for r in runs if (r["engine"], r["extras"]) == STOCK_TORCH}
+    lines = ["| engine | extras | seed | steps | BLEU | stock PyTorch | difference | p (paired bootstrap) |",
+             "|" + "---|" * 8]
+    for run in sorted(runs, key=lambda r: (r["steps"], r["seed"], r["engine"] != "tinyformer", r["extras"])):
+        baseline = torch.get((run["seed"], run["steps"]))
+        if baseline is None or baseline is run or hypotheses(run) is None or hypotheses(baseline) is None:
+            continue
+        test = PairedTest([("PyTorch", hypotheses(baseline)), ("run", hypotheses(run))], {"BLEU": BLEU()},
+                          [list(references)], test_type="bs", n_samples=samples)
+        theirs, ours = test()[1]["BLEU"]
+        # sacreBLEU gives the smallest p to a difference of exactly 0 (identical translations); none is shown
+        p = f"{ours.p_value:.3f}" if ours.score != theirs.score else "—"
+        lines.append(f"| {ENGINE_NAMES.get(run['engine'], run['engine'])} | {run['extras']} | {run['seed']} | "
+                     f"{run['steps']} | {ours.score:.2f} | {theirs.score:.2f} | {ours.score - theirs.score:+.2f} | "
+                     f"{p} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def reference_lines(data, src, tgt, data_dir=None):
+    """The test split's target lines, as bench_quality.py scores them."""
+    from tinyformer.train import TrainConfig
+    from tinyformer.train.builders import load_corpus
+
+    return load_corpus(TrainConfig(data=data, src_lang=src, tgt_lang=tgt, data_dir=data_dir).resolved(), "test")[1]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", metavar="WORK",
@@ -118,6 +162,11 @@ def main(argv=None):
     parser.add_argument("--data", default="multi30k")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--keep", metavar="DIR", help="also write each run read, without its hypotheses, into DIR")
+    parser.add_argument("--bootstrap", action="store_true", help="also each run against stock PyTorch on its "
+                        "seed: the difference and sacreBLEU's paired bootstrap p-value (needs the hypotheses)")
+    parser.add_argument("--src", default="en", help="source language of the runs (for --bootstrap's references)")
+    parser.add_argument("--tgt", default="de", help="target language of the runs (for --bootstrap's references)")
+    parser.add_argument("--data-dir", help="folder holding multi30k/ (default: $TINYFORMER_DATA)")
     args = parser.parse_args(argv)
     for folder in args.folders:
         if not Path(folder).is_dir():
@@ -129,6 +178,10 @@ def main(argv=None):
         for name in keep(runs, args.keep):
             print(f"kept {Path(args.keep) / name}", file=sys.stderr)
     sys.stdout.write(summary(runs))
+    if args.bootstrap:
+        table = bootstrap(runs, reference_lines(args.data, args.src, args.tgt, args.data_dir))
+        sys.stdout.write("\n" + (table or "(--bootstrap: no run has stock PyTorch's of its seed and steps beside it "
+                                          "with hypotheses)\n"))
     return 0
 
 

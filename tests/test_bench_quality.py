@@ -212,9 +212,10 @@ def test_the_script_end_to_end_with_one_engine(work):
     assert again.returncode == 0 and "bench_quality: done already" in again.stdout, again.stdout + again.stderr
     assert report.read_text(encoding="utf-8") == text  # nothing trained, nothing appended
     summary = children.run([children.PYTHON, str(ROOT / "benchmarks" / "quality_summary.py"), str(work / "e2e"),
-                            "--data", "synthetic", "--preset", "tiny"], timeout=120)
+                            "--data", "synthetic", "--preset", "tiny", "--bootstrap"], timeout=120)
     assert summary.returncode == 0, summary.stdout + summary.stderr
     assert summary.stdout.splitlines()[2].startswith("| tinyformer | none | ")
+    assert "(--bootstrap: no run has stock PyTorch's of its seed and steps beside it" in summary.stdout
 
 
 def fake_result(folder, engine, extras, seed, bleu, steps=4, valid_nll=None):
@@ -483,3 +484,35 @@ def test_with_the_same_dropout_masks_both_engines_give_the_same_loss_and_gradien
     for sources, target in torch_transformer.weight_pairs(tiny, model):
         np.testing.assert_allclose(np.concatenate([s.grad for s in sources]), target.grad.numpy(),
                                    rtol=1e-9, atol=1e-12)
+
+
+def test_the_summary_bootstraps_each_run_against_pytorch_on_its_seed(tmp_path):
+    """--bootstrap: sacreBLEU's paired bootstrap of each run against stock PyTorch's of the same seed and
+    steps; a run that translates every sentence as PyTorch does differs by 0 and has no p, one that loses
+    a quarter of them differs with a small p; a run without PyTorch's seed beside it, or without
+    hypotheses (a kept record), has no row."""
+    summary = load_script("benchmarks/quality_summary.py")
+    references = summary.reference_lines("synthetic", "en", "de")
+    assert len(references) >= 100
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def write(engine, extras, seed, hypotheses):
+        fake_result(results, engine, extras, seed, 0.0)
+        name = f"multi30k-small-s{seed}-n4-{engine}-{'+'.join(extras) or 'none'}.json"
+        result = json.loads((results / name).read_text())
+        result["hypotheses"] = hypotheses
+        (results / name).write_text(json.dumps(result))
+
+    worse = [("" if i % 4 == 0 else line) for i, line in enumerate(references)]
+    write("torch", STOCK, 0, list(references))
+    write("tinyformer", ["torch-init"], 0, list(references))
+    write("tinyformer", [], 0, worse)
+    write("tinyformer", [], 1, worse)  # no PyTorch run of seed 1
+    write("tinyformer", ["final-norm"], 0, worse[:10])  # not one hypothesis per reference
+    table = summary.bootstrap(summary.load_runs(tmp_path, steps=4), references, samples=200).splitlines()
+    assert table[0] == "| engine | extras | seed | steps | BLEU | stock PyTorch | difference | p (paired bootstrap) |"
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in table[2:]}
+    assert sorted(rows) == ["none", "torch-init"]
+    assert rows["torch-init"][4:8] == ["100.00", "100.00", "+0.00", "— |"]
+    assert float(rows["none"][6]) < -10 and float(rows["none"][7][:-2]) < 0.01
