@@ -469,8 +469,9 @@ def test_with_the_same_dropout_masks_both_engines_give_the_same_loss_and_gradien
         (ours * upstream).backward()
     assert len(masks) == 22  # 2 embeddings; per encoder layer 4, per decoder layer 6
     assert sorted({p for p, _ in masks}) == [0.1, 0.2, 0.3]
-    # PyTorch embeds the target before it runs the encoder: tinyformer's 10th mask is its 2nd
-    in_pytorchs_order = [masks[0], masks[9], *masks[1:9], *masks[10:]]
+    # PyTorch embeds the target before it runs the encoder: tinyformer's mask after the encoder's is its 2nd
+    target_embedding = 1 + 4 * tiny.config["num_layers"]
+    in_pytorchs_order = [masks[0], masks[target_embedding], *masks[1:target_embedding], *masks[target_embedding + 1:]]
     with monkeypatch.context() as patch:
         remaining = _pytorch_dropping_these_masks(patch, torch, in_pytorchs_order)
         with warnings.catch_warnings():
@@ -489,8 +490,8 @@ def test_with_the_same_dropout_masks_both_engines_give_the_same_loss_and_gradien
 def test_the_summary_bootstraps_each_run_against_pytorch_on_its_seed(tmp_path):
     """--bootstrap: sacreBLEU's paired bootstrap of each run against stock PyTorch's of the same seed and
     steps; a run that translates every sentence as PyTorch does differs by 0 and has no p, one that loses
-    a quarter of them differs with a small p; a run without PyTorch's seed beside it, or without
-    hypotheses (a kept record), has no row."""
+    a quarter of them differs with a small p; a run without PyTorch's seed beside it, without
+    hypotheses (a kept record) or with fewer than the references (--limit) has no row."""
     summary = load_script("benchmarks/quality_summary.py")
     references = summary.reference_lines("synthetic", "en", "de")
     assert len(references) >= 100
@@ -501,7 +502,10 @@ def test_the_summary_bootstraps_each_run_against_pytorch_on_its_seed(tmp_path):
         fake_result(results, engine, extras, seed, 0.0)
         name = f"multi30k-small-s{seed}-n4-{engine}-{'+'.join(extras) or 'none'}.json"
         result = json.loads((results / name).read_text())
-        result["hypotheses"] = hypotheses
+        if hypotheses is None:
+            del result["hypotheses"]  # as a kept record
+        else:
+            result["hypotheses"] = hypotheses
         (results / name).write_text(json.dumps(result))
 
     worse = [("" if i % 4 == 0 else line) for i, line in enumerate(references)]
@@ -509,7 +513,8 @@ def test_the_summary_bootstraps_each_run_against_pytorch_on_its_seed(tmp_path):
     write("tinyformer", ["torch-init"], 0, list(references))
     write("tinyformer", [], 0, worse)
     write("tinyformer", [], 1, worse)  # no PyTorch run of seed 1
-    write("tinyformer", ["final-norm"], 0, worse[:10])  # not one hypothesis per reference
+    write("tinyformer", ["final-norm"], 0, worse[:10])  # not one hypothesis per reference (--limit)
+    write("tinyformer", ["attention-dropout"], 0, None)
     table = summary.bootstrap(summary.load_runs(tmp_path, steps=4), references, samples=200).splitlines()
     assert table[0] == "| engine | extras | seed | steps | BLEU | stock PyTorch | difference | p (paired bootstrap) |"
     rows = {line.split(" | ")[1]: line.split(" | ") for line in table[2:]}
