@@ -133,9 +133,12 @@ def bootstrap(runs, references, samples=1000):
              "|" + "---|" * 8]
     for run in sorted(runs, key=lambda r: (r["steps"], r["seed"], r["engine"] != "tinyformer", r["extras"])):
         baseline = torch.get((run["seed"], run["steps"]))
-        if baseline is None or baseline is run or hypotheses(run) is None or hypotheses(baseline) is None:
+        if baseline is None or baseline is run:
             continue
-        test = PairedTest([("PyTorch", hypotheses(baseline)), ("run", hypotheses(run))], {"BLEU": BLEU()},
+        pair = hypotheses(baseline), hypotheses(run)
+        if None in pair:
+            continue
+        test = PairedTest([("PyTorch", pair[0]), ("run", pair[1])], {"BLEU": BLEU()},
                           [list(references)], test_type="bs", n_samples=samples)
         theirs, ours = test()[1]["BLEU"]
         # sacreBLEU gives the smallest p to a difference of exactly 0 (identical translations); none is shown

@@ -218,10 +218,12 @@ def test_the_script_end_to_end_with_one_engine(work):
     assert "(--bootstrap: no run has stock PyTorch's of its seed and steps beside it" in summary.stdout
 
 
-def fake_result(folder, engine, extras, seed, bleu, steps=4, valid_nll=None):
+def fake_result(folder, engine, extras, seed, bleu, steps=4, valid_nll=None, hypotheses=("ein Hund",) * 3):
+    """A result file as bench_quality.py writes it; ``hypotheses=None`` leaves them out, as a kept record."""
     result = {"engine": engine, "extras": extras, "equal_init": False, "model_config": {"seed": seed},
-              "losses": [5.0] * (steps - 1) + [float(seed + 1)], "seconds": [1.0 + seed] * steps, "bleu": bleu,
-              "hypotheses": ["ein Hund"] * 3}
+              "losses": [5.0] * (steps - 1) + [float(seed + 1)], "seconds": [1.0 + seed] * steps, "bleu": bleu}
+    if hypotheses is not None:
+        result["hypotheses"] = list(hypotheses)
     if valid_nll is not None:
         result["valid_nll"] = valid_nll
     name = f"multi30k-small-s{seed}-n{steps}-{engine}-{'+'.join(extras) or 'none'}.json"
@@ -499,14 +501,7 @@ def test_the_summary_bootstraps_each_run_against_pytorch_on_its_seed(tmp_path):
     results.mkdir()
 
     def write(engine, extras, seed, hypotheses):
-        fake_result(results, engine, extras, seed, 0.0)
-        name = f"multi30k-small-s{seed}-n4-{engine}-{'+'.join(extras) or 'none'}.json"
-        result = json.loads((results / name).read_text())
-        if hypotheses is None:
-            del result["hypotheses"]  # as a kept record
-        else:
-            result["hypotheses"] = hypotheses
-        (results / name).write_text(json.dumps(result))
+        fake_result(results, engine, extras, seed, 0.0, hypotheses=hypotheses)
 
     worse = [("" if i % 4 == 0 else line) for i, line in enumerate(references)]
     write("torch", STOCK, 0, list(references))
@@ -514,7 +509,7 @@ def test_the_summary_bootstraps_each_run_against_pytorch_on_its_seed(tmp_path):
     write("tinyformer", [], 0, worse)
     write("tinyformer", [], 1, worse)  # no PyTorch run of seed 1
     write("tinyformer", ["final-norm"], 0, worse[:10])  # not one hypothesis per reference (--limit)
-    write("tinyformer", ["attention-dropout"], 0, None)
+    write("tinyformer", ["attention-dropout"], 0, None)  # a kept record
     table = summary.bootstrap(summary.load_runs(tmp_path, steps=4), references, samples=200).splitlines()
     assert table[0] == "| engine | extras | seed | steps | BLEU | stock PyTorch | difference | p (paired bootstrap) |"
     rows = {line.split(" | ")[1]: line.split(" | ") for line in table[2:]}
