@@ -21,7 +21,7 @@ switched one by one with ``--tf-extras`` and ``--torch-extras`` (comma-separated
 (after the feed-forward ReLU), ``final-norm`` (a LayerNorm after each stack, also post-LN) and
 ``torch-init`` (nn.Transformer's initialisation: Q, K, V Xavier-uniform as one packed 3d x d matrix,
 feed-forward biases U(+-1/sqrt(fan_in))). Defaults: tinyformer ``preset``, the preset's own model as
-``tinyformer train`` builds it (``small``: torch-init; ``none`` is the paper's model), PyTorch all (stock).
+``tinyformer train`` builds it (``small``: all four; ``none`` is the paper's model), PyTorch all (stock).
 
 ``--equal-init`` tests the engines themselves: PyTorch starts from tinyformer's initial weights,
 dropout is off everywhere, both have the same extras, and the report gives the largest relative

@@ -54,8 +54,8 @@ def test_extras_are_parsed_and_become_model_overrides():
 
 def test_tinyformer_defaults_to_the_presets_own_model_and_none_is_the_papers(work, monkeypatch):
     small = bench.parse_args(["--preset", "small", "--work", str(work)])
-    assert small.tf_extras == ("torch-init",) == bench.preset_extras("small")  # tinyformer train's small
-    assert bench.run_config(small, "tinyformer").model_overrides["init"] == "torch"
+    assert small.tf_extras == bench.EXTRAS == bench.preset_extras("small")  # tinyformer train's small
+    assert bench.run_config(small, "tinyformer").model_overrides == bench.model_overrides(bench.EXTRAS, 0.1)
     assert bench.parse_args(["--preset", "small", "--tf-extras", "none", "--work", str(work)]).tf_extras == ()
     assert bench.preset_extras("tiny") == bench.preset_extras("base") == ()
     from tinyformer.nn import presets

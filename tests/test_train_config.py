@@ -226,3 +226,28 @@ def test_the_settings_that_shape_no_parameter_come_from_the_fields():
     saved, built = {"heads": 4, "dropout": 0.1, "seed": 0}, {"heads": 4, "dropout": 0.3, "seed": 1}
     assert checkpoint.model_config_mismatch(saved, built, TRAINING_ONLY) == []
     assert checkpoint.model_config_mismatch(dict(saved, heads=8), built, TRAINING_ONLY) == ["heads: 8 vs 4"]
+
+
+def test_a_run_resumes_as_the_model_it_trained_after_its_preset_changed(tmp_path, monkeypatch):
+    """`small` was PyTorch's initialisation alone before it became all of nn.Transformer's choices: a
+    run trained then must resume as that model (no final LayerNorms, no attention or ReLU dropout)."""
+    from tinyformer.nn import presets
+
+    args = ["train", "--save-dir", str(tmp_path), "--preset", "small", "--max-tokens", "256", "--vocab-size", "120",
+            "--eval-every", "100000", "--save-every", "1", "--bleu-samples", "4", "--threads", "1", "--no-progress",
+            "--no-test"]
+    before = presets.PRESETS["small"].replace(attention_dropout=0.0, activation_dropout=0.0, final_norm=None)
+    with monkeypatch.context() as patch:
+        patch.setattr(presets, "PRESETS", {**presets.PRESETS, "small": before})
+        assert cli.main([*args, "--max-steps", "1"]) == 0
+    assert cli.main([*args, "--resume", "--max-steps", "2"]) == 0
+    _, meta, _ = checkpoint.load_checkpoint(checkpoint.list_checkpoints(tmp_path)[-1])
+    assert meta["step"] == 2
+    assert {name: meta["model_config"][name] for name in ("attention_dropout", "activation_dropout", "final_norm",
+                                                          "init")} == \
+        {"attention_dropout": 0.0, "activation_dropout": 0.0, "final_norm": None, "init": "torch"}
+    assert meta["config"]["model_overrides"] == {"attention_dropout": 0.0, "activation_dropout": 0.0,
+                                                 "final_norm": None}
+    # a run of today's preset pins nothing
+    assert TrainConfig.from_dict(meta["config"] | {"model_overrides": {}}, dict(
+        meta["model_config"], attention_dropout=0.1, activation_dropout=0.1, final_norm=True)).model_overrides == {}

@@ -165,7 +165,7 @@ def _saved_config(save_dir):
     if not paths:
         raise FileNotFoundError(f"--resume: no checkpoint_*.npz in {save_dir}")
     _, meta, _ = checkpoint.load_checkpoint(paths[-1])
-    return TrainConfig.from_dict(meta["config"])
+    return TrainConfig.from_dict(meta["config"], meta.get("model_config"))
 
 
 def _add_train_options(parser):

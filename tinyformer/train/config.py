@@ -18,7 +18,7 @@ from ..distributed import COMMS
 from ..data.corpus import LANGUAGE_CODE
 from ..data.multi30k import LANGUAGES as MULTI30K_LANGUAGES
 from ..nn import TransformerConfig
-from ..nn.presets import PRESETS, check_preset
+from ..nn.presets import PAPER_CHOICES, PRESETS, check_preset, preset_config
 from ..validation import check_int, check_probability, check_real
 
 __all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
@@ -276,11 +276,23 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values):
+    def from_dict(cls, values, model_config=None):
         """The config a checkpoint holds. One written before ``paper`` existed trained the paper's
-        model (every preset was it then), which ``paper=True`` keeps building for it."""
+        model (every preset was it then), which ``paper=True`` keeps building for it. With the
+        checkpoint's ``model_config``, the choices the paper does not make (``nn.PAPER_CHOICES``) are
+        pinned to that model's in ``model_overrides`` where its preset now builds others: a run
+        resumes as the model it trained, whatever a later version made of the preset's defaults."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{"paper": True, **{k: v for k, v in values.items() if k in known}})
+        config = cls(**{"paper": True, **{k: v for k, v in values.items() if k in known}})
+        if model_config and config.preset in PRESETS:
+            trained = TransformerConfig.from_dict(model_config)
+            built = preset_config(config.preset, trained.src_vocab_size or 1, paper=config.paper,
+                                  **(config.model_overrides or {}))
+            pinned = {name: getattr(trained, name) for name in PAPER_CHOICES
+                      if getattr(trained, name) != getattr(built, name)}
+            if pinned:
+                config.model_overrides = {**(config.model_overrides or {}), **pinned}
+        return config
 
 
 OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}
