@@ -285,13 +285,13 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         config = cls(**{"paper": True, **{k: v for k, v in values.items() if k in known}})
         if model_config and config.preset in PRESETS:
+            overrides = config.model_overrides or {}
             trained = TransformerConfig.from_dict(model_config)
-            built = preset_config(config.preset, trained.src_vocab_size or 1, paper=config.paper,
-                                  **(config.model_overrides or {}))
+            built = preset_config(config.preset, trained.src_vocab_size or 1, paper=config.paper, **overrides)
             pinned = {name: getattr(trained, name) for name in PAPER_CHOICES
                       if getattr(trained, name) != getattr(built, name)}
             if pinned:
-                config.model_overrides = {**(config.model_overrides or {}), **pinned}
+                config.model_overrides = {**overrides, **pinned}
         return config
 
 
