@@ -393,8 +393,8 @@ def _recording_dropout_masks(monkeypatch):
     dropout_module = importlib.import_module("tinyformer.functional.dropout")
     dropped, keep_mask = dropout_module._dropped, dropout_module._keep_mask_on_cpu
 
-    def recorded_dropped(x, p, generator):
-        y, keep = dropped(x, p, generator)
+    def recorded_dropped(x, p, generator, **kwargs):
+        y, keep = dropped(x, p, generator, **kwargs)
         masks.append((p, keep.copy()))
         return y, keep
 

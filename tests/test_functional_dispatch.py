@@ -216,8 +216,12 @@ def calls(monkeypatch):
 
     for stand_in in STAND_INS:
         monkeypatch.setattr(ops, stand_in.__name__, recording(stand_in))
-    monkeypatch.setattr(importlib.import_module("tinyformer.functional.dropout"), "uniform_blocks",
-                        lambda gen, size, fn: fn(0, size, philox_uniform(KERNEL_SEED, 0, np.arange(size))))
+    def philox_keep(generator, p, keep, fn=None):
+        keep[...] = philox_uniform(KERNEL_SEED, 0, np.arange(keep.size)) >= p
+        if fn is not None:
+            fn(0, keep.size)
+
+    monkeypatch.setattr(importlib.import_module("tinyformer.functional.dropout"), "fill_keep_mask", philox_keep)
     return called
 
 

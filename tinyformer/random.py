@@ -12,7 +12,7 @@ import contextlib
 
 import numpy
 
-__all__ = ["manual_seed", "default_generator", "make_generator", "uniform_like", "uniform_blocks",
+__all__ = ["manual_seed", "default_generator", "make_generator", "drop_threshold", "fill_keep_mask",
            "get_rng_state", "set_rng_state", "kernel_seed", "recording_kernel_seeds", "kernel_seed_recorder",
            "draw_kernel_seeds"]
 
@@ -35,69 +35,67 @@ def default_generator():
     return _default
 
 
-def uniform_like(generator, shape, reference):
-    """Uniform [0, 1) samples of ``shape`` from ``generator``, on ``reference``'s device.
-
-    Samples are drawn on the host from the seeded NumPy generator and copied to
-    the device, so wherever they are used a run repeats identically on CPU and GPU.
-    Dropout on the GPU with the kernels on does not use them: its masks come from
-    Philox on the device (``kernels/dropout.cu``), keyed by a seed drawn from the
-    same generator, so GPU runs repeat exactly for a seed but differ from CPU runs
-    when dropout > 0.
-    """
-    from . import backend
-
-    samples = (generator or _default).random(shape, dtype=numpy.float32)
-    return backend.like(samples, reference)
+#: bits of one dropout sample: four samples per 64-bit output of the bit generator
+SAMPLE_BITS = 16
+#: samples per block of ``fill_keep_mask`` (a multiple of 4): cache-resident while ``fn`` uses them
+KEEP_BLOCK = 1 << 15
 
 
-#: samples per block of ``uniform_blocks``: 128 KB of float32, cache-resident while ``fn`` uses them
-UNIFORM_BLOCK = 1 << 15
+def drop_threshold(p):
+    """The 16-bit threshold t of dropout probability ``p``: an element is dropped when its sample
+    s < t, so it is dropped with probability t / 2¹⁶, ``p`` rounded to a multiple of 2⁻¹⁶
+    (0.1 → 6554 / 65536 = 0.1000061); at most 65535."""
+    return min(round(p * (1 << SAMPLE_BITS)), (1 << SAMPLE_BITS) - 1)
 
 
-def uniform_blocks(generator, size, fn):
-    """Feed one draw of ``size`` uniform float32 samples to ``fn(start, stop, samples)``, block by
-    block, without holding the whole draw: the samples are exactly those of
-    ``generator.random(size, dtype=numpy.float32)``, and the generator ends where that call
-    would have left it.
+def fill_keep_mask(generator, p, keep, fn=None):
+    """Fill the flat boolean array ``keep`` with a dropout keep mask, [s ≥ t] for 16-bit samples s
+    and t = ``drop_threshold(p)``, from one draw of ``generator``, block by block, calling
+    ``fn(start, stop)`` after each block of ``keep`` is made (while it is in cache).
 
-    Large draws from a PCG64 generator (the default) are split over the backend's threads:
-    each thread jumps a copy of the generator to its first sample (PCG64 yields two float32
-    samples per 64-bit step; ``advance`` skips steps) and draws its part into its own small
-    buffer. ``fn`` must only write its own elements ``[start, stop)``.
+    The samples are the raw output of the bit generator (``random_raw``) read as 16-bit integers,
+    four per 64-bit output: element i takes bits 16·(i mod 4) to 16·(i mod 4) + 15 of output
+    i // 4, and the draw takes ⌈n / 4⌉ outputs. Generating them costs a third of
+    ``generator.random(n, float32)``'s two samples per output. Large draws from a PCG64 generator
+    (the default) are split over the backend's threads: each thread jumps a copy of the generator to
+    its first output (``advance``) and draws its part. The mask and the generator's final state do not
+    depend on the number of threads. ``fn`` must only touch elements ``[start, stop)``.
     """
     from . import backend
 
     generator = generator or _default
     bit_generator = generator.bit_generator
-    done = 0
-    if size and bit_generator.state.get("has_uint32"):  # half a 64-bit step is buffered: use it first
-        fn(0, 1, generator.random(1, dtype=numpy.float32))
-        done = 1
-    threads = min(backend.get_num_threads(), (size - done) // backend.ROW_BLOCK_MIN_ELEMENTS)
+    size = keep.size
+    threshold = numpy.uint16(drop_threshold(p))
+    threads = min(backend.get_num_threads(), size // backend.ROW_BLOCK_MIN_ELEMENTS)
     if threads <= 1 or type(bit_generator) is not numpy.random.PCG64:
-        _uniform_range(generator, done, size, fn)
+        _fill_keep_range(bit_generator, threshold, keep, 0, size, fn)
         return
     start_state = bit_generator.state
-    bounds = [done + 2 * ((size - done) * i // (2 * threads)) for i in range(threads)] + [size]
+    words = -(-size // 4)
+    bounds = [4 * (words * i // threads) for i in range(threads)] + [size]
     copies = []
     for first in bounds[:-1]:
         copy = numpy.random.PCG64()
         copy.state = start_state
-        copies.append(numpy.random.Generator(copy.advance((first - done) // 2)))
+        copies.append(copy.advance(first // 4))
     parts = list(zip(copies, bounds[:-1], bounds[1:]))  # as many as threads: one part per thread
-    backend.map_row_blocks(lambda first, last: [_uniform_range(*part, fn) for part in parts[first:last]],
+    backend.map_row_blocks(lambda a, b: [_fill_keep_range(c, threshold, keep, *ab, fn) for c, *ab in parts[a:b]],
                            len(parts), None, min_elements=1)
-    bit_generator.state = copies[-1].bit_generator.state
+    end_state = copies[-1].state
+    # advance drops a buffered half output (kept for ``random(float32)``); drawing raw keeps it
+    end_state["has_uint32"], end_state["uinteger"] = start_state["has_uint32"], start_state["uinteger"]
+    bit_generator.state = end_state
 
 
-def _uniform_range(generator, start, stop, fn):
-    buffer = numpy.empty(min(UNIFORM_BLOCK, max(stop - start, 0)), dtype=numpy.float32)
-    for first in range(start, stop, UNIFORM_BLOCK):
-        last = min(first + UNIFORM_BLOCK, stop)
-        samples = buffer[: last - first]
-        generator.random(dtype=numpy.float32, out=samples)
-        fn(first, last, samples)
+def _fill_keep_range(bit_generator, threshold, keep, start, stop, fn):
+    for first in range(start, stop, KEEP_BLOCK):
+        last = min(first + KEEP_BLOCK, stop)
+        raw = bit_generator.random_raw(-(-(last - first) // 4)).astype("<u8", copy=False)  # the same on any byte order
+        samples = raw.view("<u2")[: last - first]
+        numpy.greater_equal(samples, threshold, out=keep[first:last])
+        if fn is not None:
+            fn(first, last)
 
 
 def get_rng_state():

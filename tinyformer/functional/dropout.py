@@ -4,7 +4,7 @@ import numpy
 
 from .. import backend, kernels
 from ..kernels import ops as kernel_ops
-from ..random import kernel_seed, uniform_blocks, uniform_like
+from ..random import fill_keep_mask, kernel_seed
 from ..validation import check_probability
 from ._dispatch import KernelFunction
 
@@ -12,13 +12,13 @@ _xp = backend.get_array_module
 
 
 class Dropout(KernelFunction):
-    """Inverted dropout: y = x ∘ m / (1 − p), m = [u ≥ p], u ~ U[0, 1);  dx = dy ∘ m / (1 − p).
+    """Inverted dropout: y = x ∘ m / (1 − p), m = [s ≥ t] with P(m = 0) = p;  dx = dy ∘ m / (1 − p).
 
-    u comes from ``generator`` drawn on the host (``uniform_blocks`` for NumPy arrays,
-    ``uniform_like`` otherwise), or, where the kernel runs (``kernels.use_kernels``), from
-    Philox on the device (kernels/dropout.cu), keyed by a seed drawn from ``generator``: no
-    host draw, no copy. Both repeat for a seed; their masks differ. Both keep the boolean
-    mask, so the backward is the same on both paths.
+    The mask is drawn from ``generator`` on the host (``random.fill_keep_mask``: 16-bit samples s,
+    t = p·2¹⁶ rounded; copied to the device for other arrays), or, where the kernel runs
+    (``kernels.use_kernels``), from Philox on the device (kernels/dropout.cu), keyed by a seed
+    drawn from ``generator``: no host draw, no copy. Both repeat for a seed; their masks differ.
+    Both keep the boolean mask, so the backward is the same on both paths.
     """
 
     def kernel_applies(self, x, p, generator):
@@ -59,34 +59,31 @@ def _scaled_by_mask(x, keep, scale):
     return out.reshape(x.shape)
 
 
-def _dropped(x, p, generator):
-    """(x ∘ keep / (1 − p), keep) with keep = [u ≥ p] (boolean: 1 byte per element), u the uniform
-    samples of one ``generator.random(x.shape, float32)`` draw. For NumPy x, mask and output are
-    made block by block as the samples come (``uniform_blocks``, several threads), never holding
-    the samples; other arrays take one ``uniform_like`` draw on the host."""
+def _dropped(x, p, generator, out=None):
+    """(x ∘ keep / (1 − p), keep) with keep the boolean mask (1 byte per element) of one
+    ``fill_keep_mask`` draw from ``generator``. For NumPy x, mask and output are made block by
+    block as the mask comes (several threads), into ``out`` if given (x itself, for a node that
+    owns x); other arrays take the mask drawn on the host."""
     scale = _scale(x, p)
     if _xp(x) is not numpy:
-        keep = uniform_like(generator, x.shape, x) >= p
+        keep = backend.like(_keep_mask_on_cpu(x.shape, p, generator), x)
         return _scaled_by_mask(x, keep, scale), keep
     flat_x = numpy.ascontiguousarray(x).reshape(-1)
     keep = numpy.empty(flat_x.shape, dtype=bool)
-    out = numpy.empty(flat_x.shape, dtype=x.dtype)
+    out = numpy.empty(flat_x.shape, dtype=x.dtype) if out is None else out.reshape(-1)
 
-    def block(start, stop, samples):
-        numpy.greater_equal(samples, p, out=keep[start:stop])
+    def block(start, stop):
         numpy.multiply(flat_x[start:stop], keep[start:stop], out=out[start:stop])
         out[start:stop] *= scale
 
-    uniform_blocks(generator, flat_x.size, block)
+    fill_keep_mask(generator, p, keep, block)
     return out.reshape(x.shape), keep.reshape(x.shape)
 
 
 def _keep_mask_on_cpu(shape, p, generator):
-    """keep = [u ≥ p] for one ``generator.random(shape, float32)`` draw, drawn in blocks."""
+    """The keep mask of ``shape`` for dropout probability ``p``: one ``fill_keep_mask`` draw."""
     keep = numpy.empty(shape, dtype=bool)
-    flat = keep.reshape(-1)
-    uniform_blocks(generator, flat.size, lambda start, stop, samples: numpy.greater_equal(
-        samples, p, out=flat[start:stop]))
+    fill_keep_mask(generator, p, keep.reshape(-1))
     return keep
 
 

@@ -117,15 +117,19 @@ class LinearReluDropout(KernelFunction):
         self.relu.needs_input_grad = self.needs_input_grad[:3]
         z = self.relu.forward(x, weight, bias)
         self.p = p
-        if p:
+        if p:  # z is this node's own: dropped in place; the ReLU's mask becomes [z > 0] ∘ keep
             self.scale = _scale(z, p)
-            z, self.keep = _dropped(z, p, generator)
+            z, keep = _dropped(z, p, generator, out=z)
+            positive = self.relu.positive
+            _xp(z).logical_and(positive, keep.reshape(positive.shape), out=positive)
         return z
 
     def backward_cpu(self, g):
-        if self.p:
-            g = _scaled_by_mask(g, self.keep, self.scale)
-        return (*self.relu.backward(g), None, None)
+        if not self.p:
+            return (*self.relu.backward(g), None, None)
+        # one pass for both masks: dz ∘ [z > 0] ∘ keep / (1 − p), then Linear's backward
+        g = _scaled_by_mask(g, self.relu.positive.reshape(g.shape), self.scale)
+        return (*Linear.backward(self.relu, g), None, None)
 
     def forward_gpu(self, x, weight, bias, p, generator):
         self.x, self.weight = x, weight
