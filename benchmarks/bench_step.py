@@ -174,6 +174,8 @@ class TinyformerRunner:
         self.config = self.model.config
         if device == "cuda":
             self.model.to("cuda")
+        else:  # as Trainer does on the CPU: each step's large arrays reuse the last step's memory
+            backend.keep_freed_memory()
         self.model.train()
         self.optimizer = optim.Adam(self.model.parameters(), lr=optim.NoamSchedule(self.config["d_model"], 4000),
                                     betas=(0.9, 0.98), eps=1e-9)

@@ -1,5 +1,7 @@
 """Backend selection: numpy on the CPU, cupy only when a GPU is really usable."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -194,3 +196,29 @@ print("ok")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
     with pytest.raises(AttributeError, match="no attribute 'bfloat17'"):
         backend.bfloat17
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_kept_memory_serves_the_next_large_array_without_page_faults():
+    """A 64 MiB array freed and made again faults its pages in anew by default (glibc maps and
+    unmaps it); after ``keep_freed_memory`` the second one reuses the first one's pages."""
+    import children
+    script = """
+import resource, sys
+import numpy
+from numpy._core.multiarray import _set_madvise_hugepage
+from tinyformer import backend
+_set_madvise_hugepage(False)  # 4 KiB pages: one fault per page touched
+if sys.argv[1] == "kept":
+    assert backend.keep_freed_memory() and backend.keep_freed_memory()
+numpy.ones(1 << 24, numpy.float32)  # made and freed
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+numpy.ones(1 << 24, numpy.float32)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+    faults = {}
+    for mode in ("default", "kept"):
+        result = children.run([children.PYTHON, "-c", script, mode])
+        assert result.returncode == 0, result.stderr
+        faults[mode] = int(result.stdout)
+    assert faults["default"] > 8000 and faults["kept"] < 1000, faults  # 16,384 pages of 4 KiB

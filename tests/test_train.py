@@ -321,3 +321,13 @@ def test_the_default_run_translates_the_built_in_test_split(tmp_path, monkeypatc
     sources, references = load_corpus(trainer.config, "test")
     result = evaluate(trainer.model, trainer.tokenizer, sources, references, beam_size=4, alpha=0.6)
     assert result["exact_match"] >= 0.95, result["exact_match"]
+
+
+def test_a_cpu_run_keeps_freed_memory_for_its_next_steps(tmp_path, monkeypatch):
+    """Each step's large arrays reuse the last step's memory (``backend.keep_freed_memory``)."""
+    from tinyformer import backend
+
+    calls = []
+    monkeypatch.setattr(backend, "keep_freed_memory", lambda: calls.append(1) or True)
+    Trainer(small_config(tmp_path), **QUIET)
+    assert calls == [1]

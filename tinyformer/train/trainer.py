@@ -103,6 +103,8 @@ class Trainer:
             raise ConfigError("nproc", f"nproc is {c.nproc} (the run's), but {self.comm.size} process(es) were started"
                                        + ("; --resume keeps a run's nproc" if resume else ""))
         c.nproc = self.comm.size
+        if c.device == "cpu":  # each step's large arrays reuse the last step's memory
+            backend.keep_freed_memory()
         self.lead = self.comm.rank == 0  # the one rank that writes, shows and validates
         self.resume, self.echo, self.progress = resume, echo if self.lead else _silent, progress and self.lead
         self.save_dir = Path(self.config.save_dir)
