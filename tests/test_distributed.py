@@ -77,10 +77,9 @@ def test_as_root_open_mpi_needs_its_consent_and_is_told_so_in_one_line(monkeypat
     assert launch.mpiexec_command(2, ["a"], mpiexec=str(fake))[:3] == [str(fake), "-n", "2"]
 
 
-def test_rank_seeds_keep_rank_0_on_the_one_process_stream():
-    assert distributed.rank_seed(7, 0) == 7
-    seeds = {distributed.rank_seed(7, r) for r in range(1, 5)}
-    assert len(seeds) == 4 and 7 not in seeds
+def test_rank_seeds_are_apart_from_each_other_and_from_the_initialisations_stream():
+    seeds = {distributed.rank_seed(7, r) for r in range(0, 5)}
+    assert len(seeds) == 5 and 7 not in seeds  # 7 itself is the initialisation's default_rng(7)
     # the same in every process (each rank computes its own): the documented SeedSequence((seed, rank)) draw
     assert distributed.rank_seed(7, 1) == int(np.random.SeedSequence([7, 1]).generate_state(1, dtype=np.uint64)[0])
     assert distributed.rank_seed(8, 1) != distributed.rank_seed(7, 1)

@@ -331,3 +331,20 @@ def test_a_cpu_run_keeps_freed_memory_for_its_next_steps(tmp_path, monkeypatch):
     monkeypatch.setattr(backend, "keep_freed_memory", lambda: calls.append(1) or True)
     Trainer(small_config(tmp_path), **QUIET)
     assert calls == [1]
+
+
+def test_the_dropout_stream_does_not_repeat_the_initialisations_draws(tmp_path):
+    """The model is drawn from default_rng(seed); the run's dropout masks must come from another
+    stream, or the first step's masks would be functions of the initial weights."""
+    from tinyformer import random as tf_random
+    from tinyformer.train.builders import build_model
+
+    class Vocabulary:
+        def __len__(self):
+            return 120
+
+    config = small_config(tmp_path, seed=5).resolved()
+    build_model(config, Vocabulary())
+    dropout_outputs = tf_random.default_generator().bit_generator.random_raw(1000)
+    initialisation_outputs = np.random.default_rng(5).bit_generator.random_raw(1000)
+    assert not np.isin(dropout_outputs, initialisation_outputs).any()

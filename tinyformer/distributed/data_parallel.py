@@ -221,8 +221,8 @@ def code_fingerprint():
 
 
 def rank_seed(seed, rank):
-    """The seed of rank ``rank``'s dropout stream: ``seed`` itself for rank 0 (a one-process run's
-    stream), else a seed drawn from numpy's SeedSequence((seed, rank)), independent of the others."""
-    if rank == 0:
-        return seed
+    """The seed of rank ``rank``'s dropout stream, drawn from numpy's SeedSequence((seed, rank)):
+    independent of the other ranks' and of the initialisation's (``default_rng(seed)``, whose
+    outputs a dropout stream seeded with ``seed`` itself would repeat). Rank 0's is a one-process
+    run's."""
     return int(numpy.random.SeedSequence([seed, rank]).generate_state(1, dtype=numpy.uint64)[0])

@@ -282,11 +282,11 @@ def build_corpus_data(config, comm, echo=print):
 
 def build_model(config, tokenizer):
     """The preset's Transformer (the paper's of its size with ``paper``) over the tokenizer's
-    vocabulary with the run's dropout and model_overrides, initialised from the run's seed (which
-    also restarts the dropout generator), on the run's device."""
+    vocabulary with the run's dropout and model_overrides, initialised from the run's seed, on the
+    run's device; restarts the dropout generator on rank 0's stream for the seed (``rank_seed``)."""
     overrides = {} if config.dropout is None else {"dropout": config.dropout}
     overrides.update(config.model_overrides or {})
-    tf_random.manual_seed(config.seed)
+    tf_random.manual_seed(distributed.rank_seed(config.seed, 0))
     return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=PAD_ID, paper=config.paper,
                                    max_len=max(config.max_len, 1024), seed=config.seed, **overrides).to(config.device)
 
