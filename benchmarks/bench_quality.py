@@ -311,7 +311,8 @@ def run_engine(args, engine, log=print):
               "model_config": parts.model.config, "params": parts.model.num_parameters(),
               "plan_digest": plan_digest(plan), "plan_batches": len(plan),
               "target_tokens": sum(b.num_tokens for b in plan), "tokenizer_sha256": parts.tokenizer.sha256,
-              "versions": {"python": platform.python_version(), "numpy": numpy.__version__}}
+              "versions": {"python": platform.python_version(), "numpy": numpy.__version__},
+              "commit": provenance.git_commit()}  # the code this engine read, at its start
     log(f"{engine}: {result['params']:,} parameters, {len(plan)} batches, plan {result['plan_digest'][:12]}")
     if engine == "tinyformer-ulp":
         for parameter in parts.model.parameters():
@@ -379,6 +380,16 @@ def shown_command(argv):
     return " ".join(["python benchmarks/bench_quality.py", *shown])
 
 
+def run_commit(results, engines):
+    """The commit the engines' code was read at (each records HEAD at its start), named with HEAD's
+    if a commit landed while they ran; None (HEAD's) for results from before engines recorded it."""
+    started = sorted({results[e]["commit"] for e in engines if "commit" in results[e]})
+    if not started:
+        return None
+    now = provenance.git_commit()
+    return ", ".join(started) + ("" if started == [now] else f" at the start (HEAD {now} at the report)")
+
+
 def report(args, argv, results, wall):
     """The markdown report of one invocation."""
     from bench_step import cpu_model
@@ -394,7 +405,7 @@ def report(args, argv, results, wall):
     else:
         title = f"{ENGINE_NAMES[engines[0]]} alone, extras {extras_text(results[engines[0]]['extras'])}"
     lines = [f"## {title}: {args.data} {args.src}-{args.tgt}, `{args.preset}`, {args.steps} steps, seed {args.seed}", "",
-             provenance.header(shown_command(argv), machine) + ".", ""]
+             provenance.header(shown_command(argv), machine, commit=run_commit(results, engines)) + ".", ""]
     digests = {results[e]["plan_digest"] for e in engines}
     first = results[engines[0]]
     same = "identical on both sides" if len(engines) == 2 and len(digests) == 1 else (

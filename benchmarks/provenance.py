@@ -18,9 +18,10 @@ def git_commit():
         return "unknown"
 
 
-def header(command, *extra):
-    """"`command`, date UTC, commit, machine, cores, Python[, extra...]"."""
+def header(command, *extra, commit=None):
+    """"`command`, date UTC, commit, machine, cores, Python[, extra...]"; ``commit`` (a text) in place
+    of HEAD's hash, for a run whose code was read at an earlier commit."""
     parts = [f"`{command}`", f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-             f"commit {git_commit()}", platform.machine(), f"{os.cpu_count()} cores",
+             f"commit {commit or git_commit()}", platform.machine(), f"{os.cpu_count()} cores",
              f"Python {platform.python_version()}", *extra]
     return ", ".join(parts)

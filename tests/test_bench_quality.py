@@ -88,6 +88,14 @@ def test_the_report_shows_no_folder_of_this_machine():
     assert bench.shown_command(["--report", "benchmarks/results/quality.md"]).endswith("benchmarks/results/quality.md")
 
 
+def test_the_report_names_the_commit_the_engines_read_not_one_that_landed_while_they_ran(monkeypatch):
+    monkeypatch.setattr(bench.provenance, "git_commit", lambda: "bbbbbbb")
+    both = {"tinyformer": {"commit": "aaaaaaa"}, "torch": {"commit": "aaaaaaa"}}
+    assert bench.run_commit(both, list(both)) == "aaaaaaa at the start (HEAD bbbbbbb at the report)"
+    assert bench.run_commit({"torch": {"commit": "bbbbbbb"}}, ["torch"]) == "bbbbbbb"
+    assert bench.run_commit({"torch": {}}, ["torch"]) is None  # a result from before engines recorded it
+
+
 # ---------------------------------------------------------------------------- the batch list
 def test_both_engines_get_the_same_batches_in_the_trainers_order(prepared, monkeypatch):
     args = prepared
