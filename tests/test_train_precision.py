@@ -93,8 +93,9 @@ def band(curves, tmp_path_factory):
     return band
 
 
-def curve_problems(curve, reference, precision, band):
-    """What sets a half-precision loss curve apart from fp32's from the same seed (empty: nothing)."""
+def curve_problems(curve, reference, precision, band, windows_too=True):
+    """What sets a half-precision loss curve apart from fp32's from the same seed (empty: nothing);
+    ``windows_too=False``: only its first EARLY_STEPS."""
     first, fp32 = np.array(curve[:EARLY_STEPS]), np.array(reference[:EARLY_STEPS])
     early = float(np.mean(np.abs(first - fp32) / fp32))
     problems = []
@@ -102,7 +103,7 @@ def curve_problems(curve, reference, precision, band):
         problems.append(f"steps 1-{EARLY_STEPS}: {early:.2e} from fp32 on average, over {precision}'s unit roundoff "
                         f"{UNIT_ROUNDOFF[precision]:.2e}")
     for i, (gap, a, b) in enumerate(zip(window_gaps(curve, reference), windows(curve), windows(reference))):
-        if not gap <= band:
+        if windows_too and not gap <= band:
             problems.append(f"steps {i * CURVE_WINDOW + 1}-: {precision} {a:.4f}, fp32 {b:.4f}, over the seed band "
                             f"{band:.3f}")
     return problems
@@ -113,16 +114,19 @@ def curve_problems(curve, reference, precision, band):
 # (seed 2) and +0.3 % (seed 3) with the 16-bit dropout masks, and -3.1 % (seed 2) and +11.5 % (seed 3)
 # with the float32-sample masks before them, where seed 0 had passed. So on some seeds bf16 learns
 # markedly slower than fp32 with either code; why is open. fp16 stayed within 2.5 % on seed 0 with both.
-BF16_DRIFT = pytest.mark.xfail(strict=True, reason="bf16 drifts past the fp32 seed band on seed 0's draws "
-                                                   "(-8.4 % by steps 126-150); see BF16_DRIFT's comment")
+@pytest.mark.xfail(strict=True, reason="bf16 drifts past the fp32 seed band on seed 0's draws (-8.4 % by steps "
+                                      "126-150); see the comment above")
+def test_bf16_loss_windows_stay_within_the_fp32_seed_band(curves, band):
+    assert curve_problems(losses(curves["bf16"]), losses(curves["fp32"]), "bf16", band) == []
 
 
-@pytest.mark.parametrize("precision", [pytest.param("bf16", marks=BF16_DRIFT), "fp16"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_half_precision_loss_curves_follow_fp32_from_the_same_seed(curves, band, precision):
+    """fp16 in full; bf16's first steps (its windows: the known failure above)."""
     reference, curve = losses(curves["fp32"]), losses(curves[precision])
     assert len(curve) == len(reference) == CURVE_STEPS
     assert windows(curve)[-1] < 0.8 * windows(curve)[0]  # it trains (4.4 to 3.3 nats)
-    assert curve_problems(curve, reference, precision, band) == []
+    assert curve_problems(curve, reference, precision, band, windows_too=precision == "fp16") == []
     assert not any("skipped" in r for r in records(curves[precision]))
     if precision == "fp16":
         training = [r for r in records(curves["fp16"]) if "split" not in r]
