@@ -174,9 +174,9 @@ def keep_freed_memory():
     ``mmap`` for large blocks, no trimming), as a caching allocator does; returns whether it holds.
 
     A training step frees and allocates the same large arrays every step (logits, activations,
-    masks). By default glibc maps each block over 128 KiB-32 MiB anew and unmaps it when freed, so
-    every step pays a page fault for each 4 KiB page it touches and the kernel clears them; kept,
-    the next step reuses them. The process's memory is then the high-water mark of one step,
+    masks). By default glibc maps each block above its mmap threshold (128 KiB at first, rising to
+    at most 32 MiB) anew and unmaps it when freed, so every step pays a page fault for each page it
+    touches and the kernel clears them; kept, the next step reuses them. The process's memory is then the high-water mark of one step,
     held until it ends. Once per process; False where the C library is not glibc (macOS, musl).
     """
     global _memory_kept
@@ -186,7 +186,7 @@ def keep_freed_memory():
             import ctypes
 
             mallopt = ctypes.CDLL(None).mallopt
-        except (OSError, AttributeError):  # no mallopt in this C library
+        except (OSError, AttributeError, TypeError):  # no mallopt in this C library (TypeError: Windows)
             return False
         m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
         _memory_kept = bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2 ** 31 - 1))
