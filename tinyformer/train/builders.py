@@ -71,7 +71,7 @@ def build_parts(config, resume=False, echo=print, comm=None):
                    "length ratio": f"with a length ratio over {config.max_ratio:g}" if config.max_ratio else ""}
         echo("dropped " + ", ".join(f"{n:,} training pairs {reasons[why]}"
                                     for why, n in train_data.dropped.items() if n))
-    model = build_model(config, tokenizer)
+    model = build_model(config, tokenizer, comm.rank)
     adam = build_optimizer(config, model)
     scaler = build_scaler(config)
     position, rng_states = Position(), None
@@ -89,7 +89,7 @@ def build_parts(config, resume=False, echo=print, comm=None):
         echo(f"resumed from {newest.name} at step {position.step} (epoch {position.epoch + 1}, "
              f"batch {position.batch_in_epoch})")
     if comm.size > 1:
-        position = _synchronise(comm, config, model, adam, position, rng_states)
+        position = _synchronise(comm, model, adam, position, rng_states)
         scaler.load_state_dict(comm.broadcast_object(scaler.state_dict()))
     paper = " (the paper's)" if config.paper else ""
     echo(f"model: {config.preset}{paper} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
@@ -126,16 +126,14 @@ def _shared_tokenizer(comm, build):
         return Tokenizer.load(path)
 
 
-def _synchronise(comm, config, model, adam, position, rng_states):
-    """Every rank at rank 0's state: parameters, Adam's moments and step, the position; each
-    rank's dropout generator from the checkpoint on resume, else from the seed and its rank."""
+def _synchronise(comm, model, adam, position, rng_states):
+    """Every rank at rank 0's state: parameters, Adam's moments and step, the position; on resume
+    each rank's dropout generator from the checkpoint (else it stays on its own stream, build_model's)."""
     distributed.broadcast_parameters(comm, model.parameters())
     distributed.broadcast_optimizer(comm, adam)
     shared = comm.broadcast_object({"position": dataclasses.asdict(position), "rng_states": rng_states})
     if shared["rng_states"] is not None:
         tf_random.set_rng_state(shared["rng_states"][comm.rank])
-    elif comm.rank:
-        tf_random.manual_seed(distributed.rank_seed(config.seed, comm.rank))
     return Position(**shared["position"])
 
 
@@ -280,13 +278,13 @@ def build_corpus_data(config, comm, echo=print):
     return tokenizer, train_data, val_data, val_text
 
 
-def build_model(config, tokenizer):
+def build_model(config, tokenizer, rank=0):
     """The preset's Transformer (the paper's of its size with ``paper``) over the tokenizer's
     vocabulary with the run's dropout and model_overrides, initialised from the run's seed, on the
-    run's device; restarts the dropout generator on rank 0's stream for the seed (``rank_seed``)."""
+    run's device; restarts the dropout generator on ``rank``'s stream for the seed (``rank_seed``)."""
     overrides = {} if config.dropout is None else {"dropout": config.dropout}
     overrides.update(config.model_overrides or {})
-    tf_random.manual_seed(distributed.rank_seed(config.seed, 0))
+    tf_random.manual_seed(distributed.rank_seed(config.seed, rank))
     return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=PAD_ID, paper=config.paper,
                                    max_len=max(config.max_len, 1024), seed=config.seed, **overrides).to(config.device)
 
