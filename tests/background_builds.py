@@ -33,7 +33,7 @@ import children
 # for the fixture by name, request.getfixturevalue, are parametrized "trained").
 WAITING = (
     ("trained synthetic model", ("trained_synthetic",), ("[trained]", "[trained-")),
-    ("precision curves", ("curves", "band"), ()),
+    ("precision curves", ("curves",), ()),
     ("trained Multi30k model", ("trained_multi30k",), ("[trained tiny-",)),
     ("NVRTC compilations", (), ("test_kernels_compile.py::test_every_instantiation",
                                 "test_kernels_compile.py::test_attention_kernels_do_not_spill",

@@ -14,19 +14,24 @@ from tinyformer.filecache import cached_product
 from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
 
 # The loss curves of bf16 and fp16 runs against the fp32 run from the same seed (same model, batches
-# and dropout), in two parts:
-#  - the first EARLY_STEPS losses (before the first update and after each of the next nine), where
-#    the runs have not drifted apart yet: on average within one unit roundoff of the half format
-#    (2^-8 bf16, 2^-11 fp16), relative. Measured 1.4e-4 (bf16) and 9e-5 (fp16); a run with 0.7 times
-#    the learning rate, 8.8e-3; one that learns 30 % slower (the loss fp32 had 30 % fewer steps
-#    earlier) fails from its second step.
-#  - the means of CURVE_WINDOW-step windows over CURVE_STEPS steps: within the band two fp32 runs
-#    from different seeds keep (their largest relative gap, measured here). Over 150 steps the
-#    half runs drift from fp32's (Adam turns rounding noise in near-zero gradients into whole
-#    steps): measured 1-2 % (3.8 % and 5.7 % on another version of the code) against a seed gap of
-#    15 %. The band only has to be narrower than the fall of the curve, so that a run that stops
-#    learning fails it; a precision bug (no loss scaling, a half-precision sum) shows as NaN, a curve
-#    that stops falling or an early deviation.
+# and dropout). On this task one run's curve is chaotic. Over 60 seeds (benchmarks/precision_drift.py,
+# benchmarks/results/precision.md), fp32 with its initial weights nudged one ulp ends its last
+# 25-step window 4.3 % (sd) from fp32's, at most 15.5 %; bf16 and fp16, rounding at every step,
+# 6.7 % and 7.7 % (at most 31 % and 27 %), with no bias beyond the nudge's (their last window
+# against the nudged run's: +0.8 % ± 0.8 % and +0.4 % ± 1.0 %). So a single run is held only where
+# it can be:
+#  - its first EARLY_STEPS losses (before the first update and after each of the next nine), before
+#    the runs drift: on average within one unit roundoff of the half format (2^-8 bf16, 2^-11 fp16),
+#    relative. Measured 1.3e-4 (bf16) and 7.8e-5 (fp16); one that learns 30 % slower fails from its
+#    second step;
+#  - the whole run: its last window below its first (it learns: fp32's falls by 4 % to 47 % over
+#    the 60 seeds, bf16's and fp16's by at least 4 %; a run that stops learning after its first
+#    window is level).
+# Between the two, the windows are not compared: a band wide enough for the drift would also pass
+# a run that stalls (on seed 0 such a run is 5.7 % off in steps 26-50, about three times bf16's
+# spread there, 1.8 %; later the drift is wider still).
+# A bias of a few percent is the benchmark's to find, over many seeds; a precision bug shows as NaN,
+# an early deviation, a stall, or weights that lose the float32 masters' precision (tested below).
 CURVE_STEPS, CURVE_WINDOW, EARLY_STEPS = 150, 25, 10
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
@@ -52,7 +57,7 @@ def train_curve(save_dir, precision, *options):
 
 
 # The runs the curve tests compare: (name, precision, options).
-CURVE_RUNS = [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32-seed1", "fp32", "--seed", "1")]
+CURVE_RUNS = [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16")]
 
 
 def shared_curve(root, name, precision, *options):
@@ -71,78 +76,68 @@ def shared_curve(root, name, precision, *options):
 def curves(tmp_path_factory):
     """One run per precision from seed 0: run directories."""
     root = trained_models.shared_directory(tmp_path_factory)
-    return {run[0]: shared_curve(root, *run) for run in CURVE_RUNS[:3]}
+    return {run[0]: shared_curve(root, *run) for run in CURVE_RUNS}
 
 
 def windows(values):
     return [np.mean(values[i:i + CURVE_WINDOW]) for i in range(0, len(values), CURVE_WINDOW)]
 
 
-def window_gaps(curve, reference):
-    return [abs(a - b) / b for a, b in zip(windows(curve), windows(reference))]
-
-
-@pytest.fixture(scope="session")
-def band(curves, tmp_path_factory):
-    """The largest relative gap between the windows of the fp32 run and an fp32 run from seed 1."""
-    other = shared_curve(trained_models.shared_directory(tmp_path_factory), *CURVE_RUNS[3])
-    reference = losses(curves["fp32"])
-    band = max(window_gaps(losses(other), reference))
-    fall = 1 - windows(reference)[-1] / windows(reference)[0]
-    assert 0 < band < fall, f"seeds {band:.3f} apart, the curve falls {fall:.3f}: the band could not tell"
-    return band
-
-
-def curve_problems(curve, reference, precision, band, windows_too=True):
-    """What sets a half-precision loss curve apart from fp32's from the same seed (empty: nothing);
-    ``windows_too=False``: only its first EARLY_STEPS."""
+def curve_problems(curve, reference, precision):
+    """What sets a half-precision loss curve apart from fp32's from the same seed, as far as one
+    run can show (the comment above); empty: nothing."""
     first, fp32 = np.array(curve[:EARLY_STEPS]), np.array(reference[:EARLY_STEPS])
     early = float(np.mean(np.abs(first - fp32) / fp32))
     problems = []
     if not early <= UNIT_ROUNDOFF[precision]:
         problems.append(f"steps 1-{EARLY_STEPS}: {early:.2e} from fp32 on average, over {precision}'s unit roundoff "
                         f"{UNIT_ROUNDOFF[precision]:.2e}")
-    for i, (gap, a, b) in enumerate(zip(window_gaps(curve, reference), windows(curve), windows(reference))):
-        if windows_too and not gap <= band:
-            problems.append(f"steps {i * CURVE_WINDOW + 1}-: {precision} {a:.4f}, fp32 {b:.4f}, over the seed band "
-                            f"{band:.3f}")
+    if not all(np.isfinite(curve)):
+        problems.append(f"{precision}: a loss that is not finite")
+    elif not windows(curve)[-1] < windows(curve)[0]:
+        problems.append(f"steps {len(curve) - CURVE_WINDOW + 1}-{len(curve)}: {precision} {windows(curve)[-1]:.4f}, "
+                        f"not below its first window's {windows(curve)[0]:.4f}: it stopped learning")
     return problems
 
 
-# bf16 on ``tiny`` does not always stay within two fp32 seeds' band: measured over 150 steps of this
-# task (2026-12-03), bf16's last window against fp32's from the same seed was -8.4 % (seed 0), +15.0 %
-# (seed 2) and +0.3 % (seed 3) with the 16-bit dropout masks, and -3.1 % (seed 2) and +11.5 % (seed 3)
-# with the float32-sample masks before them, where seed 0 had passed. So on some seeds bf16 learns
-# markedly slower than fp32 with either code; why is open. fp16 stayed within 2.5 % on seed 0 with both.
-@pytest.mark.xfail(strict=True, reason="bf16 drifts past the fp32 seed band on seed 0's draws (-8.4 % by steps "
-                                      "126-150); see the comment above")
-def test_bf16_loss_windows_stay_within_the_fp32_seed_band(curves, band):
-    assert curve_problems(losses(curves["bf16"]), losses(curves["fp32"]), "bf16", band) == []
-
-
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_half_precision_loss_curves_follow_fp32_from_the_same_seed(curves, band, precision):
-    """fp16 in full; bf16's first steps (its windows: the known failure above)."""
+def test_half_precision_loss_curves_follow_fp32_from_the_same_seed(curves, precision):
     reference, curve = losses(curves["fp32"]), losses(curves[precision])
     assert len(curve) == len(reference) == CURVE_STEPS
-    assert windows(curve)[-1] < 0.8 * windows(curve)[0]  # it trains (4.4 to 3.3 nats)
-    assert curve_problems(curve, reference, precision, band, windows_too=precision == "fp16") == []
+    assert curve_problems(curve, reference, precision) == []
     assert not any("skipped" in r for r in records(curves[precision]))
     if precision == "fp16":
         training = [r for r in records(curves["fp16"]) if "split" not in r]
         assert training[-1]["loss_scale"] == 2.0 ** 16  # below the growth interval of 2,000
 
 
-def test_the_curve_check_rejects_a_run_that_learns_30_percent_slower_or_stops_learning(curves, band):
+def test_the_curve_check_rejects_a_run_that_learns_30_percent_slower_stops_learning_or_diverges(curves):
     """The check above against curves made from fp32's: one that reaches each loss after 1/0.7
-    times the steps fails the early steps; one that stops falling after its first window, the band."""
+    times the steps fails the early steps; one that stops falling after its first window, or
+    turns to NaN, fails the whole run's."""
     reference = losses(curves["fp32"])
     slower = [reference[int(0.7 * step)] for step in range(CURVE_STEPS)]
     stalled = reference[:CURVE_WINDOW] + [np.mean(reference[:CURVE_WINDOW])] * (CURVE_STEPS - CURVE_WINDOW)
+    diverged = reference[:CURVE_STEPS // 2] + [float("nan")] * (CURVE_STEPS - CURVE_STEPS // 2)
     for precision in UNIT_ROUNDOFF:
-        assert curve_problems(slower, reference, precision, band)[0].startswith(f"steps 1-{EARLY_STEPS}:")
-        problems = curve_problems(stalled, reference, precision, band)
-        assert problems and all("seed band" in p for p in problems)
+        assert curve_problems(slower, reference, precision)[0].startswith(f"steps 1-{EARLY_STEPS}:")
+        assert [p.endswith("it stopped learning") for p in curve_problems(stalled, reference, precision)] == [True]
+        assert curve_problems(diverged, reference, precision) == [f"{precision}: a loss that is not finite"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_runs_keep_float32_precision_in_their_weights(curves, precision):
+    """The masters stay float32 and gather updates finer than the half format: after 150 steps
+    hardly a weight is a value the half format can hold (at random, one in 2^16 or 2^13). A run
+    that rounds its masters to the half format after each update (bf16 here learns about as well
+    on this task, so the curves cannot tell) has all of them there."""
+    half = {"bf16": backend.bfloat16, "fp16": np.float16}[precision]
+    (path,) = checkpoint.list_checkpoints(curves[precision])
+    state, _, _ = checkpoint.load_checkpoint(path)
+    weights = np.concatenate([a.ravel() for a in state.values()])
+    on_the_half_grid = weights == weights.astype(half).astype(np.float32)
+    assert on_the_half_grid.mean() < 0.01, \
+        f"{on_the_half_grid.mean():.1%} of the {precision} run's weights are {precision} values"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
