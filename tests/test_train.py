@@ -302,7 +302,8 @@ def test_a_short_multi30k_run_on_the_real_files(trained_multi30k):
     assert [len(side) for side in trained_multi30k.corpus("train")] == [29_000, 29_000]
     history = [r["loss"] for r in trained_multi30k.metrics()]
     assert len(history) == trained_multi30k.config.max_steps >= 30
-    assert np.mean(history[-5:]) < np.mean(history[:5]) - 0.5  # 7.24 -> 6.40 in this run
+    # 7.24 -> 6.40 in this run; the mean loss of the first and last 5 steps fell 0.74-0.93 over seeds 0-11
+    assert np.mean(history[-5:]) < np.mean(history[:5]) - 0.5
     (record,) = trained_multi30k.metrics("val")
     assert record["bleu_sentences"] == 10 and record["ppl"] > 1 and record["bleu_greedy"] >= 0
 

@@ -831,8 +831,11 @@ def test_a_multi30k_checkpoint_on_a_30_token_sentence(tmp_path, capsys, request,
     multi30k_or_skip()
     if which == "trained tiny":
         trained = request.getfixturevalue("trained_multi30k")
-        losses = [r["nll"] for r in trained.metrics()]  # nats per token, from ln(2,000) = 7.6 untrained
-        assert len(losses) == trained.config.max_steps and np.mean(losses[-5:]) < min(np.mean(losses[:5]), 7.6) - 0.9
+        # nats per token, from ln(2,000) = 7.6 untrained. Over seeds 0-11 of this run's options the fall
+        # (from min(first 5 steps, 7.6) to the last 5 steps) was 0.83 to 1.07 (0.97 on seed 0): 0.5
+        # is past its untrained state on every draw, where the 0.9 of before failed seed 4.
+        losses = [r["nll"] for r in trained.metrics()]
+        assert len(losses) == trained.config.max_steps and np.mean(losses[-5:]) < min(np.mean(losses[:5]), 7.6) - 0.5
         path = trained.checkpoint
     else:
         path = save_untrained_run(tmp_path / "run", data="multi30k", preset="small")
