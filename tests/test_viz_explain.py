@@ -16,7 +16,7 @@ from pathlib import Path
 import children
 import numpy as np
 import pytest
-from trained_models import multi30k_or_skip
+from trained_models import SYNTHETIC, multi30k_or_skip
 
 import tinyformer as tf
 from tinyformer import cli, decode, nn, viz
@@ -863,14 +863,16 @@ def test_a_multi30k_checkpoint_on_a_30_token_sentence(tmp_path, capsys, request,
 
 # ---------------------------------------------------------------- across training: one run's checkpoints
 STEPS_SOURCE = "Today we see 5 red cars"
+SAVED_STEPS = list(range(SYNTHETIC["save_every"], SYNTHETIC["max_steps"] + 1, SYNTHETIC["save_every"]))
 
 
 @pytest.fixture(scope="module")
 def steps_page(trained_synthetic, tmp_path_factory):
-    """(path, data) of `tinyformer explain --checkpoints` over the trained run's checkpoints at 150,
-    300, 450 and 600 steps, the target its last checkpoint's translation."""
+    """(path, data) of `tinyformer explain --checkpoints` over the trained run's four checkpoints
+    (SAVED_STEPS), the target its last checkpoint's translation."""
     path = tmp_path_factory.mktemp("steps") / "steps.html"
-    assert cli.main(["explain", "--checkpoints", str(trained_synthetic.directory), "--every", "150", "--source",
+    assert cli.main(["explain", "--checkpoints", str(trained_synthetic.directory), "--every", str(SAVED_STEPS[0]),
+                     "--source",
                      STEPS_SOURCE, "--output", str(path)]) == 0
     return path, page_data(path.read_text(encoding="utf-8"))
 
@@ -883,13 +885,14 @@ def step_data(data, k):
 def test_a_run_across_checkpoints_holds_each_step_and_shares_the_rest(steps_page, trained_synthetic):
     path, data = steps_page
     steps = data["steps"]
-    assert [s["step"] for s in steps] == [150, 300, 450, 600]
-    assert [s["checkpoint"] for s in steps] == [f"checkpoint_{n:07d}.npz" for n in (150, 300, 450, 600)]
+    assert [s["step"] for s in steps] == SAVED_STEPS
+    assert [s["checkpoint"] for s in steps] == [f"checkpoint_{n:07d}.npz" for n in SAVED_STEPS]
     assert not {"arrays", "samples", "check", "loss", "token_gradients"} & set(data)  # held once per step
     model, tokenizer, _ = load_model(trained_synthetic.checkpoint)
     translation = decode.translate(model, tokenizer, [STEPS_SOURCE])[0]
     assert data["target"]["text"] == translation and data["target"]["given"] == "translation"
-    assert data["target"]["decoding"].endswith("by step 600 (checkpoint_0000600.npz)")
+    last_step = SAVED_STEPS[-1]
+    assert data["target"]["decoding"].endswith(f"by step {last_step} (checkpoint_{last_step:07d}.npz)")
     assert len({tuple(s["token_gradients"]["positions"]) for s in steps}) == 1  # the same tokens at every step
     losses = [s["loss"]["total"] for s in steps]
     assert losses[-1] < losses[0] and len(set(losses)) == 4  # the last checkpoint's own translation, learnt
@@ -909,11 +912,11 @@ def test_models_of_another_architecture_are_not_one_run(trained_synthetic):
 
 @pytest.mark.parametrize("argv, code, message", [
     (["--checkpoint", "{last}", "--every", "2"], 2, "--every and --steps go with --checkpoints RUN_DIR"),
-    (["--checkpoints", "{run}", "--every", "2", "--steps", "150"], 2, "--every and --steps: give one of them"),
-    (["--checkpoints", "{run}", "--steps", "150,160"], 1, "--steps 160: no checkpoint of step 160 in {run} (its "
-                                                          "steps: 150, 300, 450, 600)"),
-    (["--checkpoints", "{run}", "--every", "1000"], 1, "--every 1000: no checkpoint in {run} has a step that is a "
-                                                       "multiple of 1000"),
+    (["--checkpoints", "{run}", "--every", "2", "--steps", "250"], 2, "--every and --steps: give one of them"),
+    (["--checkpoints", "{run}", "--steps", "250,260"], 1, "--steps 260: no checkpoint of step 260 in {run} (its "
+                                                          "steps: 250, 500, 750, 1000)"),
+    (["--checkpoints", "{run}", "--every", "3000"], 1, "--every 3000: no checkpoint in {run} has a step that is a "
+                                                       "multiple of 3000"),
     (["--checkpoints", "{last}"], 1, "--checkpoints {last}: not a directory"),
     (["--checkpoints", "{tmp}"], 1, "--checkpoints {tmp}: no checkpoint_*.npz in it"),
     (["--checkpoints", "{mixed}"], 1, "--checkpoints {mixed}: tokenizer {mixed}/spm.model"),
@@ -923,9 +926,9 @@ def test_models_of_another_architecture_are_not_one_run(trained_synthetic):
 def test_bad_checkpoints_are_one_line(trained_synthetic, untrained_run, tmp_path, capsys, argv, code, message):
     mixed = tmp_path / "mixed"  # the trained run's last checkpoint beside one of another run (another tokenizer)
     mixed.mkdir()
-    shutil.copy(trained_synthetic.checkpoint, mixed / "checkpoint_0000600.npz")
+    shutil.copy(trained_synthetic.checkpoint, mixed / "checkpoint_0001000.npz")
     shutil.copy(trained_synthetic.directory / "spm.model", mixed / "spm.model")
-    shutil.copy(untrained_run, mixed / "checkpoint_0000700.npz")
+    shutil.copy(untrained_run, mixed / "checkpoint_0001100.npz")
     names = dict(run=trained_synthetic.directory, last=trained_synthetic.checkpoint, tmp=tmp_path / "empty",
                  mixed=mixed)
     (tmp_path / "empty").mkdir()
@@ -953,7 +956,8 @@ def test_the_slider_moves_every_panel_and_the_self_test_passes_at_every_step(ste
     text = path.read_text(encoding="utf-8")
     assert not re.search(r"(?i)https?:", text) and "default-src 'none'" in text
     sections = {}
-    for k, step in ((0, 150), (3, 600)):
+    first, last = SAVED_STEPS[0], SAVED_STEPS[-1]
+    for k, step in ((0, first), (3, last)):
         dom_text, _ = browse(path, f"kind=dec&layer=2&head=1&step={step}")
         dom = PageDOM(dom_text)
         checks = assert_self_test_passed(dom)
@@ -968,9 +972,9 @@ def test_the_slider_moves_every_panel_and_the_self_test_passes_at_every_step(ste
         np.testing.assert_array_equal(drawn_values(cells, data["kinds"]["dec"]), expected)
         sections[step] = section_texts(dom_text)
     numbered = ["overview", "detail", "tokens", "saliency", "sensitivity", "check", "derivation", "steps"]
-    assert [name for name in numbered if sections[150][name] == sections[600][name]] == []
+    assert [name for name in numbered if sections[first][name] == sections[last][name]] == []
     shots = []
-    for step in (150, 600):
+    for step in (first, last):
         shot = tmp_path / f"step{step}.png"
         browse(path, f"kind=dec&layer=2&head=1&step={step}", screenshot=shot)
         assert png_size(shot) == (1280, 2000)
