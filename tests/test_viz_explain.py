@@ -872,8 +872,7 @@ def steps_page(trained_synthetic, tmp_path_factory):
     (SAVED_STEPS), the target its last checkpoint's translation."""
     path = tmp_path_factory.mktemp("steps") / "steps.html"
     assert cli.main(["explain", "--checkpoints", str(trained_synthetic.directory), "--every", str(SAVED_STEPS[0]),
-                     "--source",
-                     STEPS_SOURCE, "--output", str(path)]) == 0
+                     "--source", STEPS_SOURCE, "--output", str(path)]) == 0
     return path, page_data(path.read_text(encoding="utf-8"))
 
 
