@@ -331,6 +331,9 @@ def test_trained_copy_model_copies(copy_model):
 
 
 TRANSLATED = 64  # test sentences of the built-in task translated by the tests below
+# The trained fixture (trained_models.SYNTHETIC) translated 96.9-100 % of them exactly, greedy and with
+# beam 4 (α 0.6), over seeds 0-9 of its options; there, beam 4 (α 0) also found no hypothesis less
+# probable than greedy's and no wrong translation where greedy's was right.
 EXACT_MATCH = 0.9
 
 
