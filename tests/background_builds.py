@@ -88,8 +88,8 @@ def training(shared):
     import trained_models
 
     trained_models.train_into(shared, "synthetic", trained_models.SYNTHETIC)
-    for run in test_train_precision.CURVE_RUNS:
-        test_train_precision.shared_curve(shared, *run)
+    for precision in test_train_precision.CURVE_RUNS:
+        test_train_precision.shared_curve(shared, precision)
     data = os.environ.get("TINYFORMER_DATA")
     if data and (Path(data) / "multi30k").is_dir():
         trained_models.train_into(shared, "multi30k", trained_models.MULTI30K)

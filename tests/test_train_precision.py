@@ -9,7 +9,7 @@ import trained_models
 
 from test_train import (QUIET, cached_corpus, cached_load_corpus, copy_run, small_config, small_corpus,  # noqa: F401
                         three_steps)  # (fixtures)
-from tinyformer import backend, checkpoint, cli, train
+from tinyformer import amp, backend, checkpoint, cli, train
 from tinyformer.filecache import cached_product
 from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
 
@@ -56,27 +56,28 @@ def train_curve(save_dir, precision, *options):
     return save_dir
 
 
-# The runs the curve tests compare: (name, precision, options).
-CURVE_RUNS = [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16")]
+# The precisions of the runs the curve tests compare, each from seed 0.
+CURVE_RUNS = ("fp32", "bf16", "fp16")
 
 
-def shared_curve(root, name, precision, *options):
-    """The run ``name`` (train_curve's) in ``root``, made once per test run whatever the number of
-    workers: the first process that asks (the run's background build, tests/background_builds.py,
-    asks first) trains it under a lock, the others read it (as trained_models does)."""
+def shared_curve(root, precision):
+    """The run of ``precision`` (train_curve's) in ``root``, made once per test run whatever the
+    number of workers: the first process that asks (the run's background build,
+    tests/background_builds.py, asks first) trains it under a lock, the others read it (as
+    trained_models does)."""
     def make(partial):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(train.builders, "load_corpus", cached_load_corpus)
-            train_curve(partial, precision, *options)
+            train_curve(partial, precision)
 
-    return cached_product(root, f"precision-{name}", make)
+    return cached_product(root, f"precision-{precision}", make)
 
 
 @pytest.fixture(scope="session")
 def curves(tmp_path_factory):
     """One run per precision from seed 0: run directories."""
     root = trained_models.shared_directory(tmp_path_factory)
-    return {run[0]: shared_curve(root, *run) for run in CURVE_RUNS}
+    return {precision: shared_curve(root, precision) for precision in CURVE_RUNS}
 
 
 def windows(values):
@@ -92,11 +93,12 @@ def curve_problems(curve, reference, precision):
     if not early <= UNIT_ROUNDOFF[precision]:
         problems.append(f"steps 1-{EARLY_STEPS}: {early:.2e} from fp32 on average, over {precision}'s unit roundoff "
                         f"{UNIT_ROUNDOFF[precision]:.2e}")
+    means = windows(curve)
     if not all(np.isfinite(curve)):
         problems.append(f"{precision}: a loss that is not finite")
-    elif not windows(curve)[-1] < windows(curve)[0]:
-        problems.append(f"steps {len(curve) - CURVE_WINDOW + 1}-{len(curve)}: {precision} {windows(curve)[-1]:.4f}, "
-                        f"not below its first window's {windows(curve)[0]:.4f}: it stopped learning")
+    elif not means[-1] < means[0]:
+        problems.append(f"steps {len(curve) - CURVE_WINDOW + 1}-{len(curve)}: {precision} {means[-1]:.4f}, "
+                        f"not below its first window's {means[0]:.4f}: it stopped learning")
     return problems
 
 
@@ -131,7 +133,7 @@ def test_half_precision_runs_keep_float32_precision_in_their_weights(curves, pre
     hardly a weight is a value the half format can hold (at random, one in 2^16 or 2^13). A run
     that overwrites its masters with their half copy after each update (bf16 then learns about as
     well on this task, so the curves cannot tell) has 99.5 % of them there."""
-    half = {"bf16": backend.bfloat16, "fp16": np.float16}[precision]
+    half = amp.PRECISIONS[precision].compute_dtype
     (path,) = checkpoint.list_checkpoints(curves[precision])
     state, _, _ = checkpoint.load_checkpoint(path)
     weights = np.concatenate([a.ravel() for a in state.values()])

@@ -176,8 +176,8 @@ def keep_freed_memory():
     A training step frees and allocates the same large arrays every step (logits, activations,
     masks). By default glibc maps each block above its mmap threshold (128 KiB at first, rising to
     at most 32 MiB) anew and unmaps it when freed, so every step pays a page fault for each page it
-    touches and the kernel clears them; kept, the next step reuses them. The process's memory is then the high-water mark of one step,
-    held until it ends. Once per process; False where the C library is not glibc (macOS, musl).
+    touches and the kernel clears them; kept, the next step reuses them. The process's memory is
+    then the high-water mark of one step, held until it ends. Once per process; False where the C library is not glibc (macOS, musl).
     """
     global _memory_kept
     if _memory_kept is None:
