@@ -4,16 +4,21 @@
 #
 #   benchmarks/gpu_check.sh [REPORT]      (default benchmarks/results/gpu_check_<date>.txt)
 #
-# Stages, each under `timeout` and clipped to what is left of an overall budget; the newest work
-# first (issue 17, CUDA graphs), then the stages of earlier checks, which run while budget is left:
+# Stages, each under `timeout` and clipped to what is left of an overall budget, from the most to the
+# least informative (issue 46, the first run of the tensor-core, mixed-precision and graph code):
 #   nvidia-smi          GPU name, driver, memory
-#   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch; fails without a usable GPU
+#   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch, the C++ compiler; fails
+#                       without a usable GPU
 #   compile_check       python -m tinyformer.kernels.compile_check (NVRTC, every kernel instantiation)
 #   tensor-core tests   the GPU tests of the tensor-core attention and of its instructions (hardware
-#                       mma/ldmatrix/cp.async against the PTX layouts and the CPU emulation;
-#                       never run on hardware yet, and the bf16 graph stages below use them)
+#                       mma/ldmatrix/cp.async against the PTX layouts and the CPU emulation)
 #   graph tests         tests/test_train_graphs_gpu.py: 100 steps with --cuda-graphs on = 100 eager steps
-#                       bit for bit (fp32, bf16), exact resume, shapes/graphs/pool, the capture fallback
+#                       bit for bit (fp32, bf16), exact resume, shapes/graphs/pool, the capture fallback;
+#                       run beside the next stage (both check results, neither times anything)
+#   gpu tests           every other GPU test (-m gpu over the files that hold them), on 4 pytest-xdist
+#                       workers; each of these two stages' output follows in the report when both are done
+#   bench_attention     benchmarks/bench_attention.py: fp16/bf16, S 128/1024, D 64, not causal, next to
+#                       each PyTorch SDPA backend
 #   bench_step graphs   benchmarks/bench_step.py --device cuda --cuda-graphs --preset small,base at 4,096
 #   (fp32, bf16)        tokens: tinyformer with graphs and eager, PyTorch eager and PyTorch graphs
 #                       (--vs-torch when PyTorch has CUDA), ratios, kernel launches per step
@@ -21,11 +26,10 @@
 #                       (5 minutes, less when the budget left is short), --patience 3, the last 5
 #                       checkpoints averaged, test BLEU with beam 4 (only when TINYFORMER_DATA is set);
 #                       its log and metrics go to REPORT's name with _multi30k instead of .txt
-#   bench_attention     benchmarks/bench_attention.py --skip-rows: fp16/bf16/fp32, causal and not,
-#                       S 128-4096, D 64/128, next to each PyTorch SDPA backend
-#   gpu tests           python -m pytest -m gpu -q (the rest)
+# Earlier checks' stages follow while budget is left:
 #   gradcheck cuda      python -m tinyformer.cli gradcheck --device cuda (float64 layers and kernels)
 #   bench_rows          benchmarks/bench_attention.py --skip-attention --quick (row kernels, GB/s)
+#   bench_attention all benchmarks/bench_attention.py --skip-rows: every dtype, causal and not, S 128-4096
 #   bench_step          benchmarks/bench_step.py --device cuda --preset small,base (--vs-torch when
 #                       PyTorch has CUDA)
 #   bench_step bf16     the same at 16,384 tokens in bf16 (tinyformer.amp; PyTorch under autocast(bfloat16))
@@ -59,32 +63,81 @@ log() {
     printf '%s\n' "$*" | tee -a "$report"
 }
 
-# run_stage NAME CAP_SECONDS COMMAND...: run COMMAND under timeout, tee its output, record the outcome.
-run_stage() {
-    local name=$1 cap=$2
-    shift 2
+# stage_limit NAME CAP_SECONDS: set `limit` to the stage's time limit (CAP clipped to the budget
+# left), or record NAME as SKIP and fail when under 10 s are left.
+stage_limit() {
     local left=$((BUDGET - SECONDS))
-    local limit=$((cap < left ? cap : left))
-    log ""
+    limit=$(($2 < left ? $2 : left))
     if ((limit < 10)); then
-        log "== $name: not run, the ${BUDGET}s budget is spent"
-        record "$name" SKIP 0 "not run: budget spent"
-        return
+        log ""
+        log "== $1: not run, the ${BUDGET}s budget is spent"
+        record "$1" SKIP 0 "not run: budget spent"
+        return 1
     fi
+}
+
+stage_header() {  # NAME LIMIT COMMAND...
+    local name=$1 limit=$2
+    shift 2
     local shown=${*//$'\n'/ }
     ((${#shown} > 160)) && shown="${shown:0:157}..."
+    log ""
     log "== $name (limit ${limit}s): $shown"
+}
+
+record_outcome() {  # NAME RC SECONDS LIMIT
+    if (($2 == 0)); then
+        record "$1" PASS "$3" ""
+    elif (($2 == 124 || $2 == 137)); then
+        record "$1" FAIL "$3" "timed out after ${4}s"
+    else
+        record "$1" FAIL "$3" "exit status $2$(stage_hint "$1" "$2")"
+    fi
+}
+
+# run_stage NAME CAP_SECONDS COMMAND...: run COMMAND under timeout, tee its output, record the outcome.
+run_stage() {
+    local name=$1 cap=$2 limit
+    shift 2
+    stage_limit "$name" "$cap" || return 0
+    stage_header "$name" "$limit" "$@"
     local start=$SECONDS
     timeout -k "$KILL_AFTER" "$limit" "$@" 2>&1 | tee -a "$report"
     local rc=${PIPESTATUS[0]}
-    local took=$((SECONDS - start))
-    if ((rc == 0)); then
-        record "$name" PASS "$took" ""
-    elif ((rc == 124 || rc == 137)); then
-        record "$name" FAIL "$took" "timed out after ${limit}s"
-    else
-        record "$name" FAIL "$took" "exit status $rc$(stage_hint "$name" "$rc")"
-    fi
+    record_outcome "$name" "$rc" $((SECONDS - start)) "$limit"
+}
+
+# start_stage NAME CAP_SECONDS COMMAND...: run COMMAND under timeout in the background, its output
+# to a file of its own; finish_stages waits for every started stage, then copies each one's output
+# into the report and records its outcome, in the order they were started.
+background=()
+start_stage() {
+    local name=$1 cap=$2 limit
+    shift 2
+    stage_limit "$name" "$cap" || return 0
+    stage_header "$name" "$limit" "$@"
+    log "   (runs in the background; its output follows when the stages beside it are done)"
+    local output=$scratch/stage-${#background[@]}.log
+    (
+        start=$SECONDS
+        timeout -k "$KILL_AFTER" "$limit" "$@" >"$output" 2>&1
+        echo "$? $((SECONDS - start))" >"$output.status"
+    ) &
+    background+=("$name|$limit|$output")
+}
+
+finish_stages() {
+    wait
+    local entry name limit output rc took
+    for entry in "${background[@]}"; do
+        IFS='|' read -r name limit output <<<"$entry"
+        read -r rc took <"$output.status" || { rc=1 took=0; }
+        log ""
+        log "== $name: its output"
+        tee -a "$report" <"$output"
+        record_outcome "$name" "$rc" "$took" "$limit"
+    done
+    background=()
 }
 
 stage_hint() {
@@ -118,6 +171,10 @@ try:
     print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}, built for CUDA {torch.version.cuda}")
 except ImportError:
     print("torch: not installed")
+import shutil, subprocess
+compiler = shutil.which("g++") or shutil.which("clang++")
+print("C++ compiler (the emulation's test): " + (subprocess.run([compiler, "--version"], capture_output=True,
+      text=True).stdout.splitlines()[0] if compiler else "none"))
 from tinyformer import backend
 print(f"tinyformer.backend.is_gpu_available(): {backend.is_gpu_available()}")
 sys.exit(0 if backend.is_gpu_available() else 1)
@@ -142,21 +199,30 @@ else
     log "PyTorch with CUDA: no, bench_step runs without --vs-torch"
 fi
 
+scratch=$(mktemp -d) && trap 'rm -rf "$scratch"' EXIT
 run_stage "nvidia-smi" 15 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 run_stage "python env" 30 "$PYTHON" -c "$PYINFO"
 tensor_cores="hardware or tensor_core"
 graph_tests=tests/test_train_graphs_gpu.py
-run_stage "compile_check" 90 "$PYTHON" -m tinyformer.kernels.compile_check
-# The tensor-core attention (issue 15) has never run on hardware, and the bf16 graph stages use it.
-run_stage "tensor-core tests" 60 "$PYTHON" -m pytest -m gpu -q -rf -p no:cacheprovider \
-    tests/test_kernels_gpu.py -k "$tensor_cores"
+# The files that hold GPU tests (pytest -m gpu over them alone: the others need packages a GPU machine may lack).
+gpu_test_files=(tests/test_kernels_gpu.py tests/test_amp_gpu.py tests/test_backend.py tests/test_functional_devices.py
+                tests/test_distributed.py)
+pytest_args=(-m gpu -q -rfE --tb=short --durations=5 -p no:cacheprovider)
+run_stage "compile_check" 60 "$PYTHON" -m tinyformer.kernels.compile_check
+# pytest-xdist workers per stage (the project's addopts say -n auto: one per core, 16 on the GPU machine).
+run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/test_kernels_gpu.py \
+    -k "$tensor_cores"
+# The graph tests (about 570 steps of `tiny`, each first shape compiled, captured and replayed) beside
+# every other GPU test: both only check results.
+start_stage "graph tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 6 "$graph_tests"
+start_stage "gpu tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 8 -k "not ($tensor_cores)" "${gpu_test_files[@]}"
+finish_stages
 
-# Issue 17: the training step as CUDA graphs.
-scratch=$(mktemp -d) && trap 'rm -rf "$scratch"' EXIT
-run_stage "graph tests" 90 "$PYTHON" -m pytest -m gpu -q -rf --durations=5 -p no:cacheprovider "$graph_tests"
+run_stage "bench_attention" 60 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --dtypes fp16,bf16 \
+    --seq-lens 128,1024 --head-dims 64 --causal no --warmup 2 --repeats 10
 graph_step_args=("${step_args[@]}" --cuda-graphs --tokens 4096 --repeats 5 --markdown)
-run_stage "bench_step graphs fp32" 60 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision fp32
-run_stage "bench_step graphs bf16" 60 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision bf16
+run_stage "bench_step graphs fp32" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision fp32
+run_stage "bench_step graphs bf16" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision bf16
 if [[ -n ${TINYFORMER_DATA:-} ]]; then
     # Training gets what the stage's limit leaves after MULTI30K_RESERVE, at most 5 minutes.
     left=$((BUDGET - SECONDS))
@@ -180,12 +246,10 @@ else
 fi
 
 # Earlier checks' stages, while budget is left.
-run_stage "bench_attention" 150 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --warmup 1 \
-    --repeats 5 --cell-seconds 0.15
-run_stage "gpu tests" 120 "$PYTHON" -m pytest -m gpu -q -rf --durations=5 -p no:cacheprovider -k "not ($tensor_cores)" \
-    --ignore="$graph_tests"
 run_stage "gradcheck cuda" 45 "$PYTHON" -m tinyformer.cli gradcheck --device cuda
 run_stage "bench_rows" 30 "$PYTHON" benchmarks/bench_attention.py --skip-attention --quick
+run_stage "bench_attention all" 150 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --warmup 1 \
+    --repeats 5 --cell-seconds 0.15
 run_stage "bench_step" 100 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}"
 run_stage "bench_step bf16" 75 "$PYTHON" benchmarks/bench_step.py "${step_args[@]}" --precision bf16 --tokens 16384 \
     --repeats 3
