@@ -236,9 +236,12 @@ def instantiations(source, dtypes=tuple(CUDA_TYPES)):
 
 def emulated_instantiations():
     """What the CPU emulation builds: every float32 kernel, the tensor-core attention kernels and
-    the instruction probes in their 16-bit types, and the 16-bit delta kernel the backward uses."""
+    the instruction probes in their 16-bit types, the 16-bit delta kernel the backward uses, and
+    the layer norms in every type (their 16-bit rounding of h, x̂ and the gradients)."""
     out = [e for source in KERNELS for e in instantiations(source, dtypes=("float32",))]
     out += instantiations("attention_mma.cu") + instantiations("mma_probe.cu")
+    out += [e for source in ("layer_norm.cu", "residual_layer_norm.cu") for e in instantiations(source)
+            if e not in out]
     out += [name_expression("attention_backward_delta", dtype, dim) for dtype in MMA_DTYPES for dim in HEAD_DIMS]
     return out
 
