@@ -76,6 +76,17 @@ def test_residual_layer_norm_kernel_matches_reference(rows, cols, p):
     cases.residual_layer_norm(CPU, rows, cols, p, seed=77, rng_seed=cols).check()
 
 
+@pytest.mark.parametrize("positions,vocab,cols", [(0, 5, 3), (1, 1, 1), (7, 3, 5), (300, 17, 33), (600, 40, 1100)])
+def test_embedding_backward_kernel_matches_reference(positions, vocab, cols):
+    """Chunks of positions past one block and rows wider than one pass of the block's columns."""
+    cases.embedding(CPU, positions, vocab, cols, seed=positions).check()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_embedding_backward_kernel_in_16_bit_types(dtype):
+    cases.embedding(Device("cpu", dtype), 300, 17, 33, seed=3).check()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cols,p", [(64, 0.0), (1000, 0.1)])
 def test_layer_norms_in_16_bit_types_match_the_reference_on_what_the_kernel_rounds(dtype, cols, p):

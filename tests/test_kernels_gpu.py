@@ -12,7 +12,7 @@ import tinyformer
 from tinyformer import Tensor, backend, functional as F
 from tinyformer import kernel_cases as cases
 from tinyformer.kernel_cases import Device, rand
-from tinyformer.kernels import ops, registry
+from tinyformer.kernels import cublas, ops, registry
 from tinyformer.kernels.philox import philox_uniform
 from tinyformer.optim import Adam
 
@@ -72,6 +72,78 @@ def test_fused_adam_kernel_clips_and_unscales_as_the_reference(copy_dtype):
 def test_fused_adam_kernel_skips_a_non_finite_step_on_the_device(poison):
     cases.adam_skip(Device("cuda"), [(512, 512), (7,), (70000,)], registry.ADAM_CHUNK, poison,
                     copy_dtype="bfloat16").check()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("positions,vocab,cols", [(1, 1, 1), (300, 17, 33), (600, 40, 1100), (4096, 8000, 256)])
+def test_embedding_backward_kernel(dtype, positions, vocab, cols):
+    cases.embedding(Device("cuda", dtype), positions, vocab, cols, seed=positions).check()
+
+
+def test_embedding_backward_kernel_repeats_bit_for_bit():
+    """No atomics: the same ids and dy give the same bits at every run (CuPy's scatter add does not)."""
+    first, second = (cases.embedding(Device("cuda"), 4096, 300, 256, seed=1).check()["grad w"] for _ in range(2))
+    np.testing.assert_array_equal(first, second)
+
+
+CUBLAS_TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", list(CUBLAS_TOLERANCE))
+def test_cublas_products_of_every_layout_match_numpy(dtype):
+    """kernels.cublas.matmul on the layouts of test_kernels_cublas.py (whose plans the CPU checks):
+    the hardware's strided-batched GEMM against NumPy's product of the same rounded values."""
+    import cupy
+
+    from test_kernels_cublas import LAYOUTS
+
+    rng = np.random.default_rng(5)
+    dev = Device("cuda", dtype) if dtype != "float64" else None
+
+    def r(*shape):  # an array on the GPU in dtype (float64: exact)
+        values = rng.standard_normal(shape)
+        return cupy.asarray(values) if dev is None else dev.put(values.astype(np.float32))
+
+    def host(x):
+        return (backend.to_numpy(x) if dev is None else dev.get(x)).astype(np.float64)
+
+    for layout, make in LAYOUTS.items():
+        a, b = make(r)  # the layout's views, of GPU memory
+        got = host(cublas.matmul(a, b))
+        expected = host(a) @ host(b)
+        scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+        np.testing.assert_allclose(got, expected, rtol=0, atol=CUBLAS_TOLERANCE[dtype] * scale * 4, err_msg=layout)
+
+
+def test_cublas_products_are_captured_and_replayed_bit_for_bit():
+    """A linear layer's three products (y = xWᵀ, dx = g W, dW = gᵀx) captured into a CUDA graph and
+    replayed on new inputs: the eager products' bits (CuPy's own product cannot be captured)."""
+    import cupy
+
+    capture = backend.GraphCapture()
+    rng = np.random.default_rng(0)
+    x, w, g = (cupy.asarray(rand(rng, *shape)) for shape in ((512, 256), (1024, 256), (512, 1024)))
+    outs = {}
+
+    def products():
+        outs["y"] = cublas.matmul(x, w.T)
+        outs["dx"] = cublas.matmul(g, w)
+        outs["dw"] = cublas.matmul(g.T, x)
+
+    capture.begin()
+    graph = capture.capture(products)
+    capture.end()
+    for _ in range(2):
+        for a in (x, w, g):
+            a[...] = cupy.asarray(rand(rng, *a.shape))
+        capture.begin()
+        capture.replay(graph)
+        capture.end()
+        eager = {"y": cublas.matmul(x, w.T), "dx": cublas.matmul(g, w), "dw": cublas.matmul(g.T, x)}
+        for name, value in eager.items():
+            assert bool((outs[name] == value).all()), name
+        np.testing.assert_allclose(backend.to_numpy(outs["y"]), backend.to_numpy(x) @ backend.to_numpy(w).T,
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_adam_step_captured_in_a_cuda_graph_replays_as_the_eager_step():

@@ -441,6 +441,22 @@ def residual_layer_norm(dev, rows, cols, p, seed=0, rng_seed=0):
                      {"keep": backend.to_numpy(kernel_keep)})
 
 
+# ------------------------------------------------------------------------ embedding
+def embedding(dev, positions, vocab, cols, seed=0):
+    """embedding.cu against the scatter add of dy's rows into their ids' rows in float64 (ids drawn
+    with repeats, so some rows sum many terms and some none); ``results["grad w"]`` for the
+    determinism tests."""
+    rng = numpy.random.default_rng(seed)
+    ids = rng.integers(0, vocab, positions)
+    g = dev.round(rand(rng, positions, cols))
+    expected = numpy.zeros((vocab, cols))
+    numpy.add.at(expected, ids, g.astype(numpy.float64))
+    kernel = ops.embedding_backward(backend.to_device(ids, dev.device), dev.put(g), vocab)
+    return KernelRun(f"ids ({positions},) of {vocab}, dy {_shape(g)}",
+                     [dev.gradient("grad w", kernel, expected, atol=1e-5 * max(1, positions / vocab))],
+                     {"grad w": dev.get(kernel)})
+
+
 # ------------------------------------------------------------------------ attention
 def _attention_reference(dev, batch, heads, len_q, len_k, dim, lengths, causal, dropout_p, seed, rng_seed):
     """Rounded (batch, heads, len, dim) q, k, v, an upstream gradient g, and F's float64 output and

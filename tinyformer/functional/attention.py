@@ -7,6 +7,7 @@ import numpy
 
 from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
+from ..kernels.cublas import matmul
 from ..kernels.registry import HEAD_DIMS, MMA_DTYPES
 from ..ops._helpers import sum_to_shape
 from ..tensor import Tensor
@@ -79,7 +80,7 @@ class ScaledDotProductAttention(KernelFunction):
 
     def _probabilities(self, xp, q, k, mask, out=None):
         """P = softmax(QKᵀ/√d_k) with masked scores at −∞, made in place in ``out`` if given."""
-        scores = xp.matmul(q, k.swapaxes(-1, -2), out=out)
+        scores = matmul(q, k.swapaxes(-1, -2), out=out)
         scores *= scores.dtype.type(self.scale)
         if mask is not None:
             full = numpy.broadcast_shapes(scores.shape, mask.shape)
@@ -151,7 +152,7 @@ class ScaledDotProductAttention(KernelFunction):
         if need_v:
             grad_v = _matmul_in_layout_of(v, p_used.swapaxes(-1, -2), g_out, out_v)
         if need_q or need_k:
-            dp = g_out @ v.swapaxes(-1, -2)
+            dp = matmul(g_out, v.swapaxes(-1, -2))
             if self.keep is not None:
                 dp *= self.keep[part]
                 dp *= self.drop_scale
@@ -235,12 +236,13 @@ def _empty_in_layout_of(like, shape, dtype):
 
 def _matmul_in_layout_of(like, a, b, out=None):
     """a @ b into ``out`` when given, else a new array in ``like``'s memory layout (see
-    ``_empty_in_layout_of``); plain ``a @ b`` on CuPy or when the shapes differ."""
+    ``_empty_in_layout_of``); a new C-ordered array on CuPy or when the shapes differ. (On CuPy
+    every product is ``kernels.cublas.matmul``'s: capturable into a CUDA graph.)"""
     if out is not None:
-        return numpy.matmul(a, b, out=out)
+        return matmul(a, b, out=out)
     shape = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     if _xp(a, b) is not numpy or like.ndim != 4 or shape != like.shape:
-        return a @ b
+        return matmul(a, b)
     return numpy.matmul(a, b, out=_empty_in_layout_of(like, shape, numpy.result_type(a, b)))
 
 

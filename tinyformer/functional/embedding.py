@@ -1,6 +1,7 @@
 """Embedding lookup: rows of a (vocab, d) matrix picked by integer ids (§3.4)."""
 
-from .. import backend
+from .. import backend, kernels
+from ..kernels import ops as kernel_ops
 from ..tensor import Function, Tensor
 from ..validation import rectangular_array
 
@@ -8,13 +9,19 @@ _xp = backend.get_array_module
 
 
 class Embedding(Function):
-    """y = W[ids];  dW = Σ over positions of dy scattered back to each id (repeats add up)."""
+    """y = W[ids];  dW = Σ over positions of dy scattered back to each id (repeats add up).
+
+    On the GPU dW comes from kernels/embedding.cu, which sums each row's terms in position order
+    (CuPy's scatter add uses atomics: its sums' order, and so their last bits, vary from run to run).
+    """
 
     def forward(self, weight, ids):
         self.ids, self.vocab = ids, weight.shape
         return weight[ids]
 
     def backward(self, g):
+        if kernels.use_kernels(g):
+            return kernel_ops.embedding_backward(self.ids, g.reshape(-1, self.vocab[1]), self.vocab[0]), None
         grad = _xp(g).zeros(self.vocab, dtype=g.dtype)
         backend.scatter_add_rows(grad, self.ids.reshape(-1), g.reshape(-1, self.vocab[1]))
         return grad, None

@@ -5,6 +5,7 @@ import numpy
 
 from .. import amp, backend, kernels
 from ..kernels import ops as kernel_ops
+from ..kernels.cublas import matmul
 from ..tensor import Function
 from ..validation import check_probability
 from ._dispatch import KernelFunction
@@ -32,8 +33,8 @@ def _linear_grads(g, x, weight, needs):
     """(dx, dW, db) of y = x Wᵀ + b for the upstream g, each only where ``needs`` says."""
     need_x, need_w, need_b = (tuple(needs) + (False,))[:3]
     g2 = g.reshape(-1, g.shape[-1])
-    grad_x = (g2 @ weight).reshape(x.shape) if need_x else None
-    grad_w = g2.T @ x.reshape(-1, x.shape[-1]) if need_w else None
+    grad_x = matmul(g2, weight).reshape(x.shape) if need_x else None
+    grad_w = matmul(g2.T, x.reshape(-1, x.shape[-1])) if need_w else None
     grad_b = g2.sum(axis=0) if need_b else None
     return grad_x, grad_w, grad_b
 
@@ -41,7 +42,8 @@ def _linear_grads(g, x, weight, needs):
 class Linear(Function):
     """y = x Wᵀ + b with W of shape (out, in);  dx = dy W, dW = dyᵀ x, db = Σ dy.
 
-    dW and db are single products over the flattened batch (no per-example temporaries).
+    dW and db are single products over the flattened batch (no per-example temporaries). On the
+    GPU each product is one cuBLAS GEMM that CUDA graphs can capture (``kernels.cublas``).
     Half-precision operands without a native product (``backend.has_half_matmul``: NumPy) are
     multiplied in float32 and the result rounded once, as a float32 accumulator would.
     """
@@ -53,7 +55,7 @@ class Linear(Function):
             x, weight, bias = (None if a is None else backend.cast(a, numpy.float32) for a in (x, weight, bias))
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
-        y = x.reshape(-1, x.shape[-1]) @ weight.T
+        y = matmul(x.reshape(-1, x.shape[-1]), weight.T)
         self._epilogue(y, bias)
         y = y.reshape(x.shape[:-1] + (weight.shape[0],))
         return y if self.half is None else backend.cast(y, self.half)
@@ -134,7 +136,7 @@ class LinearReluDropout(KernelFunction):
     def forward_gpu(self, x, weight, bias, p, generator):
         self.x, self.weight = x, weight
         self.scale = float(_scale(x, p)) if p else 1.0
-        y = x.reshape(-1, x.shape[-1]) @ weight.T
+        y = matmul(x.reshape(-1, x.shape[-1]), weight.T)
         z, self.mask = kernel_ops.bias_relu_dropout_forward(y, bias, p, kernel_seed(generator) if p else 0,
                                                             scale=self.scale)
         return z.reshape(x.shape[:-1] + (weight.shape[0],))

@@ -38,8 +38,8 @@ def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
             compiled.max_dynamic_shared_size_bytes = shared_mem
         return compiled
     if expression not in _emulated(registry.geometry()):
-        raise TypeError(f"{expression}: the CPU emulation runs the float32 kernels and the 16-bit tensor-core "
-                        "attention only")
+        raise TypeError(f"{expression}: the CPU emulation does not build this kernel (it builds "
+                        "registry.emulated_instantiations(): no 16-bit CUDA-core attention)")
     return emulation.function(expression)
 
 

@@ -570,3 +570,21 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
 # ------------------------------------------------------------------------ bfloat16
 to_bfloat16 = backend.to_bfloat16  # float32 -> backend.bfloat16, round to nearest even, on x's device
 from_bfloat16 = backend.from_bfloat16  # backend.bfloat16 -> float32, exact
+
+
+# ------------------------------------------------------------------------ embedding
+def embedding_backward(ids, grad_out, vocab, dtype=None):
+    """dW (vocab, cols) of an embedding lookup: the rows of ``grad_out`` (positions, cols) summed into
+    the rows ``ids`` (positions,) name, in position order (embedding.cu: deterministic, no atomics)."""
+    xp = _xp(grad_out)
+    grad_out = xp.ascontiguousarray(grad_out)
+    name = _element_dtype(grad_out, dtype)
+    ids = xp.ascontiguousarray(ids.reshape(-1), dtype=numpy.int32)
+    positions, cols = grad_out.shape
+    if len(ids) != positions:
+        raise ValueError(f"embedding_backward: {len(ids)} ids for {positions} rows of grad_out")
+    grad_weight = xp.empty((vocab, cols), dtype=grad_out.dtype)
+    if vocab and cols:
+        _launch.launch("embedding_backward", name, (vocab,), (registry.row_threads(positions),),
+                       (ids, grad_out, grad_weight, _i32(positions), _i32(cols)))
+    return grad_weight

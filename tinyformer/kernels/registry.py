@@ -41,6 +41,9 @@ ADAM_BLOCK = 256
 """Threads per block of the fused Adam update and its gradient-norm pass (whole warps, at most 1024)."""
 ADAM_CHUNK = 65536
 """Elements per block of the fused Adam update and its gradient-norm pass."""
+EMBEDDING_COLUMNS_PER_THREAD = 4
+"""Columns one thread of the embedding's weight gradient sums per pass over the ids (its block has
+``row_threads(positions)`` threads; wider rows take more passes)."""
 DROPOUT_MAX_BLOCKS = 8192
 """Most blocks of a dropout launch; the kernel strides over the rest."""
 ATTENTION_WARPS = 4
@@ -72,7 +75,8 @@ def compile_options():
     """The geometry as ``-D`` definitions for the kernel sources (NVRTC and g++ take the same)."""
     definitions = {"TF_WARP_SIZE": WARP_SIZE, "TF_ROW_BLOCK": ROW_BLOCK, "TF_ATTENTION_WARPS": ATTENTION_WARPS,
                    "TF_ATTENTION_KEY_TILE": ATTENTION_KEY_TILE, "TF_MMA_ATTENTION_WARPS": MMA_ATTENTION_WARPS,
-                   "TF_MMA_ROWS_PER_WARP": MMA_ROWS_PER_WARP, "TF_MMA_PAD": MMA_PAD}
+                   "TF_MMA_ROWS_PER_WARP": MMA_ROWS_PER_WARP, "TF_MMA_PAD": MMA_PAD,
+                   "TF_EMBEDDING_COLUMNS": EMBEDDING_COLUMNS_PER_THREAD}
     _check_geometry()
     return [f"-D{name}={value}" for name, value in definitions.items()]
 
@@ -81,7 +85,7 @@ def geometry():
     """Every geometry value the sources are compiled with, as a hashable key (a compiled module's)."""
     # the values themselves (checked where they are compiled: compile_options), not re-checked per launch
     return (WARP_SIZE, ROW_BLOCK, ATTENTION_WARPS, ATTENTION_KEY_TILE, MMA_ATTENTION_WARPS, MMA_ROWS_PER_WARP,
-            MMA_PAD, *ATTENTION_ROWS_PER_WARP.items(), *MMA_ATTENTION_TILE.items())
+            MMA_PAD, EMBEDDING_COLUMNS_PER_THREAD, *ATTENTION_ROWS_PER_WARP.items(), *MMA_ATTENTION_TILE.items())
 
 
 def _check_geometry():
@@ -166,6 +170,7 @@ KERNELS = {
     "dropout.cu": {"dropout_forward": ("T",)},
     "bias_relu_dropout.cu": {"bias_relu_dropout_forward": ("T",), "bias_relu_dropout_backward": ("T",)},
     "residual_layer_norm.cu": {"residual_layer_norm_forward": ("T",), "residual_layer_norm_backward": ("T",)},
+    "embedding.cu": {"embedding_backward": ("T",)},
     "attention.cu": {
         "attention_forward": ("T", "HEAD_DIM", "ROWS_PER_WARP"),
         "attention_backward_delta": ("T", "HEAD_DIM"),
@@ -235,13 +240,11 @@ def instantiations(source, dtypes=tuple(CUDA_TYPES)):
 
 
 def emulated_instantiations():
-    """What the CPU emulation builds: every float32 kernel, the tensor-core attention kernels and
-    the instruction probes in their 16-bit types, the 16-bit delta kernel the backward uses, and
-    the layer norms in every type (their 16-bit rounding of h, x̂ and the gradients)."""
+    """What the CPU emulation builds: every kernel in every element type, except the CUDA-core
+    attention (attention.cu) in the 16-bit types, whose training path is the tensor-core kernels
+    (of attention.cu's 16-bit kernels, the delta kernel the tensor-core backward uses is built)."""
     out = [e for source in KERNELS for e in instantiations(source, dtypes=("float32",))]
-    out += instantiations("attention_mma.cu") + instantiations("mma_probe.cu")
-    out += [e for source in ("layer_norm.cu", "residual_layer_norm.cu") for e in instantiations(source)
-            if e not in out]
+    out += [e for source in KERNELS if source != "attention.cu" for e in instantiations(source) if e not in out]
     out += [name_expression("attention_backward_delta", dtype, dim) for dtype in MMA_DTYPES for dim in HEAD_DIMS]
     return out
 

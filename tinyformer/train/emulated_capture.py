@@ -26,7 +26,9 @@ class DeviceArray(numpy.ndarray):
     """NumPy memory standing in for device memory: like a CuPy array, indexing and reductions give
     0-d arrays, never host scalars, and reading a value to the host (``float``, ``int``, ``bool``,
     ``operator.index``, ``item``, ``tolist``) is refused inside ``backend.capturing()``
-    (``CaptureUnavailable``), where on a GPU it would synchronise. Ufunc results stay
+    (``CaptureUnavailable``), where on a GPU it would synchronise; so is the ``@`` product, as CuPy
+    refuses its cuBLAS calls during a capture (``kernels.cublas.matmul`` is the capturable one).
+    Ufunc results stay
     DeviceArrays; every array owning memory is known (``device_memory``) so that a capture can
     leave it as it found it."""
 
@@ -44,6 +46,14 @@ class DeviceArray(numpy.ndarray):
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
+
+    def __matmul__(self, other):
+        _refuse_cupy_product()
+        return super().__matmul__(other)
+
+    def __rmatmul__(self, other):
+        _refuse_cupy_product()
+        return super().__rmatmul__(other)
 
     def _read(self, what):
         backend.check_not_capturing(f"{what} reads a device array's value to the host")
@@ -69,6 +79,11 @@ class DeviceArray(numpy.ndarray):
 
     def tolist(self):
         return self._read("tolist()").tolist()
+
+
+def _refuse_cupy_product():
+    if backend.is_capturing():  # CuPy's words (cupy_backends/cuda/libs/cublas.pyx, setStream)
+        raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
 
 
 _memory = {}  # id -> weak reference of every live DeviceArray that owns its memory
