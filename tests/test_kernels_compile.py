@@ -26,7 +26,7 @@ def test_every_instantiation_compiles_for_sm80_and_sm90(reports):
     expected = {(arch, e) for arch in ("sm_80", "sm_90") for s in registry.KERNELS for e in registry.instantiations(s)}
     assert {(r.arch, r.expression) for r in reports} == expected
     # arch × dtype × (kernel [× head dim]); the tensor-core attention and its probes in 2 dtypes
-    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 2 + 1 + 2 + 2 + 4 * 3) + 2 * (3 * 3 + 4))
+    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 2 + 1 + 2 + 2 + 1 + 4 * 3) + 2 * (3 * 3 + 4))
     assert all(r.registers > 0 for r in reports), "ptxas -v statistics were not parsed"
 
 
@@ -60,6 +60,8 @@ def _expected_shared_bytes(expression):
                  "attention_backward_q": 2 * block_rows * dim + 2 * keys * (dim + 1)}[name]
     elif name.startswith("adam_"):  # the norm's scratch: a double per warp of a block of up to 1024 threads
         words = 2 * registry.WARP_SIZE
+    elif name == "embedding_backward":  # the chunk's matches and prefix counts: two ints per thread of the row block
+        words = 2 * registry.ROW_BLOCK
     elif name.endswith("_probe"):  # one warp's 16-byte chunks: 32 rows; 16 rows of A (2 chunks) and B; 2 groups
         words = {"ldmatrix_probe": 32, "mma_probe": 48, "cp_async_probe": 64}.get(name, 0) * 4
     else:  # the row kernels' reduction scratch: one float (or max-sum pair) per warp of the row block

@@ -88,11 +88,13 @@ class ScaledDotProductAttention(KernelFunction):
                 scores = xp.broadcast_to(scores, full).copy()
             xp.copyto(scores, -xp.inf, where=~mask)
         row_max = scores.max(axis=-1, keepdims=True)
-        row_max[~xp.isfinite(row_max)] = 0  # a fully masked row: exp(−inf − 0) = 0
+        # a fully masked row: exp(−inf − 0) = 0 (copyto with where: no boolean indexing, which on CuPy
+        # reads the mask's count to the host and so cannot be captured into a CUDA graph)
+        xp.copyto(row_max, 0, where=~xp.isfinite(row_max))
         scores -= row_max
         p = xp.exp(scores, out=scores)  # scores becomes the probabilities, in place
         total = p.sum(axis=-1, keepdims=True)
-        total[total == 0] = 1
+        xp.copyto(total, 1, where=total == 0)
         p /= total
         return p
 

@@ -27,7 +27,9 @@ class DeviceArray(numpy.ndarray):
     0-d arrays, never host scalars, and reading a value to the host (``float``, ``int``, ``bool``,
     ``operator.index``, ``item``, ``tolist``) is refused inside ``backend.capturing()``
     (``CaptureUnavailable``), where on a GPU it would synchronise; so is the ``@`` product, as CuPy
-    refuses its cuBLAS calls during a capture (``kernels.cublas.matmul`` is the capturable one).
+    refuses its cuBLAS calls during a capture (``kernels.cublas.matmul`` is the capturable one), and
+    indexing by a boolean mask (CuPy reads the mask's count to the host: "D2H transfers are
+    disallowed" while capturing).
     Ufunc results stay
     DeviceArrays; every array owning memory is known (``device_memory``) so that a capture can
     leave it as it found it."""
@@ -41,8 +43,13 @@ class DeviceArray(numpy.ndarray):
         return super().__array_wrap__(array, context, False)  # a 0-d array, as CuPy gives
 
     def __getitem__(self, key):
+        _refuse_boolean_index(key)
         item = super().__getitem__(key)
         return item if isinstance(item, numpy.ndarray) else numpy.asarray(item).view(DeviceArray)
+
+    def __setitem__(self, key, value):
+        _refuse_boolean_index(key)
+        super().__setitem__(key, value)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -79,6 +86,13 @@ class DeviceArray(numpy.ndarray):
 
     def tolist(self):
         return self._read("tolist()").tolist()
+
+
+def _refuse_boolean_index(key):
+    """CuPy indexes by a boolean mask through the count of its true entries, read to the host."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if backend.is_capturing() and any(getattr(k, "dtype", None) == bool for k in keys):
+        backend.check_not_capturing("indexing by a boolean mask reads its count to the host")
 
 
 def _refuse_cupy_product():
