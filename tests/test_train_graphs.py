@@ -10,6 +10,7 @@ import pytest
 
 from tinyformer import Tensor, backend, checkpoint, kernels, train
 from tinyformer import random as tf_random
+from tinyformer.kernels import cublas
 from tinyformer.kernels.ops import DeviceSeed
 from tinyformer.train import Trainer, graphs
 from tinyformer.train import trainer as trainer_module
@@ -263,6 +264,24 @@ def test_host_reads_and_copies_are_refused_while_capturing():
 
 HOST_READS = {"float": float, "int": int, "bool": bool, "operator.index": operator.index,
               "item": lambda a: a.item(), "tolist": lambda a: a.tolist(), "Tensor bool": lambda a: bool(Tensor(a))}
+
+
+def test_emulated_device_arrays_refuse_what_cupy_refuses_while_capturing():
+    """CuPy's ``@`` (cuBLAS, which CuPy will not call during a capture) and boolean-mask indexing (a
+    count read to the host) are refused inside a capture; kernels.cublas.matmul and copyto are not."""
+    x = graphs.EmulatedCapture.adopt(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with backend.capturing():
+        with pytest.raises(NotImplementedError, match="cuBLAS API during stream capture"):
+            x @ x.T
+        with pytest.raises(backend.CaptureUnavailable, match="boolean mask"):
+            x[x > 2] = 0
+        with pytest.raises(backend.CaptureUnavailable, match="boolean mask"):
+            x[x > 2]
+        product = cublas.matmul(x, x.T)
+        np.copyto(x, 0, where=x > 2)
+    np.testing.assert_array_equal(product, np.arange(6).reshape(2, 3) @ np.arange(6).reshape(2, 3).T)
+    np.testing.assert_array_equal(x, [[0, 1, 2], [0, 0, 0]])
+    assert type(product) is DeviceArray and (x @ x.T).shape == (2, 2)  # outside a capture: allowed
 
 
 @pytest.mark.parametrize("read", HOST_READS)

@@ -91,7 +91,7 @@ class DeviceArray(numpy.ndarray):
 def _refuse_boolean_index(key):
     """CuPy indexes by a boolean mask through the count of its true entries, read to the host."""
     keys = key if isinstance(key, tuple) else (key,)
-    if backend.is_capturing() and any(getattr(k, "dtype", None) == bool for k in keys):
+    if backend.is_capturing() and any(str(getattr(k, "dtype", "")) == "bool" for k in keys):
         backend.check_not_capturing("indexing by a boolean mask reads its count to the host")
 
 
