@@ -67,13 +67,16 @@ log() {
     printf '%s\n' "$*" | tee -a "$report"
 }
 
+# unselected NAME: true, with NAME recorded as SKIP, when GPU_CHECK_ONLY is set and does not name it.
+unselected() {
+    [[ -n ${GPU_CHECK_ONLY:-} && ",$GPU_CHECK_ONLY," != *",$1,"* ]] || return 1
+    record "$1" SKIP 0 "not selected (GPU_CHECK_ONLY)"
+}
+
 # stage_limit NAME CAP_SECONDS: set `limit` to the stage's time limit (CAP clipped to the budget
 # left), or record NAME as SKIP and fail when under 10 s are left.
 stage_limit() {
-    if [[ -n ${GPU_CHECK_ONLY:-} && ",$GPU_CHECK_ONLY," != *",$1,"* ]]; then
-        record "$1" SKIP 0 "not selected (GPU_CHECK_ONLY)"
-        return 1
-    fi
+    unselected "$1" && return 1
     local left=$((BUDGET - SECONDS))
     limit=$(($2 < left ? $2 : left))
     if ((limit < 10)); then
@@ -231,8 +234,8 @@ run_stage "bench_attention" 60 "$PYTHON" benchmarks/bench_attention.py --skip-ro
 graph_step_args=("${step_args[@]}" --cuda-graphs --tokens 4096 --repeats 5 --markdown)
 run_stage "bench_step graphs fp32" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision fp32
 run_stage "bench_step graphs bf16" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision bf16
-if [[ -n ${GPU_CHECK_ONLY:-} && ",$GPU_CHECK_ONLY," != *",multi30k graphs,"* ]]; then
-    record "multi30k graphs" SKIP 0 "not selected (GPU_CHECK_ONLY)"
+if unselected "multi30k graphs"; then
+    :
 elif [[ -n ${TINYFORMER_DATA:-} ]]; then
     # Training gets what the stage's limit leaves after MULTI30K_RESERVE, at most 5 minutes.
     left=$((BUDGET - SECONDS))

@@ -23,6 +23,7 @@ On NumPy arrays ``matmul`` is NumPy's product, in the caller's array type.
 
 import ctypes
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy
@@ -37,8 +38,9 @@ WORKSPACE_BYTES = 32 * 1024 * 1024
 _OP_N, _OP_T = 0, 1
 _GEMM_DEFAULT = -1
 _COMPUTE_32F, _COMPUTE_64F = 68, 70
-#: cudaDataType_t of each element type, and (compute type, C type of alpha/beta) for it
+#: cudaDataType_t of each element type
 _DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
+#: (compute type, C type of alpha and beta) where not (32F, float)
 _COMPUTE = {"float64": (_COMPUTE_64F, ctypes.c_double)}
 
 
@@ -101,10 +103,7 @@ def gemm_plan(a_shape, a_strides, b_shape, b_strides):
     a, b = _operand(a_shape, a_strides), _operand(b_shape, b_strides)
     if a is None or b is None:
         return None
-    count = 1
-    for size in batch:
-        count *= size
-    return GemmPlan(m, n, k, count, a, b)
+    return GemmPlan(m, n, k, math.prod(batch), a, b)
 
 
 class _Library:
@@ -159,10 +158,10 @@ def _load_cublas():
         except OSError:
             continue
     with open("/proc/self/maps", encoding="utf-8") as maps:
-        paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
-    for path in sorted(paths):
-        return ctypes.CDLL(path)
-    raise OSError("libcublas is not loaded in this process")
+        paths = sorted({line.split()[-1] for line in maps if "/libcublas.so" in line})
+    if not paths:
+        raise OSError("libcublas is not loaded in this process")
+    return ctypes.CDLL(paths[0])
 
 
 @functools.lru_cache(maxsize=None)
