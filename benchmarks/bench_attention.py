@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from tinyformer.kernels import ops as kernel_ops
+from tinyformer.engine.kernels import ops as kernel_ops
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SHORT = {v: k for k, v in DTYPES.items()}
@@ -102,7 +102,7 @@ bfloat16_to_float32 = kernel_ops.from_bfloat16
 
 
 def _xp(array):
-    from tinyformer import backend
+    from tinyformer.engine import backend
 
     return backend.get_array_module(array)
 
@@ -251,7 +251,7 @@ class TensorCoreAttention:
     projections produce (fp16 and bf16 arrays)."""
 
     def __init__(self, case, inputs):
-        from tinyformer.kernels import ops
+        from tinyformer.engine.kernels import ops
 
         self.ops, self.case = ops, case
         self.q, self.k, self.v, self.do = (
@@ -275,7 +275,7 @@ class CudaCoreAttention:
     """The CUDA-core kernels (attention.cu), called directly on (B·H, S, D) arrays."""
 
     def __init__(self, case, inputs):
-        from tinyformer.kernels import ops
+        from tinyformer.engine.kernels import ops
 
         self.ops, self.case = ops, case
         flat = (case.batch * case.heads, case.seq_len, case.head_dim)
@@ -300,7 +300,7 @@ class UnfusedAttention:
 
     def __init__(self, case, inputs):
         import tinyformer as tf
-        from tinyformer import functional as F
+        from tinyformer.engine import functional as F
 
         self.tf, self.F, self.case = tf, F, case
         q, k, v, do = (a.astype(case.dtype) for a in inputs)
@@ -499,7 +499,7 @@ def row_inputs(op, rows, cols, dtype, seed):
     (dropout: the forward only)."""
     import cupy
 
-    from tinyformer.kernels import ops
+    from tinyformer.engine.kernels import ops
 
     rng = cupy.random.default_rng(seed)
     x = as_kernel_dtype(rng.standard_normal((rows, cols), dtype=cupy.float32), dtype)
@@ -530,7 +530,7 @@ def adam_runner(params, seed, tensor_size=2**20):
     float32 values in tensors of ``tensor_size``."""
     import cupy
 
-    from tinyformer.kernels import ops
+    from tinyformer.engine.kernels import ops
 
     rng = cupy.random.default_rng(seed)
     sizes = [min(tensor_size, params - start) for start in range(0, params, tensor_size)]
@@ -758,10 +758,10 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    from tinyformer import backend
+    from tinyformer.engine import backend
 
     if not backend.is_gpu_available():
-        print("bench_attention: status: skipped (no usable GPU: tinyformer.backend.is_gpu_available() is false)")
+        print("bench_attention: status: skipped (no usable GPU: tinyformer.engine.backend.is_gpu_available() is false)")
         return 0
     torch_ok, torch_text = torch_status() if args.torch else (False, "not used (--no-torch)")
     print_preamble(args, torch_text)

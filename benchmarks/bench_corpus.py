@@ -28,7 +28,7 @@ from provenance import header
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tinyformer.data.multi30k import load_multi30k  # noqa: E402
+from tinyformer.translation.data.multi30k import load_multi30k  # noqa: E402
 
 
 def write_corpus(data_dir, work, pairs, seed=0):

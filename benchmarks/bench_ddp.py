@@ -31,7 +31,7 @@ SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
 
 def make_batches(count, tokens, vocab, seed=0):
     """``count`` batches of random pairs, lengths 15-30, about ``tokens`` target tokens each."""
-    from tinyformer.data.batching import make_batch
+    from tinyformer.translation.data.batching import make_batch
 
     rng = numpy.random.default_rng(seed)
     batches = []
@@ -48,10 +48,11 @@ def make_batches(count, tokens, vocab, seed=0):
 
 def train_steps(args, comm, threads):
     """Median step seconds, tokens per step, and (ranks) hidden share and all-reduce ms per step."""
-    from tinyformer import distributed, nn
-    from tinyformer.optim import Adam, NoamSchedule
-    from tinyformer.train import blas_threads
-    from tinyformer.train.evaluation import batch_loss
+    from tinyformer.translation import distributed
+    from tinyformer.model import nn
+    from tinyformer.model.optim import Adam, NoamSchedule
+    from tinyformer.translation.train import blas_threads
+    from tinyformer.translation.train.evaluation import batch_loss
 
     model = nn.Transformer.from_preset(args.preset, vocab_size=args.vocab, seed=0)
     adam = Adam(model.parameters(), lr=NoamSchedule(model.d_model, 4000))
@@ -104,7 +105,7 @@ def bandwidth(comm, repeats):
 
 def worker(args):
     """One rank of the two-rank run: prints the JSON result on rank 0."""
-    from tinyformer import distributed
+    from tinyformer.translation import distributed
 
     comm = distributed.init()
     result = {"train": train_steps(args, comm, threads=1), "bandwidth": bandwidth(comm, args.repeats)}
@@ -135,8 +136,8 @@ def main():
     if args.worker:
         return worker(args)
 
-    from tinyformer import distributed
-    from tinyformer.distributed import launch
+    from tinyformer.translation import distributed
+    from tinyformer.translation.distributed import launch
 
     single = train_steps(args, distributed.SingleProcess(), threads=2)
     command = launch.mpiexec_command(2, [sys.executable, os.path.abspath(__file__), "--worker", *sys.argv[1:]])

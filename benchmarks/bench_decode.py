@@ -5,7 +5,7 @@ trained checkpoint, using the search of §6.1: beam 4, length penalty α = 0.6, 
 length = input length + 50. Sources are encoded as ``translate`` does (SentencePiece ids + EOS,
 sorted by length, padded batches of ``--batch-size``), and each batch is decoded three ways:
 
-* ``cached``: ``tinyformer.decode.beam_search(..., use_cache=True)``, incremental decoding with
+* ``cached``: ``tinyformer.translation.decode.beam_search(..., use_cache=True)``, incremental decoding with
   cached self-attention keys/values and once-projected cross-attention keys/values;
 * ``uncached``: the same call with ``use_cache=False``, the decoder re-run over the whole prefix
   every step (it must give the same tokens: the script counts the sentences that differ);
@@ -53,7 +53,7 @@ def encode_sources(tokenizer, lines, eos_id):
 
 def make_batches(sources, batch_size, pad_id):
     """(line indices, padded source array) per batch, lines sorted by length as ``translate`` does."""
-    from tinyformer.data.batching import pad
+    from tinyformer.translation.data.batching import pad
 
     order = sorted((i for i, ids in enumerate(sources) if ids is not None), key=lambda i: len(sources[i]))
     batches = []
@@ -65,7 +65,7 @@ def make_batches(sources, batch_size, pad_id):
 
 # ----------------------------------------------------------------------------- searches
 def tinyformer_search(model, src, use_cache, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50):
-    from tinyformer.decode import beam_search
+    from tinyformer.translation.decode import beam_search
 
     return beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
                        use_cache=use_cache)
@@ -75,7 +75,7 @@ def torch_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b
                       pad_id=0, max_positions=None, return_scores=False):
     """tinyformer's ``beam_search`` in PyTorch on ``torch_transformer.build_torch_model``'s model.
 
-    Same conventions as ``tinyformer.decode.beam_search``: float64 log-softmax of the last position's
+    Same conventions as ``tinyformer.translation.decode.beam_search``: float64 log-softmax of the last position's
     logits, pad and BOS banned, L = floor(a · src_len + b) capped at ``max_positions - 1`` with EOS
     forced after L tokens; per step the 2k best extensions by summed log-probability (ties to the lower
     flat index), EOS ones ranked within the first k finish, the k best others stay active; a sentence
@@ -86,8 +86,8 @@ def torch_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b
     import torch
     from torch.nn import functional as TF
 
-    from tinyformer.data.special import BOS_ID, EOS_ID
-    from tinyformer.decode import length_penalty
+    from tinyformer.translation.data.special import BOS_ID, EOS_ID
+    from tinyformer.translation.decode import length_penalty
 
     bos_id = BOS_ID if bos_id is None else bos_id
     eos_id = EOS_ID if eos_id is None else eos_id
@@ -282,10 +282,10 @@ def main(argv=None):
 
 
 def run_benchmark(args):
-    from tinyformer import metrics
-    from tinyformer.data.multi30k import load_multi30k
-    from tinyformer.data.special import EOS_ID
-    from tinyformer.train import load_model
+    from tinyformer.translation import metrics
+    from tinyformer.translation.data.multi30k import load_multi30k
+    from tinyformer.translation.data.special import EOS_ID
+    from tinyformer.translation.train import load_model
 
     model, tokenizer, meta = load_model(args.checkpoint, "cpu", args.tokenizer)
     config = meta.get("config", {})
@@ -376,7 +376,7 @@ def run_benchmark(args):
         print(f"PyTorch / tinyformer cached time: {seconds['torch'] / seconds['cached']:.2f}x; "
               f"PyTorch outputs equal to tinyformer's: {sum(a == b for a, b in zip(outputs['torch'], outputs['cached']))}"
               f" of {count} sentences")
-    print("BLEU: sacreBLEU (tinyformer.metrics.corpus_bleu) against the references of the same sentences.")
+    print("BLEU: sacreBLEU (tinyformer.translation.metrics.corpus_bleu) against the references of the same sentences.")
 
 
 if __name__ == "__main__":

@@ -37,11 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import provenance  # noqa: E402
-from tinyformer import checkpoint, cli  # noqa: E402
-from tinyformer.data.tokenizer import Tokenizer  # noqa: E402
-from tinyformer.train import TrainConfig  # noqa: E402
-from tinyformer.train.builders import build_model, build_tokenizer, load_corpus  # noqa: E402
-from tinyformer.train.state import Position, run_metadata  # noqa: E402
+from tinyformer.translation import checkpoint
+from tinyformer import cli  # noqa: E402
+from tinyformer.translation.data.tokenizer import Tokenizer  # noqa: E402
+from tinyformer.translation.train import TrainConfig  # noqa: E402
+from tinyformer.translation.train.builders import build_model, build_tokenizer, load_corpus  # noqa: E402
+from tinyformer.translation.train.state import Position, run_metadata  # noqa: E402
 
 CASES = {"small-30": dict(data="multi30k", preset="small"), "small-128": dict(data="multi30k", preset="small"),
          "tiny-128": dict(vocab_size=120), "small-30-steps": dict(data="multi30k", preset="small")}
@@ -50,7 +51,7 @@ STEPS = 5
 
 def five_checkpoints(directory, **options):
     """The run directory of `tinyformer train` with ``options`` for STEPS steps, a checkpoint each."""
-    from tinyformer.train import Trainer
+    from tinyformer.translation.train import Trainer
 
     config = TrainConfig(save_dir=str(directory), max_steps=STEPS, save_every=1, keep_last=STEPS, eval_every=STEPS,
                          threads=1, bleu_samples=1, **options)

@@ -82,7 +82,7 @@ def parse_extras(text):
 def preset_extras(name):
     """The extras that preset ``name`` has of itself (the model ``tinyformer train --preset name`` builds),
     in EXTRAS' order; their dropout p is the run's, as for any extra."""
-    from tinyformer.nn.presets import PRESETS
+    from tinyformer.model.nn.presets import PRESETS
 
     preset = PRESETS[name]
     has = {"attention-dropout": preset.attention_dropout > 0, "activation-dropout": preset.activation_dropout > 0,
@@ -114,8 +114,8 @@ def tokenizer_dir(args):
 def run_config(args, engine):
     """The ``TrainConfig`` (resolved) of ``engine``'s run: the data, preset and schedule of ``tinyformer
     train``, with the engine's extras as model overrides (no dropout at all with --equal-init)."""
-    from tinyformer.nn.presets import PRESETS
-    from tinyformer.train import TrainConfig
+    from tinyformer.model.nn.presets import PRESETS
+    from tinyformer.translation.train import TrainConfig
 
     dropout = 0.0 if args.equal_init else (args.dropout if args.dropout is not None else PRESETS[args.preset].dropout)
     config = TrainConfig(data=args.data, src_lang=args.src, tgt_lang=args.tgt, data_dir=args.data_dir,
@@ -173,13 +173,13 @@ class Resume:
                              f"not {self.digest[:12]}); remove it to start again")
 
     def save_tinyformer(self, state, done, adam_state, rng):
-        from tinyformer import checkpoint
+        from tinyformer.translation import checkpoint
 
         meta = {"plan_digest": self.digest, "done": done, "rng_state": rng}
         checkpoint.save_checkpoint(self.path.with_suffix(".npz"), state, meta, adam_state)
 
     def load_tinyformer(self):
-        from tinyformer import checkpoint
+        from tinyformer.translation import checkpoint
 
         path = self.path.with_suffix(".npz")
         if not path.exists():
@@ -211,8 +211,8 @@ class Resume:
 def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None):
     """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds).
     With ``resume`` (a ``Resume``), continue from its last save and save every ``resume.every`` steps."""
-    from tinyformer import random as tf_random
-    from tinyformer.train import Trainer
+    from tinyformer.engine import random as tf_random
+    from tinyformer.translation.train import Trainer
 
     trainer = Trainer(config, parts=parts, echo=lambda *a, **k: None, progress=False)
     parts.model.train()
@@ -243,8 +243,8 @@ def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None)
     import torch
     from torch.nn import functional as TF
 
-    from tinyformer.data import PAD_ID
-    from tinyformer.optim import NoamSchedule
+    from tinyformer.translation.data import PAD_ID
+    from tinyformer.model.optim import NoamSchedule
 
     schedule = NoamSchedule(torch_model.embed.weight.shape[1], config.warmup_steps, config.lr_factor)
     optimizer = torch.optim.Adam(torch_model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
@@ -285,8 +285,8 @@ def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None)
 
 def score(model, tokenizer, config, limit=None):
     """sacreBLEU of ``model``'s translations of the test split (tinyformer's translate, the run's beam and alpha)."""
-    from tinyformer.train.builders import load_corpus
-    from tinyformer.train.evaluation import evaluate
+    from tinyformer.translation.train.builders import load_corpus
+    from tinyformer.translation.train.evaluation import evaluate
 
     sources, references = load_corpus(config, "test")
     if limit:
@@ -300,9 +300,9 @@ def score(model, tokenizer, config, limit=None):
 
 def run_engine(args, engine, log=print):
     """One engine's whole run (in its own process): its parts, training, scoring; the result as a dict."""
-    from tinyformer.train import build_parts
-    from tinyformer.train.evaluation import validation_loss
-    from tinyformer.train.trainer import blas_threads
+    from tinyformer.translation.train import build_parts
+    from tinyformer.translation.train.evaluation import validation_loss
+    from tinyformer.translation.train.trainer import blas_threads
 
     config = run_config(args, engine)
     parts = build_parts(config, echo=lambda *a, **k: None)
@@ -507,8 +507,8 @@ def parse_args(argv):
                         "not trained again (an invocation with all of them is skipped, its report not appended again)")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from tinyformer.nn.presets import check_preset
-    from tinyformer.train.config import OPTIONS
+    from tinyformer.model.nn.presets import check_preset
+    from tinyformer.translation.train.config import OPTIONS
 
     args.vocab_size = args.vocab_size or OPTIONS["vocab_size"].per_data[args.data]
     args.max_tokens = args.max_tokens or OPTIONS["max_tokens"].per_data[args.data]
@@ -563,8 +563,8 @@ def child_main(args):
 def prepare_tokenizer(args):
     """The shared tokenizer (trained once, here, before the engines start and load it; invocations
     started together over one --work wait for the first to train it)."""
-    from tinyformer.filecache import locked
-    from tinyformer.train.builders import build_tokenizer, load_corpus
+    from tinyformer.common.filecache import locked
+    from tinyformer.translation.train.builders import build_tokenizer, load_corpus
 
     config = run_config(args, "tinyformer")
     Path(config.save_dir).mkdir(parents=True, exist_ok=True)

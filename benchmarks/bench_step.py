@@ -165,8 +165,9 @@ def torch_cuda_growth(step):
 class TinyformerRunner:
     def __init__(self, preset, vocab, batch, device, seed, precision="fp32"):
         import tinyformer as tf
-        from tinyformer import amp, backend, functional as F, optim
-        from tinyformer.nn import Transformer
+        from tinyformer.engine import amp, backend, functional as F
+        from tinyformer.model import optim
+        from tinyformer.model.nn import Transformer
 
         self.F, self.tf, self.amp, self.precision = F, tf, amp, precision
         tf.manual_seed(seed)
@@ -220,9 +221,9 @@ class TinyformerGraphedRunner(TinyformerRunner):
 
     def __init__(self, preset, vocab, batch, device, seed, precision="fp32", capture=None):
         super().__init__(preset, vocab, batch, device, seed, precision)
-        from tinyformer import backend
-        from tinyformer.data.batching import Batch
-        from tinyformer.train.graphs import GraphedStep
+        from tinyformer.engine import backend
+        from tinyformer.translation.data.batching import Batch
+        from tinyformer.translation.train.graphs import GraphedStep
 
         self.batch = Batch(batch["src"], batch["tgt_in"], batch["tgt_out"], numpy.arange(len(batch["src"])),
                            pad_id=PAD)
@@ -267,7 +268,7 @@ class TorchRunner:
         import torch
         from torch.nn import functional as TF
 
-        from tinyformer.optim import NoamSchedule
+        from tinyformer.model.optim import NoamSchedule
 
         self.torch, self.TF = torch, TF
         self.half = getattr(torch, TORCH_DTYPES[precision]) if precision in TORCH_DTYPES else None
@@ -333,7 +334,7 @@ class TorchGraphedRunner(TorchRunner):
 
     def __init__(self, config, batch, device, seed, precision="fp32"):
         super().__init__(config, batch, device, seed, precision)
-        from tinyformer.optim import NoamSchedule
+        from tinyformer.model.optim import NoamSchedule
 
         torch = self.torch
         self.noam, self.steps = NoamSchedule(config["d_model"], 4000), 0
@@ -515,7 +516,7 @@ def print_table(header, rows, markdown):
 
 # ----------------------------------------------------------------------------- main
 def parse_presets(values):
-    from tinyformer.nn.presets import check_preset
+    from tinyformer.model.nn.presets import check_preset
 
     names = [n.strip() for v in (values or ["small,base"]) for n in v.split(",") if n.strip()]
     try:
@@ -746,7 +747,7 @@ def main(argv=None):
                         help="with --vs-torch: alternate tinyformer and PyTorch steps (default), or run "
                         "all of one framework's steps, then all of the other's")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                        help="tinyformer.amp's precision; PyTorch under torch.autocast of the same type (default fp32)")
+                        help="tinyformer.engine.amp's precision; PyTorch under torch.autocast of the same type (default fp32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--cuda-graphs", action="store_true",
@@ -758,14 +759,14 @@ def main(argv=None):
         parser.error("--tokens >= 1, --length >= 2, --repeats >= 1 and --warmup >= 0 are required")
     presets = parse_presets(args.preset)
 
-    from tinyformer import backend
+    from tinyformer.engine import backend
 
     if args.cuda_graphs and (args.device != "cuda" or not backend.is_gpu_available()):
         parser.exit(2, f"{parser.prog}: error: --cuda-graphs " + (
             "needs --device cuda (CUDA graphs capture GPU work)" if args.device != "cuda" else
-            "needs CuPy with a usable GPU (tinyformer.backend.is_gpu_available() is false)") + "\n")
+            "needs CuPy with a usable GPU (tinyformer.engine.backend.is_gpu_available() is false)") + "\n")
     if args.device == "cuda" and not backend.is_gpu_available():
-        parser.error("--device cuda needs CuPy with a usable GPU (tinyformer.backend.is_gpu_available())")
+        parser.error("--device cuda needs CuPy with a usable GPU (tinyformer.engine.backend.is_gpu_available())")
     torch = None
     if args.vs_torch:
         try:

@@ -9,7 +9,7 @@
 #   nvidia-smi          GPU name, driver, memory
 #   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch, the C++ compiler; fails
 #                       without a usable GPU
-#   compile_check       python -m tinyformer.kernels.compile_check (NVRTC, every kernel instantiation; over
+#   compile_check       python -m tinyformer.engine.kernels.compile_check (NVRTC, every kernel instantiation; over
 #                       60 s on the H200 with NVRTC 13.0, 2026-12-04: the tensor-core module alone ~30 s)
 #   tensor-core tests   the GPU tests of the tensor-core attention and of its instructions (hardware
 #                       mma/ldmatrix/cp.async against the PTX layouts and the CPU emulation)
@@ -33,7 +33,7 @@
 #   bench_attention all benchmarks/bench_attention.py --skip-rows: every dtype, causal and not, S 128-4096
 #   bench_step          benchmarks/bench_step.py --device cuda --preset small,base (--vs-torch when
 #                       PyTorch has CUDA)
-#   bench_step bf16     the same at 16,384 tokens in bf16 (tinyformer.amp; PyTorch under autocast(bfloat16))
+#   bench_step bf16     the same at 16,384 tokens in bf16 (tinyformer.engine.amp; PyTorch under autocast(bfloat16))
 #   train cuda          the quick start's job on the GPU: tinyformer train --device cuda (synthetic task,
 #                       300 steps, then beam-search evaluation on its test split)
 #   multi30k cuda       200 steps of the Multi30k recipe on the GPU (only when TINYFORMER_DATA is set)
@@ -187,7 +187,7 @@ compiler = shutil.which("g++") or shutil.which("clang++")
 print("C++ compiler (the emulation's test): " + (subprocess.run([compiler, "--version"], capture_output=True,
       text=True).stdout.splitlines()[0] if compiler else "none"))
 from tinyformer import backend
-print(f"tinyformer.backend.is_gpu_available(): {backend.is_gpu_available()}")
+print(f"tinyformer.engine.backend.is_gpu_available(): {backend.is_gpu_available()}")
 sys.exit(0 if backend.is_gpu_available() else 1)
 EOF
 )
@@ -219,7 +219,7 @@ graph_tests=tests/test_train_graphs_gpu.py
 gpu_test_files=(tests/test_kernels_gpu.py tests/test_amp_gpu.py tests/test_backend.py tests/test_functional_devices.py
                 tests/test_distributed.py)
 pytest_args=(-m gpu -q -rfE --tb=short --durations=5 -p no:cacheprovider)
-run_stage "compile_check" 150 "$PYTHON" -m tinyformer.kernels.compile_check
+run_stage "compile_check" 150 "$PYTHON" -m tinyformer.engine.kernels.compile_check
 # pytest-xdist workers per stage (the project's addopts say -n auto: one per core, 16 on the GPU machine).
 run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/test_kernels_gpu.py \
     -k "$tensor_cores"

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import provenance  # noqa: E402
 from tinyformer import cli  # noqa: E402
-from tinyformer.train import builders  # noqa: E402
+from tinyformer.translation.train import builders  # noqa: E402
 
 WINDOW, EARLY = 25, 10
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}

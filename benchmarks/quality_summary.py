@@ -151,8 +151,8 @@ def bootstrap(runs, references, samples=1000):
 
 def reference_lines(data, src, tgt, data_dir=None):
     """The test split's target lines, as bench_quality.py scores them."""
-    from tinyformer.train import TrainConfig
-    from tinyformer.train.builders import load_corpus
+    from tinyformer.translation.train import TrainConfig
+    from tinyformer.translation.train.builders import load_corpus
 
     return load_corpus(TrainConfig(data=data, src_lang=src, tgt_lang=tgt, data_dir=data_dir).resolved(), "test")[1]
 

@@ -38,10 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tinyformer import backend  # noqa: E402
-from tinyformer.nn import MultiHeadAttention  # noqa: E402
-from tinyformer.nn.presets import PRESETS, check_preset  # noqa: E402
-from tinyformer.train import TOKENIZER_FILE, TrainConfig, Trainer, load_corpus  # noqa: E402
+from tinyformer.engine import backend  # noqa: E402
+from tinyformer.model.nn import MultiHeadAttention  # noqa: E402
+from tinyformer.model.nn.presets import PRESETS, check_preset  # noqa: E402
+from tinyformer.translation.train import TOKENIZER_FILE, TrainConfig, Trainer, load_corpus  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step import cpu_model  # noqa: E402  (one way to name the CPU)
@@ -210,7 +210,7 @@ class VariantTrainer(Trainer):
 # ----------------------------------------------------------------------------- running
 def train_tokenizer(scale, workdir, data_dir, echo):
     """The joint BPE every variant shares, trained once (what Trainer.setup would train)."""
-    from tinyformer.data.tokenizer import Tokenizer
+    from tinyformer.translation.data.tokenizer import Tokenizer
 
     config = TrainConfig(data=scale["data"], data_dir=data_dir, vocab_size=scale["vocab_size"])
     src, tgt = load_corpus(config, "train")
@@ -493,7 +493,7 @@ def main(argv=None):
     try:
         echo(f"table3: {len(rows)} runs of {scale['steps']} steps in {workdir}")
         tokenizer_path = train_tokenizer(scale, workdir, args.data_dir, echo)
-        from tinyformer.data.tokenizer import Tokenizer
+        from tinyformer.translation.data.tokenizer import Tokenizer
 
         context["vocab"] = len(Tokenizer.load(tokenizer_path))
         for i, variant in enumerate(rows, 1):

@@ -28,7 +28,7 @@ import warnings
 
 import numpy
 
-PAD = 0  # tinyformer's padding id (tinyformer.data.special.PAD_ID); the masks below use the config's pad_id
+PAD = 0  # tinyformer's padding id (tinyformer.translation.data.special.PAD_ID); the masks below use the config's pad_id
 
 
 def stock_extras(p):
@@ -52,7 +52,7 @@ def build_torch_model(config, device="cpu"):
     from torch import nn
     from torch.nn import functional as TF
 
-    from tinyformer import functional as F
+    from tinyformer.engine import functional as F
 
     if config.get("norm_first"):
         raise ValueError("build_torch_model builds post-LN models (norm_first=False)")
@@ -169,7 +169,7 @@ def copy_weights(tiny, model):
     """tinyformer's weights into the PyTorch model, so both start from the same point."""
     import torch
 
-    from tinyformer import backend
+    from tinyformer.engine import backend
 
     with torch.no_grad():
         for sources, target in weight_pairs(tiny, model):
@@ -183,7 +183,7 @@ def copy_weights(tiny, model):
 def copy_weights_back(model, tiny):
     """The PyTorch model's weights into tinyformer's (of the same config), in place: e.g. to decode
     a model PyTorch trained with tinyformer's own beam search."""
-    from tinyformer import backend
+    from tinyformer.engine import backend
 
     for targets, source in weight_pairs(tiny, model):
         value = source.detach().cpu().numpy()

@@ -8,7 +8,7 @@ The recipe is the paper's, at toy scale: Adam with β₂ = 0.98 and ε = 1e-9, t
 warm-up schedule lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
 (§5.3), label smoothing ε_ls = 0.1 (§5.4); then greedy decoding, incremental with
 cached keys and values. Batches and decoding come from the library
-(``tinyformer.data.batching.make_batch``, ``tinyformer.decode.greedy_decode``).
+(``tinyformer.translation.data.batching.make_batch``, ``tinyformer.translation.decode.greedy_decode``).
 It exits with status 1 unless the exact-match accuracy reaches ``--min-accuracy``.
 
     python examples/02_copy_task.py [--steps 600] [--seed 0]
@@ -21,12 +21,12 @@ import time
 import numpy as np
 
 import tinyformer as tf
-from tinyformer import functional as F
-from tinyformer import nn, optim
-from tinyformer.data import PAD_ID, SPECIAL_IDS
-from tinyformer.data.batching import make_batch
-from tinyformer.decode import greedy_decode
-from tinyformer.train import blas_threads
+from tinyformer.engine import functional as F
+from tinyformer.model import nn, optim
+from tinyformer.translation.data import PAD_ID, SPECIAL_IDS
+from tinyformer.translation.data.batching import make_batch
+from tinyformer.translation.decode import greedy_decode
+from tinyformer.translation.train import blas_threads
 
 FIRST_SYMBOL = max(SPECIAL_IDS.values()) + 1  # ids below are PAD, UNK, BOS, EOS
 

@@ -5,14 +5,14 @@
   * data (§5.1): a joint BPE vocabulary (sentencepiece) over both languages, and
     batches holding about ``--max-tokens`` target tokens each, pairs of similar
     length together;
-  * model (§3): a preset from tinyformer.nn.PRESETS, ``small`` by default
+  * model (§3): a preset from tinyformer.model.nn.PRESETS, ``small`` by default
     (N=3, d_model=256, d_ff=1024, h=4), embeddings shared with the output projection;
   * training (§5.3, §5.4): Adam (β₁ = 0.9, β₂ = 0.98, ε = 1e-9) with the warm-up
     schedule, residual and attention dropout, label smoothing ε_ls = 0.1;
   * inference (§6.1): beam search with beam 4 and length penalty α = 0.6, then
     sacreBLEU (cased, 13a, the reproducible signature) on test_2016_flickr.
 
-Everything the run needs is in ``tinyformer.train``: ``Trainer(TrainConfig(...)).run()``
+Everything the run needs is in ``tinyformer.translation.train``: ``Trainer(TrainConfig(...)).run()``
 trains, validates and writes checkpoints, exactly as ``tinyformer train`` does.
 The run goes to a temporary folder, deleted at the end, unless ``--save-dir`` names one.
 The data are found through ``--data-dir`` or $TINYFORMER_DATA (a folder holding
@@ -35,9 +35,9 @@ import time
 
 import numpy as np
 
-from tinyformer import checkpoint
-from tinyformer.nn import PRESETS
-from tinyformer.train import LOG_FILE, TrainConfig, Trainer, evaluate, load_corpus, load_model
+from tinyformer.translation import checkpoint
+from tinyformer.model.nn import PRESETS
+from tinyformer.translation.train import LOG_FILE, TrainConfig, Trainer, evaluate, load_corpus, load_model
 
 
 def training_losses(save_dir):

@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 import tinyformer as tf
-from tinyformer import functional as F
-from tinyformer import nn, optim
+from tinyformer.engine import functional as F
+from tinyformer.model import nn, optim
 
 PAD, BOS, EOS = 0, 1, 2
 FIRST_SYMBOL = 3

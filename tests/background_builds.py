@@ -59,7 +59,7 @@ def _compiler():
 
 
 def _nvrtc(reverse=False):
-    from tinyformer.kernels import compile_check, registry, toolchain
+    from tinyformer.engine.kernels import compile_check, registry, toolchain
     if toolchain.find_nvrtc() is not None and toolchain.cuda_include_dirs():
         sources = list(registry.KERNELS)
         compile_check.compile_all(sources=sources[::-1] if reverse else sources)
@@ -67,7 +67,7 @@ def _nvrtc(reverse=False):
 
 def kernels(shared):
     import pytest
-    from tinyformer.kernels import emulation
+    from tinyformer.engine.kernels import emulation
 
     cxx = _compiler()
     if cxx:

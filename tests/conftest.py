@@ -19,7 +19,7 @@ import pytest
 import trained_models
 from hypothesis import is_hypothesis_test, settings
 
-from tinyformer import backend
+from tinyformer.engine import backend
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)

@@ -8,9 +8,9 @@ repeats a token up to the length limit).
 import numpy as np
 
 import tinyformer as tf
-from tinyformer import functional as F
-from tinyformer import nn, optim
-from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID
+from tinyformer.engine import functional as F
+from tinyformer.model import nn, optim
+from tinyformer.translation.data.special import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 12
 FIRST_WORD = 4  # ids 0-3 are PAD, UNK, BOS, EOS

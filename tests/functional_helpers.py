@@ -1,4 +1,4 @@
-"""What the split tests of ``tinyformer.functional`` share: hypothesis budgets, the comparison,
+"""What the split tests of ``tinyformer.engine.functional`` share: hypothesis budgets, the comparison,
 and the NumPy references used by more than one op's tests."""
 
 import numpy as np

@@ -14,8 +14,9 @@ import time
 
 import numpy as np
 
-from tinyformer import distributed, nn
-from tinyformer.distributed.mpi import MPICommunicator
+from tinyformer.translation import distributed
+from tinyformer.model import nn
+from tinyformer.translation.distributed.mpi import MPICommunicator
 
 comm = distributed.init()
 results = {}

@@ -7,7 +7,7 @@ import importlib.util
 import children
 import pytest
 
-from tinyformer.distributed import launch
+from tinyformer.translation.distributed import launch
 
 MPIEXEC = launch.find_mpiexec()
 # Open MPI refuses to start as root without them (CI runs as root); other MPIs ignore them.

@@ -7,7 +7,7 @@ own. Made once per test run, whatever the number of pytest-xdist workers, like t
 import children
 from trained_models import shared_directory
 
-from tinyformer.filecache import cached_product
+from tinyformer.common.filecache import cached_product
 
 # Two timed steps after a warm-up (a median of two), as markdown: one report answers every reader.
 TOKENS = 64

@@ -1,13 +1,14 @@
-"""tinyformer.amp: which op runs in which precision, the compute copies Adam refreshes, and every
+"""tinyformer.engine.amp: which op runs in which precision, the compute copies Adam refreshes, and every
 fused op's float16/bfloat16 forward and gradient against the float64 reference."""
 
 import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import amp, backend, functional as F, nn
-from tinyformer.kernel_cases import GRAD_FACTOR, TOLERANCE
-from tinyformer.optim import Adam, GradScaler, LossScaleTooSmall
+from tinyformer.engine import amp, backend, functional as F
+from tinyformer.model import nn
+from tinyformer.study.kernel_cases import GRAD_FACTOR, TOLERANCE
+from tinyformer.model.optim import Adam, GradScaler, LossScaleTooSmall
 
 HALF = {"float16": np.dtype(np.float16), "bfloat16": backend.bfloat16}
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import amp, backend, functional as F, nn
-from tinyformer.optim import Adam, GradScaler
+from tinyformer.engine import amp, backend, functional as F
+from tinyformer.model import nn
+from tinyformer.model.optim import Adam, GradScaler
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)")]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import backend
+from tinyformer.engine import backend
 
 gpu = pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)")
 
@@ -183,7 +183,8 @@ def test_ml_dtypes_is_imported_only_when_bfloat16_is_asked_for():
     script = """
 import sys
 import numpy
-from tinyformer import amp, backend, cli, train
+from tinyformer import amp, backend, cli
+from tinyformer.translation import train
 assert backend.is_floating(numpy.float32) and not backend.is_half(numpy.float32) and not backend.is_bfloat16("u2")
 assert "ml_dtypes" not in sys.modules, "imported by a float32 program"
 assert amp.PRECISIONS["bf16"].compute_dtype == backend.bfloat16 and "ml_dtypes" in sys.modules

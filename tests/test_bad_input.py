@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import checkpoint, cli, decode, nn
-from tinyformer import functional as F
-from tinyformer.data.batching import ParallelData, make_batch, pad
-from tinyformer.data.synthetic import number_to_german, synthetic_pairs
-from tinyformer.data.tokenizer import Tokenizer
+from tinyformer.translation import checkpoint, decode
+from tinyformer import cli
+from tinyformer.model import nn
+from tinyformer.engine import functional as F
+from tinyformer.translation.data.batching import ParallelData, make_batch, pad
+from tinyformer.translation.data.synthetic import number_to_german, synthetic_pairs
+from tinyformer.translation.data.tokenizer import Tokenizer
 
 
 def t(*shape, dtype=np.float64):
@@ -325,7 +327,7 @@ def test_translate_outputs_never_hold_a_line_break():
 # --------------------------------------------------------------------------- the command line
 def make_tiny_run(directory, max_len=24, seed=0):
     """A checkpoint of a random 1-layer model and its tokenizer (trained on the synthetic val split)."""
-    from tinyformer.train import TrainConfig
+    from tinyformer.translation.train import TrainConfig
 
     english, german = synthetic_pairs("val")
     tok = Tokenizer.train(english + german, directory, vocab_size=150)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from tinyformer import nn
-from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID
+from tinyformer.model import nn
+from tinyformer.translation.data.special import BOS_ID, EOS_ID, PAD_ID
 
 from copy_task import FIRST_WORD, VOCAB, train_copy_model
 from scripts import load_script
@@ -72,7 +72,7 @@ def test_cached_and_uncached_outputs_are_identical(model, sources):
 
 def test_the_model_exercises_the_search(model, sources):
     """Beam 4 and greedy search disagree, and α changes a result: the torch comparisons below test something."""
-    from tinyformer.decode import beam_search
+    from tinyformer.translation.decode import beam_search
 
     src = bench.make_batches(sources, 64, PAD_ID)[0][1]
     results = {(k, a): beam_search(model, src, beam_size=k, alpha=a, max_len_b=MAX_LEN_B)
@@ -105,7 +105,7 @@ def assert_same_hypotheses(theirs, ours):
 def test_torch_search_keeps_the_same_finished_hypotheses(model, sources, beam_size, alpha):
     """All kept hypotheses, their order, scores and normalized scores: the whole search, not just the winner."""
     pytest.importorskip("torch")
-    from tinyformer.decode import beam_search
+    from tinyformer.translation.decode import beam_search
 
     torch_model = bench.build_torch(model)
     src = bench.make_batches(sources, 64, PAD_ID)[0][1]
@@ -121,7 +121,7 @@ def test_torch_search_keeps_the_same_finished_hypotheses(model, sources, beam_si
 def test_torch_search_stops_at_the_same_step(model, sources, monkeypatch, alpha):
     """Sentence by sentence, both searches run the decoder the same number of times (the stopping rule)."""
     pytest.importorskip("torch")
-    from tinyformer.decode import beam_search
+    from tinyformer.translation.decode import beam_search
 
     torch_model = bench.build_torch(model)
     calls = {"tinyformer": 0, "torch": 0}
@@ -153,7 +153,7 @@ def test_torch_search_stops_at_the_same_step(model, sources, monkeypatch, alpha)
 @pytest.mark.parametrize("max_len_a, max_len_b", [(0, 0), (0, 1), (0, 2), (0.5, 0), (1, 0)])
 def test_torch_search_forces_eos_at_the_same_length_limit(model, sources, max_len_a, max_len_b):
     pytest.importorskip("torch")
-    from tinyformer.decode import beam_search
+    from tinyformer.translation.decode import beam_search
 
     torch_model = bench.build_torch(model)
     src = bench.make_batches(sources, 64, PAD_ID)[0][1]
@@ -172,7 +172,7 @@ def test_torch_search_bans_pad_and_bos_and_agrees_up_to_tied_words(model, source
     read as 5. Which of two tied words a hypothesis carries is rounding (float32 against float64 states,
     one beam row against another), so the words themselves are not compared."""
     pytest.importorskip("torch")
-    from tinyformer.decode import beam_search
+    from tinyformer.translation.decode import beam_search
 
     tweaked = nn.Transformer(**model.config)
     tweaked.load_state_dict(model.state_dict())

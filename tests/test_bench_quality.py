@@ -15,8 +15,8 @@ import pytest
 import children
 from scripts import ROOT, load_script
 from test_train import cached_corpus  # noqa: F401 (an autouse fixture: each synthetic split generated once)
-from tinyformer import nn
-from tinyformer.train import Trainer, build_parts
+from tinyformer.model import nn
+from tinyformer.translation.train import Trainer, build_parts
 
 bench = load_script("benchmarks/bench_quality.py")
 QUIET = dict(echo=lambda *a, **k: None)
@@ -58,7 +58,7 @@ def test_tinyformer_defaults_to_the_presets_own_model_and_none_is_the_papers(wor
     assert bench.run_config(small, "tinyformer").model_overrides == bench.model_overrides(bench.EXTRAS, 0.1)
     assert bench.parse_args(["--preset", "small", "--tf-extras", "none", "--work", str(work)]).tf_extras == ()
     assert bench.preset_extras("tiny") == bench.preset_extras("base") == ()
-    from tinyformer.nn import presets
+    from tinyformer.model.nn import presets
 
     monkeypatch.setattr(presets, "PRESETS", {**presets.PRESETS, "tiny": presets.PRESETS["tiny"].replace(
         attention_dropout=0.1, final_norm=True)})
@@ -373,8 +373,8 @@ def test_label_smoothing_spreads_over_the_whole_vocabulary_padding_included_as_p
     the padding id's included, padded positions ignored) is F.cross_entropy's, value and gradient."""
     torch = pytest.importorskip("torch")
     import tinyformer as tf
-    from tinyformer import functional as F
-    from tinyformer.data import PAD_ID
+    from tinyformer.engine import functional as F
+    from tinyformer.translation.data import PAD_ID
 
     rng = np.random.default_rng(3)
     logits = rng.standard_normal((3, 5, 7))
@@ -398,7 +398,7 @@ def _recording_dropout_masks(monkeypatch):
     import importlib
 
     masks = []
-    dropout_module = importlib.import_module("tinyformer.functional.dropout")
+    dropout_module = importlib.import_module("tinyformer.engine.functional.dropout")
     dropped, keep_mask = dropout_module._dropped, dropout_module._keep_mask_on_cpu
 
     def recorded_dropped(x, p, generator, **kwargs):
@@ -412,7 +412,7 @@ def _recording_dropout_masks(monkeypatch):
         return keep
 
     for name in ("dropout", "attention", "residual", "linear"):
-        module = importlib.import_module(f"tinyformer.functional.{name}")
+        module = importlib.import_module(f"tinyformer.engine.functional.{name}")
         if hasattr(module, "_dropped"):
             monkeypatch.setattr(module, "_dropped", recorded_dropped)
         if hasattr(module, "_keep_mask_on_cpu"):
@@ -461,7 +461,7 @@ def test_with_the_same_dropout_masks_both_engines_give_the_same_loss_and_gradien
     torch = pytest.importorskip("torch")
     import torch_transformer
 
-    from tinyformer import functional as F
+    from tinyformer.engine import functional as F
 
     tiny = nn.Transformer.from_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, num_layers=2, seed=4,
                                       dropout=0.1, attention_dropout=0.2, activation_dropout=0.3,

@@ -134,7 +134,7 @@ def test_graphed_runner_times_replayed_steps_with_the_emulated_capture():
     method of Adam's device step or of GraphedStep fails here: no skip)."""
     from types import SimpleNamespace
 
-    from tinyformer.train import graphs
+    from tinyformer.translation.train import graphs
 
     class CountingCapture(graphs.EmulatedCapture):
         replays = 0

@@ -8,8 +8,8 @@ import children
 import numpy as np
 import pytest
 
-from tinyformer import checkpoint
-from tinyformer.checkpoint import CheckpointError
+from tinyformer.translation import checkpoint
+from tinyformer.translation.checkpoint import CheckpointError
 
 
 def _state(seed):
@@ -61,7 +61,7 @@ def test_process_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
     checkpoint.save_checkpoint(path, _state(0), {"step": 1})
     script = textwrap.dedent(f"""
         import numpy as np, os, signal
-        from tinyformer import checkpoint
+        from tinyformer.translation import checkpoint
         real_savez = np.savez
         def savez_then_die(f, **arrays):
             real_savez(f, **arrays)  # the temporary file is fully written ...
@@ -180,7 +180,7 @@ def test_partial_files_of_a_killed_save_are_recognised_and_removed(tmp_path):
 def test_files_written_whole_get_the_mode_of_any_new_file(tmp_path, umask, mode):
     """A checkpoint, a tokenizer file or a page is written to a temporary file and renamed: it gets
     0o666 less the umask, as a file opened for writing would (not mkstemp's 0o600)."""
-    from tinyformer.atomic import write_atomically
+    from tinyformer.common.atomic import write_atomically
 
     old = os.umask(umask)
     try:
@@ -195,7 +195,7 @@ def test_files_written_whole_get_the_mode_of_any_new_file(tmp_path, umask, mode)
 
 
 def test_what_is_not_a_regular_file_is_never_replaced(tmp_path):
-    from tinyformer.atomic import write_atomically
+    from tinyformer.common.atomic import write_atomically
 
     with pytest.raises(IsADirectoryError, match="is not a regular file"):
         write_atomically(tmp_path, b"data")

@@ -9,7 +9,10 @@ import pytest
 import step_benchmark
 from scripts import load_script
 
-from tinyformer import backend, cli, functional as F, gradcheck_suite, nn
+from tinyformer.engine import backend, functional as F
+from tinyformer import cli
+from tinyformer.study import gradcheck_suite
+from tinyformer.model import nn
 
 
 def test_info_prints_versions_and_gpu_availability(capsys):
@@ -153,7 +156,8 @@ def _thread_counts():
 def test_threads_limits_decoding_and_is_given_back(trained_run, tmp_path, monkeypatch, command):
     """--threads 1 holds BLAS and tinyformer's own threads to one while the command decodes, and the
     old settings come back after; explain decodes on one thread unless told otherwise."""
-    from tinyformer import decode, train, viz
+    from tinyformer.translation import decode, train
+    from tinyformer.study import viz
 
     from threadpoolctl import threadpool_limits
 

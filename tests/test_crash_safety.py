@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 from test_train import cached_load_corpus
 
-from tinyformer import checkpoint, cli, train
-from tinyformer import functional as F
-from tinyformer.optim import Adam
-from tinyformer.train import TrainConfig, Trainer, TrainingInterrupted
+from tinyformer.translation import checkpoint, train
+from tinyformer import cli
+from tinyformer.engine import functional as F
+from tinyformer.model.optim import Adam
+from tinyformer.translation.train import TrainConfig, Trainer, TrainingInterrupted
 
 CONFIG = dict(data="synthetic", preset="tiny", vocab_size=120, max_tokens=256, max_steps=6, warmup_steps=4,
               save_every=2, keep_last=1, eval_every=100, log_every=1, bleu_samples=4, dropout=0.1, threads=1)
@@ -36,8 +37,8 @@ CHILD = r'''
 import io, json, os, signal, sys
 from pathlib import Path
 import numpy as np
-from tinyformer import checkpoint, train
-from tinyformer.optim import Adam
+from tinyformer.translation import checkpoint, train
+from tinyformer.model.optim import Adam
 
 point, kill_step, config, corpus, resume = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), *sys.argv[4:6]
 texts = json.loads(Path(corpus).read_text(encoding="utf-8"))

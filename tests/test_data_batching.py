@@ -5,8 +5,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tinyformer.data import BOS_ID, EOS_ID, PAD_ID
-from tinyformer.data.batching import ParallelData, ShapeBuckets, batch_indices, make_batch, pad
+from tinyformer.translation.data import BOS_ID, EOS_ID, PAD_ID
+from tinyformer.translation.data.batching import ParallelData, ShapeBuckets, batch_indices, make_batch, pad
 
 lengths = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=200)
 
@@ -132,7 +132,7 @@ def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
     """Padding rows and columns is masked everywhere: source keys, causal target positions and
     ignored loss targets (float64, dropout off: the same up to summation order)."""
     import tinyformer as tf
-    from tinyformer.train.evaluation import batch_loss
+    from tinyformer.translation.train.evaluation import batch_loss
 
     model = tf.nn.Transformer(30, d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=4).to(dtype=np.float64)
     batch = make_batch([[4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17, 18, 19], [20]])
@@ -217,7 +217,7 @@ def test_a_batch_of_the_flat_arrays_is_make_batch_of_the_lists(pairs, max_len, m
 
 
 def test_flat_sequences_refuse_offsets_that_do_not_cover_the_ids():
-    from tinyformer.data.batching import FlatSequences
+    from tinyformer.translation.data.batching import FlatSequences
     with pytest.raises(ValueError, match="offsets must run from 0 to len"):
         FlatSequences(np.arange(5, dtype=np.int32), [0, 2, 4])
     flat = FlatSequences.from_lists([[5, 6], [], [7]])

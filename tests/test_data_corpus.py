@@ -7,10 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinyformer.data import corpus
-from tinyformer.data.corpus import (CleaningReport, CorpusError, CorpusFiles, clean_pairs, count_lines,
-                                    file_fingerprints, find_corpus, held_out, read_pairs)
-from tinyformer.data.tokenizer import file_sha256
+from tinyformer.translation.data import corpus
+from tinyformer.translation.data.corpus import (
+    CleaningReport,
+    CorpusError,
+    CorpusFiles,
+    clean_pairs,
+    count_lines,
+    file_fingerprints,
+    find_corpus,
+    held_out,
+    read_pairs,
+)
+from tinyformer.translation.data.tokenizer import file_sha256
 
 EN = ["A man is riding a bike.", "  leading spaces and trailing  ", "Zwei\u00a0Leute, 'quoted' \u2013 dash"]
 DE = ["Ein Mann fährt Fahrrad.", "Straße über Äpfel", "déjà vu\tmit Tab"]

@@ -11,9 +11,18 @@ import urllib.request
 
 import pytest
 
-from tinyformer.data import multi30k
-from tinyformer.data.multi30k import (NUM_LINES, SHA256, SPLITS, ChecksumError, InsecureURLError,
-                                      default_cache_dir, find_file, load_multi30k, read_lines)
+from tinyformer.translation.data import multi30k
+from tinyformer.translation.data.multi30k import (
+    NUM_LINES,
+    SHA256,
+    SPLITS,
+    ChecksumError,
+    InsecureURLError,
+    default_cache_dir,
+    find_file,
+    load_multi30k,
+    read_lines,
+)
 
 # Read before the autouse fixture below hides it from every test.
 REAL_DATA = os.environ.get("TINYFORMER_DATA")

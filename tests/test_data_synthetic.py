@@ -2,8 +2,8 @@
 
 import pytest
 
-from tinyformer.data import synthetic
-from tinyformer.data.synthetic import number_to_german, synthetic_pairs, translate_sentence
+from tinyformer.translation.data import synthetic
+from tinyformer.translation.data.synthetic import number_to_german, synthetic_pairs, translate_sentence
 
 
 @pytest.mark.parametrize("n, words", [

@@ -9,8 +9,8 @@ import sentencepiece
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tinyformer.data.tokenizer import Tokenizer, file_sha256
+from tinyformer.translation.data.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tinyformer.translation.data.tokenizer import Tokenizer, file_sha256
 
 # Two sentences of Multi30k's test set; they are held out, built from words the corpus has.
 HELD_OUT = [

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import decode
-from tinyformer import nn
-from tinyformer.data.special import BOS_ID, EOS_ID, PAD_ID
-from tinyformer.decode import Hypothesis, beam_search, greedy_decode, length_penalty, translate
-from tinyformer.filecache import cached_product
+from tinyformer.translation import decode
+from tinyformer.model import nn
+from tinyformer.translation.data.special import BOS_ID, EOS_ID, PAD_ID
+from tinyformer.translation.decode import Hypothesis, beam_search, greedy_decode, length_penalty, translate
+from tinyformer.common.filecache import cached_product
 
 from copy_task import FIRST_WORD, VOCAB, copy_batch, train_copy_model
 from trained_models import shared_directory

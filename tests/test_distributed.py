@@ -1,4 +1,4 @@
-"""tinyformer.distributed: the group of one, launch detection, the mpiexec command, the NCCL
+"""tinyformer.translation.distributed: the group of one, launch detection, the mpiexec command, the NCCL
 path's pieces that need no GPU, and the communicators and buckets between two real MPI ranks
 (tests/mpi_checks.py, one launch)."""
 
@@ -10,8 +10,9 @@ import mpi_helpers
 import numpy as np
 import pytest
 
-from tinyformer import distributed, nn
-from tinyformer.distributed import launch
+from tinyformer.translation import distributed
+from tinyformer.model import nn
+from tinyformer.translation.distributed import launch
 
 
 def test_the_group_of_one_is_the_identity():
@@ -114,7 +115,7 @@ def test_buckets_in_a_group_of_one_leave_the_gradients_as_they_are():
 
 
 def test_nccl_unique_ids_travel_as_json():
-    from tinyformer.distributed import nccl
+    from tinyformer.translation.distributed import nccl
 
     for unique_id in (bytes(range(128)), tuple(range(-64, 64))):
         encoded = json.loads(json.dumps(nccl._encode_id(unique_id)))
@@ -127,7 +128,7 @@ def test_nccl_unique_ids_travel_as_json():
 def test_a_one_rank_nccl_communicator_reduces_and_broadcasts_gpu_arrays():
     import cupy
 
-    from tinyformer.distributed import nccl
+    from tinyformer.translation.distributed import nccl
 
     if not nccl.nccl_available():
         pytest.skip("CuPy's NCCL binding does not load (install nvidia-nccl-cu12: the gpu extra)")
@@ -143,13 +144,13 @@ def test_a_one_rank_nccl_communicator_reduces_and_broadcasts_gpu_arrays():
 def test_a_one_process_run_imports_neither_mpi4py_nor_nccl(tmp_path):
     # the first 200 pairs of each split: what it imports is the point, not the data
     script = ("import sys\n"
-              "from tinyformer.train import TrainConfig, Trainer, builders\n"
+              "from tinyformer.translation.train import TrainConfig, Trainer, builders\n"
               "whole = builders.load_corpus\n"
               "builders.load_corpus = lambda config, split: tuple(side[:200] for side in whole(config, split))\n"
               f"Trainer(TrainConfig(max_steps=2, max_tokens=256, vocab_size=120, warmup_steps=2, eval_every=100, "
               f"bleu_samples=4, save_dir={str(tmp_path)!r}), echo=lambda *a: None, progress=False).run()\n"
               "print(sorted(m for m in sys.modules if m.startswith(('mpi4py', 'cupy.cuda.nccl', "
-              "'tinyformer.distributed.mpi', 'tinyformer.distributed.nccl'))))\n")
+              "'tinyformer.translation.distributed.mpi', 'tinyformer.translation.distributed.nccl'))))\n")
     result = children.run([children.PYTHON, "-c", script], timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"

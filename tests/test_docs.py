@@ -49,7 +49,7 @@ import children
 import pytest
 import trained_models
 
-from tinyformer import backend
+from tinyformer.engine import backend
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

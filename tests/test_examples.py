@@ -59,11 +59,11 @@ def test_backprop_example_exits_1_when_the_derivation_is_wrong(capsys, monkeypat
         return d_q, d_k * q.shape[-1] ** 0.5, d_v, d_p, d_s
 
     monkeypatch.setattr(example, "attention_backward", forgets_the_scale_of_dk)
-    state = tinyformer.random.get_rng_state()
+    state = tinyformer.engine.random.get_rng_state()
     try:
         assert example.main([]) == 1
     finally:
-        tinyformer.random.set_rng_state(state)  # main() seeds the default generator
+        tinyformer.engine.random.set_rng_state(state)  # main() seeds the default generator
     out = capsys.readouterr().out
     assert "DISAGREE" in out and "FAILED" in out
 

@@ -1,8 +1,8 @@
-"""scaled_dot_product_attention (``tinyformer/functional/attention.py``).
+"""scaled_dot_product_attention (``tinyformer/engine/functional/attention.py``).
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.gradcheck`` (a random upstream gradient per output), over generated
+``tinyformer.study.gradcheck`` (a random upstream gradient per output), over generated
 masks (padding, full, broadcast, rows with no key), causal alignment, dropout and the
 batch-block threads; fully masked rows give zeros and no NaN.
 """
@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 import tinyformer as tf
 from functional_helpers import FEW, MANY, SOME, assert_close, ref_causal, rng_of
 from strategies import broadcasts_to, leaf, seeds, uniform
-from tinyformer import Tensor, backend, functional as F
-from tinyformer.functional import attention as attention_module
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F
+from tinyformer.engine.functional import attention as attention_module
 
 
 def ref_attention(q, k, v, keep=None):

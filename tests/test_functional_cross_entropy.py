@@ -1,8 +1,8 @@
-"""cross_entropy and nll_loss (``tinyformer/functional/cross_entropy.py``).
+"""cross_entropy and nll_loss (``tinyformer/engine/functional/cross_entropy.py``).
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.gradcheck`` (a random upstream gradient per output); label
+``tinyformer.study.gradcheck`` (a random upstream gradient per output); label
 smoothing, ignored targets, huge logits, bad targets and the row-block threads are pinned down.
 """
 
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import tinyformer as tf
 from functional_helpers import FEW, SOME, assert_close, ref_log_softmax, rng_of
 from strategies import leaf, seeds, shapes, uniform
-from tinyformer import Tensor, backend, functional as F
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F
 
 
 def ref_cross_entropy(z, t, eps=0.0, ignore_index=None, reduction="mean"):

@@ -4,7 +4,8 @@ and, with TINYFORMER_KERNELS=0, through the CuPy reference path. GPU cases skip 
 import numpy as np
 import pytest
 
-from tinyformer import Tensor, backend, functional as F
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F
 
 gpu = pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)")
 DEVICES = [pytest.param(("cpu", "1"), id="cpu"),

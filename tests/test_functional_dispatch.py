@@ -1,5 +1,5 @@
 """The one dispatch rule (``kernels.use_kernels``) and the one pattern (``KernelFunction``) behind
-every fused op and Adam's fused step (``tinyformer/functional/_dispatch.py``).
+every fused op and Adam's fused step (``tinyformer/engine/functional/_dispatch.py``).
 
 NumPy arrays stand in for CuPy ones (``kernels.on_gpu``, the rule's array check, patched to say
 so), and the kernel entry points of ``kernels.ops`` are replaced by recording stand-ins that
@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import Tensor, functional as F, kernels
-from tinyformer.kernels import ops
-from tinyformer.kernels.philox import philox_uniform
-from tinyformer.optim import Adam
-from tinyformer.optim.adam import device_update_reference
+from tinyformer import Tensor
+from tinyformer.engine import functional as F, kernels
+from tinyformer.engine.kernels import ops
+from tinyformer.engine.kernels.philox import philox_uniform
+from tinyformer.model.optim import Adam
+from tinyformer.model.optim.adam import device_update_reference
 
 GENERATOR_SEED = 7
 KERNEL_SEED = int(np.random.default_rng(GENERATOR_SEED).integers(2 ** 63))  # what the kernel path draws
@@ -221,7 +222,7 @@ def calls(monkeypatch):
         if fn is not None:
             fn(0, keep.size)
 
-    monkeypatch.setattr(importlib.import_module("tinyformer.functional.dropout"), "fill_keep_mask", philox_keep)
+    monkeypatch.setattr(importlib.import_module("tinyformer.engine.functional.dropout"), "fill_keep_mask", philox_keep)
     return called
 
 

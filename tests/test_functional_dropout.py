@@ -1,5 +1,5 @@
-"""dropout (``tinyformer/functional/dropout.py``): the mask and its scale, seeded repeatability,
-the default generator, the gradient (checked in float64 by ``tinyformer.gradcheck``) and the
+"""dropout (``tinyformer/engine/functional/dropout.py``): the mask and its scale, seeded repeatability,
+the default generator, the gradient (checked in float64 by ``tinyformer.study.gradcheck``) and the
 block-threaded draw.
 """
 
@@ -9,10 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tinyformer as tf
-import tinyformer.random as tf_random
+import tinyformer.engine.random as tf_random
 from functional_helpers import FEW, assert_close, rng_of
 from strategies import leaf, seeds, shapes, uniform
-from tinyformer import Tensor, backend, functional as F
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F
 
 
 def test_dropout_identity_in_eval_and_at_zero():

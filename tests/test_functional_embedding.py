@@ -1,8 +1,8 @@
-"""embedding (``tinyformer/functional/embedding.py``).
+"""embedding (``tinyformer/engine/functional/embedding.py``).
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.gradcheck`` (a random upstream gradient per output); repeated ids
+``tinyformer.study.gradcheck`` (a random upstream gradient per output); repeated ids
 accumulate and bad ids are named.
 """
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import tinyformer as tf
 from functional_helpers import SOME, assert_close, rng_of
 from strategies import leaf, seeds, shapes, uniform
-from tinyformer import functional as F
+from tinyformer.engine import functional as F
 
 
 @SOME

@@ -7,7 +7,7 @@ import pytest
 import tinyformer as tf
 from functional_helpers import rng_of
 from strategies import uniform
-from tinyformer import functional as F
+from tinyformer.engine import functional as F
 
 
 def _f32(rng, shape):

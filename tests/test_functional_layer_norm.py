@@ -1,8 +1,8 @@
-"""layer_norm (``tinyformer/functional/layer_norm.py``).
+"""layer_norm (``tinyformer/engine/functional/layer_norm.py``).
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.gradcheck`` (a random upstream gradient per output); the biased variance,
+``tinyformer.study.gradcheck`` (a random upstream gradient per output); the biased variance,
 eps inside the square root, constant rows and the row-block threads are pinned down.
 """
 
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import tinyformer as tf
 from functional_helpers import MANY, assert_close, rng_of
 from strategies import distinct, leaf, seeds, shapes, uniform
-from tinyformer import Tensor, backend, functional as F
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F
 
 
 def ref_layer_norm(a, w, b, eps):

@@ -1,8 +1,8 @@
-"""linear and linear_relu (``tinyformer/functional/linear.py``).
+"""linear and linear_relu (``tinyformer/engine/functional/linear.py``).
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.gradcheck`` (a random upstream gradient per output); linear_relu
+``tinyformer.study.gradcheck`` (a random upstream gradient per output); linear_relu
 equals linear followed by relu bit for bit.
 """
 
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import tinyformer as tf
 from functional_helpers import SOME, assert_close, rng_of
 from strategies import leaf, seeds, shapes, uniform
-from tinyformer import Tensor, backend, functional as F
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F
 
 
 @pytest.mark.parametrize("op, activation", [(F.linear, lambda z: z), (F.linear_relu, lambda z: np.maximum(z, 0))],
@@ -77,7 +78,7 @@ def test_linear_relu_dropout_equals_dropout_of_linear_relu_bit_for_bit(p, traini
 
 
 def test_linear_relu_dropout_gradients_pass_central_differences():
-    from tinyformer.gradcheck import gradcheck
+    from tinyformer.study.gradcheck import gradcheck
 
     rng = np.random.default_rng(5)
     x, w, b = (Tensor(rng.standard_normal(s), requires_grad=True) for s in ((3, 6), (5, 6), (5,)))

@@ -1,4 +1,4 @@
-"""causal_mask, padding_mask and sinusoid_table (``tinyformer/functional/masks.py``), each against
+"""causal_mask, padding_mask and sinusoid_table (``tinyformer/engine/functional/masks.py``), each against
 a reference written here element by element."""
 
 import math
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import tinyformer as tf
 from functional_helpers import MANY, assert_close, ref_causal
-from tinyformer import functional as F
+from tinyformer.engine import functional as F
 
 
 def ref_sinusoid(max_len, d_model):

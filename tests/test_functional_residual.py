@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import Tensor, functional as F
-from tinyformer.gradcheck import gradcheck
+from tinyformer import Tensor
+from tinyformer.engine import functional as F
+from tinyformer.study.gradcheck import gradcheck
 
 
 def _inputs(dtype=np.float32, shape=(2, 5, 16), seed=0):

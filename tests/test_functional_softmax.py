@@ -1,8 +1,8 @@
-"""softmax and log_softmax (``tinyformer/functional/softmax.py``).
+"""softmax and log_softmax (``tinyformer/engine/functional/softmax.py``).
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.gradcheck`` (a random upstream gradient per output); huge inputs stay
+``tinyformer.study.gradcheck`` (a random upstream gradient per output); huge inputs stay
 finite and an axis that is not one int is refused.
 """
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import tinyformer as tf
 from functional_helpers import MANY, assert_close, ref_log_softmax, rng_of
 from strategies import leaf, seeds, shapes, uniform
-from tinyformer import functional as F
+from tinyformer.engine import functional as F
 
 
 def ref_softmax(a, axis):

@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import tinyformer as tf
-from tinyformer import cli, decode, nn
-from tinyformer import functional as F
-from tinyformer.data.special import UNK_ID
-from tinyformer.data.synthetic import synthetic_pairs
-from tinyformer.data.tokenizer import Tokenizer
+from tinyformer import cli
+from tinyformer.translation import decode
+from tinyformer.model import nn
+from tinyformer.engine import functional as F
+from tinyformer.translation.data.special import UNK_ID
+from tinyformer.translation.data.synthetic import synthetic_pairs
+from tinyformer.translation.data.tokenizer import Tokenizer
 
 from test_bad_input import make_tiny_run
 

@@ -6,9 +6,9 @@ import shutil
 import numpy as np
 import pytest
 
-from tinyformer import functional as F
-from tinyformer import gradcheck_suite as suite
-from tinyformer.kernels import ops
+from tinyformer.engine import functional as F
+from tinyformer.study import gradcheck_suite as suite
+from tinyformer.engine.kernels import ops
 
 
 @pytest.mark.parametrize("name", list(suite.CASES))

@@ -197,10 +197,10 @@ def package_edges():
 def test_the_walk_sees_the_package(package_edges):
     edges = package_edges
     pairs = {(a, b) for a, b, _, _ in edges}
-    assert ("tinyformer", "tinyformer.nn") in pairs  # from . import functional, nn, optim
-    assert ("tinyformer.nn.transformer", "tinyformer.nn.attention") in pairs  # from .attention import ...
-    assert ("tinyformer.nn.transformer", "tinyformer.functional") in pairs  # from .. import functional as F
-    assert not any(b == "tinyformer" for a, b, _, _ in edges if a.startswith("tinyformer.nn"))
+    assert ("tinyformer", "tinyformer.model.nn") in pairs  # from .model import nn, optim
+    assert ("tinyformer.model.nn.transformer", "tinyformer.model.nn.attention") in pairs  # from .attention import ...
+    assert ("tinyformer.model.nn.transformer", "tinyformer.engine.functional") in pairs  # from .. import functional as F
+    assert not any(b == "tinyformer" for a, b, _, _ in edges if a.startswith("tinyformer.model.nn"))
 
 
 def test_no_import_cycle_at_import_time(package_edges):
@@ -212,23 +212,57 @@ def test_no_import_cycle_counting_imports_inside_functions(package_edges):
 
 
 
-def _part(module):
-    """The top-level part of the package a module belongs to: ``tinyformer.nn.layers`` → ``nn``."""
+# The layers, bottom first (docs/architecture.md): a module imports only modules of its own layer and of
+# the layers below it, inside functions too. Only the package's own ``__init__`` (the public surface)
+# reaches into every layer, and no layer asks it for anything.
+LAYERS = ("common", "engine", "model", "translation", "study", "cli")
+
+
+def _layer(module):
+    """The layer a module belongs to: ``tinyformer.model.nn.layers`` → ``model``; the root → None."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None
 
 
-def test_the_parts_of_the_package_import_one_way(package_edges):
-    """The manual's arrow (docs/architecture.md): the parts (nn/, functional/, kernels/, backend.py,
-    ...) form no circle, not even through modules that themselves form none (kernels/ asks nothing
-    of functional/)."""
+def test_every_module_lives_in_a_layer_and_the_root_holds_at_most_three():
+    stray = [name for name in package_modules(PACKAGE_DIR) if name != "tinyformer" and _layer(name) not in LAYERS]
+    assert stray == [], f"modules outside the layer folders {LAYERS}: {stray}"
+    assert len(list(PACKAGE_DIR.glob("*.py"))) <= 3
+
+
+def test_each_layer_imports_only_itself_and_the_layers_below(package_edges):
+    upward = [f"{a} (line {line}{', in a function' if late else ''}) -> {b}" for a, b, line, late in package_edges
+              if _layer(a) and (_layer(b) is None or LAYERS.index(_layer(b)) > LAYERS.index(_layer(a)))]
+    assert upward == [], "imports against the layers " + " < ".join(LAYERS) + ": " + "; ".join(upward)
+
+
+def _part(module):
+    """A part of the engine (``tinyformer.engine.kernels.ops`` → ``kernels``, ``tinyformer.engine.tensor`` →
+    ``tensor``); None outside the engine."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "engine" else None
+
+
+def test_the_parts_of_the_engine_import_one_way(package_edges):
+    """Inside the engine, the parts (functional/, kernels/, ops/, backend, tensor, ...) form no circle,
+    not even through modules that themselves form none (kernels/ asks nothing of functional/)."""
     edges = [(_part(a), _part(b), line, late) for a, b, line, late in package_edges
              if _part(a) and _part(b) and _part(a) != _part(b)]
-    check_acyclic([(f"tinyformer.{a}", f"tinyformer.{b}", line, late) for a, b, line, late in edges],
-                  "the parts of tinyformer")
+    check_acyclic([(f"engine.{a}", f"engine.{b}", line, late) for a, b, line, late in edges],
+                  "the parts of tinyformer's engine")
     parts = {(a, b) for a, b, _, _ in edges}
     assert ("functional", "kernels") in parts and ("kernels", "backend") in parts
-    assert not {("kernels", "functional"), ("kernels", "optim"), ("backend", "kernels")} & parts
+    assert not {("kernels", "functional"), ("backend", "kernels"), ("backend", "tensor")} & parts
+
+
+def test_the_layer_rule_finds_an_upward_import(toy):
+    root = toy({"engine/__init__.py": "", "engine/tensor.py": "def f():\n    from ..model import nn\n",
+                "model/__init__.py": "", "model/nn.py": "from ..engine import tensor\n"})
+    edges = [(a.replace("toy", "tinyformer", 1), b.replace("toy", "tinyformer", 1), line, late)
+             for a, b, line, late in import_edges(root)]
+    with pytest.raises(AssertionError, match=r"tinyformer.engine.tensor \(line 2, in a function\) -> "
+                                             r"tinyformer.model"):
+        test_each_layer_imports_only_itself_and_the_layers_below(edges)
 
 # ---------------------------------------------------------------------------- the walk itself
 def write_package(root, files):
@@ -281,3 +315,20 @@ def test_plain_imports_relative_levels_and_type_checking(toy):
 def test_a_name_asked_of_a_running_ancestor_package_is_an_edge(toy):
     root = toy({"__init__.py": "from .sub import thing\nVALUE = 1\n", "sub.py": "from . import VALUE\n"})
     assert find_cycles(import_edges(root)) == [["toy", "toy.sub", "toy"]]
+
+
+# ---------------------------------------------------------------------------- the public names
+# ``dir(tinyformer)`` before the package was re-rooted into layer folders (issue 47): still all there.
+PUBLIC_NAMES = [
+    "Function", "GradcheckError", "GradcheckReport", "Tensor", "abs", "amp", "backend", "backward", "broadcast_to",
+    "clip", "concat", "enable_grad", "exp", "filecache", "functional", "grad", "gradcheck", "is_grad_enabled",
+    "kernels", "log", "manual_seed", "masked_fill", "matmul", "max", "mean", "min", "nn", "no_grad", "ops", "optim",
+    "random", "relu", "reshape", "sqrt", "stack", "sum", "swapaxes", "tanh", "tensor", "transpose", "validation",
+    "var", "where"]
+
+
+def test_import_tinyformer_gives_the_names_it_always_gave():
+    import tinyformer as tf
+
+    assert not [name for name in PUBLIC_NAMES if not hasattr(tf, name)]
+    assert callable(tf.gradcheck) and callable(tf.tensor)

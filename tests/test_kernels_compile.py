@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tinyformer.kernels import compile_check, emulation, registry, toolchain
+from tinyformer.engine.kernels import compile_check, emulation, registry, toolchain
 
 
 def _nvrtc_or_skip():

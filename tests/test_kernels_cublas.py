@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
-from tinyformer.kernels import cublas
+from tinyformer.engine.kernels import cublas
 
 
 def element_strides(x):

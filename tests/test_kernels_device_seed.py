@@ -9,10 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from tinyformer import Tensor, functional as F, kernels
-from tinyformer import random as tf_random
-from tinyformer.kernel_cases import rand
-from tinyformer.kernels import ops
+from tinyformer import Tensor
+from tinyformer.engine import functional as F, kernels
+from tinyformer.engine import random as tf_random
+from tinyformer.study.kernel_cases import rand
+from tinyformer.engine.kernels import ops
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")

@@ -1,5 +1,5 @@
 """The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
-the NumPy references in functional/optim (the cases of tinyformer/kernel_cases.py). These
+the NumPy references in functional/optim (the cases of tinyformer/study/kernel_cases.py). These
 run in CI, where there is no GPU.
 
 The emulation runs a block's CUDA threads as fibers on one OS thread, so shapes are small. Most
@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 import tinyformer
-from tinyformer import Tensor, backend, functional as F, kernels
-from tinyformer import kernel_cases as cases
-from tinyformer.kernel_cases import Device, rand
-from tinyformer.kernels import launch, ops, registry
-from tinyformer.kernels.philox import philox4x32_10, philox_uniform
-from tinyformer.optim import Adam
-from tinyformer.optim.adam import device_update_reference
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F, kernels
+from tinyformer.study import kernel_cases as cases
+from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.engine.kernels import launch, ops, registry
+from tinyformer.engine.kernels.philox import philox4x32_10, philox_uniform
+from tinyformer.model.optim import Adam
+from tinyformer.model.optim.adam import device_update_reference
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")
@@ -426,7 +427,7 @@ def test_functional_dropout_with_kernels_repeats_after_manual_seed(emulated_kern
 def _adam_with_params(shapes=((3, 5), (300,)), seed=4, **kwargs):
     rng = np.random.default_rng(seed)
     params = [Tensor(rand(rng, *s), requires_grad=True) for s in shapes]
-    return Adam(params, lr=tinyformer.optim.NoamSchedule(16, warmup_steps=3), weight_decay=0.01, **kwargs)
+    return Adam(params, lr=tinyformer.model.optim.NoamSchedule(16, warmup_steps=3), weight_decay=0.01, **kwargs)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -484,7 +485,7 @@ def test_adam_step_on_device_refuses_stale_tables_while_capturing(emulated_kerne
 
 def training_step(use_kernels, monkeypatch):
     monkeypatch.setenv("TINYFORMER_KERNELS", "1" if use_kernels else "0")
-    model = tinyformer.nn.Transformer(40, d_model=64, d_ff=96, heads=2, num_layers=1, dropout=0.0, seed=3)
+    model = tinyformer.model.nn.Transformer(40, d_model=64, d_ff=96, heads=2, num_layers=1, dropout=0.0, seed=3)
     adam = Adam(model.parameters(), lr=1e-3)
     src = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
     tgt_in = np.array([[2, 11, 12, 13], [2, 14, 15, 0]])

@@ -1,20 +1,21 @@
 """The CUDA kernels on a GPU against their NumPy references (skipped without a usable GPU).
 
-The same cases (tinyformer/kernel_cases.py) run on the CPU through the emulation in
+The same cases (tinyformer/study/kernel_cases.py) run on the CPU through the emulation in
 test_kernels_emulation.py; here they run on the real device, in float32, float16 and bfloat16
-(tolerances in tinyformer/kernel_cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
+(tolerances in tinyformer/study/kernel_cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
 """
 
 import numpy as np
 import pytest
 
 import tinyformer
-from tinyformer import Tensor, backend, functional as F
-from tinyformer import kernel_cases as cases
-from tinyformer.kernel_cases import Device, rand
-from tinyformer.kernels import cublas, ops, registry
-from tinyformer.kernels.philox import philox_uniform
-from tinyformer.optim import Adam
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F
+from tinyformer.study import kernel_cases as cases
+from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.engine.kernels import cublas, ops, registry
+from tinyformer.engine.kernels.philox import philox_uniform
+from tinyformer.model.optim import Adam
 
 pytestmark = [
     pytest.mark.gpu,
@@ -206,8 +207,8 @@ def test_a_device_seed_on_the_gpu_gives_the_mask_of_its_value():
 def test_global_gradient_norm_and_clipping_on_the_gpu_equal_the_cpu():
     import cupy
 
-    from tinyformer.nn import Parameter
-    from tinyformer.optim import clip_grad_norm
+    from tinyformer.model.nn import Parameter
+    from tinyformer.model.optim import clip_grad_norm
 
     rng = np.random.default_rng(5)
     grads = [rand(rng, 300, 7), rand(rng, 11), np.full(4, 1e20, np.float32)]  # the last overflows float32
@@ -274,7 +275,7 @@ def test_hardware_mma_agrees_with_the_emulation(dtype):
 
     if shutil.which("g++") is None and shutil.which("clang++") is None:
         pytest.skip("no C++ compiler for the CPU emulation")
-    from tinyformer.kernels import launch
+    from tinyformer.engine.kernels import launch
 
     rng = np.random.default_rng(11)
     kind = "bfloat16" if dtype == "bfloat16" else "float16"
@@ -393,7 +394,7 @@ def test_functional_dropout_on_the_gpu_repeats_after_manual_seed():
 
 
 def _training_step(device):
-    model = tinyformer.nn.Transformer(60, d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
+    model = tinyformer.model.nn.Transformer(60, d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
     model = model.to(device)
     adam = Adam(model.parameters(), lr=1e-3)
     src = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 12, 13, 3]])

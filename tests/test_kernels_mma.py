@@ -1,7 +1,7 @@
 """The tensor-core attention (kernels/attention_mma.cu) and the instructions it is built from
 (kernels/mma.cuh), run on the CPU through the emulation of cpu_emulation.h: the emulated
 mma/ldmatrix/cp.async against the PTX ISA's fragment layouts, and the fp16/bf16 kernels,
-forward and backward, against the float64 reference (tinyformer/kernel_cases.py). The same
+forward and backward, against the float64 reference (tinyformer/study/kernel_cases.py). The same
 cases run on a GPU in tests/test_kernels_gpu.py. The file runs again under AddressSanitizer
 (tests/test_kernels_emulation.py::test_emulation_under_address_sanitizer).
 """
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from test_kernels_emulation import change_geometry, skip_where_the_sanitized_rerun_runs_it
-from tinyformer import Tensor, functional as F, kernels
-from tinyformer import kernel_cases as cases
-from tinyformer.kernel_cases import Device, rand
-from tinyformer.kernels import launch, ops, registry
+from tinyformer import Tensor
+from tinyformer.engine import functional as F, kernels
+from tinyformer.study import kernel_cases as cases
+from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.engine.kernels import launch, ops, registry
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import children
-from tinyformer.kernels import emulation, registry
+from tinyformer.engine.kernels import emulation, registry
 
 KERNEL_SOURCES = sorted(p for p in registry.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh"))
 

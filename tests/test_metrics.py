@@ -3,7 +3,7 @@
 import pytest
 import sacrebleu
 
-from tinyformer.metrics import BleuScore, corpus_bleu, tokenized_bleu
+from tinyformer.translation.metrics import BleuScore, corpus_bleu, tokenized_bleu
 
 REFS = ["The cat sat on the mat.", "A dog is running in the park!", "Two men are playing chess, quietly."]
 HYPS = ["The cat sat on a mat.", "A dog runs in the park!", "Two men play chess quietly."]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinyformer as tf
-from tinyformer import nn
+from tinyformer.model import nn
 from strategies import leaf, seeds
 
 D_MODEL, HEADS = 8, 2

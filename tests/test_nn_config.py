@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import checkpoint, nn
-from tinyformer.data.synthetic import synthetic_pairs
-from tinyformer.data.tokenizer import Tokenizer
-from tinyformer.nn import TransformerConfig
-from tinyformer.nn.presets import preset_config
+from tinyformer.translation import checkpoint
+from tinyformer.model import nn
+from tinyformer.translation.data.synthetic import synthetic_pairs
+from tinyformer.translation.data.tokenizer import Tokenizer
+from tinyformer.model.nn import TransformerConfig
+from tinyformer.model.nn.presets import preset_config
 
 SMALL = dict(src_vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.0, seed=0)
 
@@ -172,7 +173,7 @@ def test_small_is_pytorchs_configuration_and_every_other_preset_is_the_papers():
 
 
 def test_paper_true_undoes_a_presets_choices_that_the_paper_does_not_make(monkeypatch):
-    from tinyformer.nn import presets
+    from tinyformer.model.nn import presets
     unlike_the_paper = nn.PRESETS["tiny"].replace(attention_dropout=0.1, activation_dropout=0.1, final_norm=True,
                                                   init="torch", norm_first=True, positional="learned")
     monkeypatch.setattr(presets, "PRESETS", {**nn.PRESETS, "tiny": unlike_the_paper})
@@ -211,7 +212,7 @@ def test_the_arguments_after_the_dropouts_are_keywords():
 
 
 def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_path):
-    from tinyformer.train import TrainConfig, load_model
+    from tinyformer.translation.train import TrainConfig, load_model
 
     english, german = synthetic_pairs("val")
     tokenizer = Tokenizer.train(english + german, tmp_path, vocab_size=150)
@@ -235,6 +236,6 @@ def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_p
     assert loaded.config == model.config and loaded_meta["model_config"]["label_smoothing"] == 0.1
     src, tgt = np.array([[5, 6, 7, 3]]), np.array([[2, 8, 9]])
     np.testing.assert_array_equal(loaded(src, tgt).data, model.eval()(src, tgt).data)
-    from tinyformer.train.config import TRAINING_ONLY
+    from tinyformer.translation.train.config import TRAINING_ONLY
 
     assert checkpoint.model_config_mismatch(legacy, loaded.config, ignore=TRAINING_ONLY) == []  # a run may resume

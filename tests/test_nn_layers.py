@@ -8,8 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import tinyformer as tf
-from tinyformer import nn
-from tinyformer.random import make_generator
+from tinyformer.model import nn
+from tinyformer.engine.random import make_generator
 from strategies import leaf, seeds
 
 batch_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import backend, nn, optim
+from tinyformer.engine import backend
+from tinyformer.model import nn, optim
 
 
 class Block(nn.Module):

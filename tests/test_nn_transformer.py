@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import functional as F
-from tinyformer import nn, optim
+from tinyformer.engine import functional as F
+from tinyformer.model import nn, optim
 
 SRC = np.array([[3, 4, 5, 6, 0], [2, 6, 1, 7, 9], [5, 8, 0, 0, 0]])
 TGT = np.array([[1, 3, 4, 2], [1, 8, 9, 9], [1, 2, 10, 3]])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import optim
-from tinyformer.nn import Parameter
+from tinyformer.model import optim
+from tinyformer.model.nn import Parameter
 
 
 def _params(seed=0, dtype=np.float64):
@@ -244,7 +244,7 @@ def test_adam_trains_a_linear_regression():
 
 
 def test_adam_in_parallel_blocks_equals_one_block(monkeypatch, set_threads):
-    from tinyformer import backend
+    from tinyformer.engine import backend
 
     monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
     rng = np.random.default_rng(3)

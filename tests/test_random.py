@@ -1,9 +1,10 @@
-"""tinyformer.random: seeded draws, and fill_keep_mask giving one draw's mask whatever the threads."""
+"""tinyformer.engine.random: seeded draws, and fill_keep_mask giving one draw's mask whatever the threads."""
 
 import numpy as np
 import pytest
 
-from tinyformer import Tensor, backend, functional as F, random
+from tinyformer import Tensor
+from tinyformer.engine import backend, functional as F, random
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-threads")

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 from test_train import cached_load_corpus, small_config
 
-from tinyformer import checkpoint, cli, train
-from tinyformer.checkpoint import CheckpointError
-from tinyformer.data.tokenizer import Tokenizer
-from tinyformer.nn import Transformer
-from tinyformer.train import Trainer, load_model
+from tinyformer.translation import checkpoint, train
+from tinyformer import cli
+from tinyformer.translation.checkpoint import CheckpointError
+from tinyformer.translation.data.tokenizer import Tokenizer
+from tinyformer.model.nn import Transformer
+from tinyformer.translation.train import Trainer, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = dict(echo=lambda *a: None, progress=False)

@@ -1,4 +1,4 @@
-"""tinyformer.study: the exercises, the checker that names mistakes, the swap into a real model, the CLI.
+"""tinyformer.study.course: the exercises, the checker that names mistakes, the swap into a real model, the CLI.
 
 Every reference solution (tests/study_solutions: what a reader writes from `def backward(` on, put
 into the file `study start` writes) passes; typical mistakes, each a small edit of a reference solution, fail with the
@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy
 import pytest
 
-from tinyformer import cli, nn
-from tinyformer import functional as F
-from tinyformer.study import EXERCISES, check, load, swap
-from tinyformer.study.cases import prepared
+from tinyformer import cli
+from tinyformer.model import nn
+from tinyformer.engine import functional as F
+from tinyformer.study.course import EXERCISES, check, load, swap
+from tinyformer.study.course.cases import prepared
 
 BACKWARDS = Path(__file__).with_name("study_solutions")
 BY_FILENAME = {exercise.filename: exercise for exercise in EXERCISES}
@@ -173,7 +174,7 @@ def test_a_wrong_shape_and_a_wrong_count_are_one_line_each(tmp_path):
 
 
 def test_a_file_whose_forward_was_changed_cannot_be_checked(tmp_path):
-    from tinyformer.study import ExerciseFileError
+    from tinyformer.study.course import ExerciseFileError
 
     path = edited(tmp_path, "02_softmax.py", "return e / e.sum(axis=-1, keepdims=True)", "return e")
     with pytest.raises(ExerciseFileError, match="its forward no longer computes exercise 2's"):
@@ -183,7 +184,7 @@ def test_a_file_whose_forward_was_changed_cannot_be_checked(tmp_path):
 # ---------------------------------------------------------------------------- the swap into a model
 def _swapped_classes():
     """The class attributes a swap replaces, as they are now."""
-    from tinyformer.functional import CrossEntropy, LayerNorm, ScaledDotProductAttention
+    from tinyformer.engine.functional import CrossEntropy, LayerNorm, ScaledDotProductAttention
 
     return {(c.__name__, n): c.__dict__.get(n) for c in (ScaledDotProductAttention, LayerNorm, CrossEntropy)
             for n in ("forward_cpu", "backward_cpu")} | {("MultiHeadAttention", "forward"):

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import checkpoint, nn, optim
-from tinyformer import functional as F
-from tinyformer import train as tf_train
-from tinyformer.train import TrainConfig, Trainer, load_model
+from tinyformer.translation import checkpoint
+from tinyformer.model import nn, optim
+from tinyformer.engine import functional as F
+from tinyformer.translation import train as tf_train
+from tinyformer.translation.train import TrainConfig, Trainer, load_model
 
 from scripts import load_script
 

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import trained_models
 
-from tinyformer import checkpoint, cli, train
-from tinyformer import functional as F
-from tinyformer.filecache import cached_product
-from tinyformer.optim import Adam
-from tinyformer.tensor import Tensor
-from tinyformer.train import TrainConfig, Trainer, TrainingDiverged, load_model
+from tinyformer.translation import checkpoint, train
+from tinyformer import cli
+from tinyformer.engine import functional as F
+from tinyformer.common.filecache import cached_product
+from tinyformer.model.optim import Adam
+from tinyformer.engine.tensor import Tensor
+from tinyformer.translation.train import TrainConfig, Trainer, TrainingDiverged, load_model
 
 QUIET = dict(echo=lambda *a: None, progress=False)
 _CORPUS, _LOAD_CORPUS = {}, train.load_corpus
@@ -314,7 +315,7 @@ def test_the_default_run_translates_the_built_in_test_split(tmp_path, monkeypatc
 
     Kept out of the default run; `test_cli.py` runs the same command for a few steps.
     """
-    from tinyformer.train import evaluate, load_corpus
+    from tinyformer.translation.train import evaluate, load_corpus
 
     monkeypatch.setattr(train.builders, "load_corpus", cached_load_corpus)  # the whole task, not the small corpus
     trainer = Trainer(TrainConfig(save_dir=str(tmp_path)), **QUIET)
@@ -326,7 +327,7 @@ def test_the_default_run_translates_the_built_in_test_split(tmp_path, monkeypatc
 
 def test_a_cpu_run_keeps_freed_memory_for_its_next_steps(tmp_path, monkeypatch):
     """Each step's large arrays reuse the last step's memory (``backend.keep_freed_memory``)."""
-    from tinyformer import backend
+    from tinyformer.engine import backend
 
     calls = []
     monkeypatch.setattr(backend, "keep_freed_memory", lambda: calls.append(1) or True)
@@ -337,8 +338,8 @@ def test_a_cpu_run_keeps_freed_memory_for_its_next_steps(tmp_path, monkeypatch):
 def test_the_dropout_stream_does_not_repeat_the_initialisations_draws(tmp_path):
     """The model is drawn from default_rng(seed); the run's dropout masks must come from another
     stream, or the first step's masks would be functions of the initial weights."""
-    from tinyformer import random as tf_random
-    from tinyformer.train.builders import build_model
+    from tinyformer.engine import random as tf_random
+    from tinyformer.translation.train.builders import build_model
 
     class Vocabulary:
         def __len__(self):

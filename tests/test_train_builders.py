@@ -5,8 +5,8 @@ import json
 import pytest
 from test_train import cached_corpus, copy_run, losses, small_config, small_corpus, three_steps  # noqa: F401 (fixtures)
 
-from tinyformer.train import Trainer, TrainConfig, build_parts, load_corpus
-from tinyformer.train.config import ConfigError
+from tinyformer.translation.train import Trainer, TrainConfig, build_parts, load_corpus
+from tinyformer.translation.train.config import ConfigError
 
 QUIET = dict(echo=lambda *a: None, progress=False)
 
@@ -47,7 +47,7 @@ def test_a_resumed_run_records_how_its_weights_were_first_drawn_whatever_the_pre
         tmp_path, three_steps, monkeypatch):
     """A run begun with the paper's draw and resumed after its preset moved to PyTorch's (as ``small``
     did) keeps ``init="xavier"`` in its model_config: the weights are the checkpoint's."""
-    from tinyformer.nn import presets
+    from tinyformer.model.nn import presets
 
     run = copy_run(three_steps, tmp_path / "run")
     assert presets.PRESETS["tiny"].init == "xavier"

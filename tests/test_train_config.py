@@ -9,10 +9,19 @@ import math
 import numpy as np
 import pytest
 
-from tinyformer import checkpoint, cli
-from tinyformer.train import TrainConfig
-from tinyformer.train.config import (DATASETS, OPTIONS, RESUMABLE, RUN_SET, TRAINING_ONLY, ConfigError,
-                                     default_save_dir, flag_of)
+from tinyformer.translation import checkpoint
+from tinyformer import cli
+from tinyformer.translation.train import TrainConfig
+from tinyformer.translation.train.config import (
+    DATASETS,
+    OPTIONS,
+    RESUMABLE,
+    RUN_SET,
+    TRAINING_ONLY,
+    ConfigError,
+    default_save_dir,
+    flag_of,
+)
 
 CLI_ONLY = {"resume", "no_progress", "no_test"}  # train options that are no field of the config
 
@@ -231,7 +240,7 @@ def test_the_settings_that_shape_no_parameter_come_from_the_fields():
 def test_a_run_resumes_as_the_model_it_trained_after_its_preset_changed(tmp_path, monkeypatch):
     """`small` was PyTorch's initialisation alone before it became all of nn.Transformer's choices: a
     run trained then must resume as that model (no final LayerNorms, no attention or ReLU dropout)."""
-    from tinyformer.nn import presets
+    from tinyformer.model.nn import presets
 
     args = ["train", "--save-dir", str(tmp_path), "--preset", "small", "--max-tokens", "256", "--vocab-size", "120",
             "--eval-every", "100000", "--save-every", "1", "--bleu-samples", "4", "--threads", "1", "--no-progress",

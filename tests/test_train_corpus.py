@@ -1,5 +1,5 @@
 """`tinyformer train --train PREFIX [--valid PREFIX] [--test PREFIX] --src xx --tgt yy`: a corpus of
-one's own, prepared once into a cache (tinyformer.data.prepared), cleaned by stated rules, refused
+one's own, prepared once into a cache (tinyformer.translation.data.prepared), cleaned by stated rules, refused
 in one line when it is bad, and equal to the built-in Multi30k when given Multi30k's files."""
 
 import gzip
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import trained_models
 
-from tinyformer import checkpoint, cli
-from tinyformer.data.synthetic import synthetic_pairs
-from tinyformer.train import TrainConfig, build_parts, evaluate, load_corpus
+from tinyformer.translation import checkpoint
+from tinyformer import cli
+from tinyformer.translation.data.synthetic import synthetic_pairs
+from tinyformer.translation.train import TrainConfig, build_parts, evaluate, load_corpus
 
 # One BLAS thread, as the built-in task's runs have by default: a corpus of one's own gets all of
 # them, and their spinning took most of these runs' CPU time for matrices this small.
@@ -188,8 +189,8 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_half_written(case, tmp_
 
 PREPARE = """
 import sys
-from tinyformer.data.corpus import file_fingerprints, find_corpus
-from tinyformer.data.prepared import prepare_corpus
+from tinyformer.translation.data.corpus import file_fingerprints, find_corpus
+from tinyformer.translation.data.prepared import prepare_corpus
 files = find_corpus(sys.argv[1], "en", "de")
 prepared = prepare_corpus(files, file_fingerprints(files), sys.argv[2], 200, 1_000_000)
 print(prepared.tokenizer.sha256, int(prepared.src.ids.sum()), int(prepared.tgt.offsets[-1]))

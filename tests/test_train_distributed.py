@@ -16,8 +16,8 @@ import mpi_helpers
 import numpy as np
 import pytest
 
-from tinyformer import checkpoint
-from tinyformer.train import TrainConfig, Trainer
+from tinyformer.translation import checkpoint
+from tinyformer.translation.train import TrainConfig, Trainer
 
 pytestmark = mpi_helpers.requires_mpi
 

@@ -8,13 +8,15 @@ import operator
 import numpy as np
 import pytest
 
-from tinyformer import Tensor, backend, checkpoint, kernels, train
-from tinyformer import random as tf_random
-from tinyformer.kernels import cublas
-from tinyformer.kernels.ops import DeviceSeed
-from tinyformer.train import Trainer, graphs
-from tinyformer.train import trainer as trainer_module
-from tinyformer.train.emulated_capture import DeviceArray
+from tinyformer import Tensor
+from tinyformer.engine import backend, kernels
+from tinyformer.translation import checkpoint, train
+from tinyformer.engine import random as tf_random
+from tinyformer.engine.kernels import cublas
+from tinyformer.engine.kernels.ops import DeviceSeed
+from tinyformer.translation.train import Trainer, graphs
+from tinyformer.translation.train import trainer as trainer_module
+from tinyformer.translation.train.emulated_capture import DeviceArray
 
 from test_train import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
                         six_steps, small_config, small_load_corpus)  # (fixtures)

@@ -19,10 +19,11 @@ import warnings
 import numpy as np
 import pytest
 
-from tinyformer import backend, checkpoint
-from tinyformer.data.batching import ShapeBuckets
-from tinyformer.train import TrainConfig, Trainer
-from tinyformer.train.builders import build_tokenizer
+from tinyformer.engine import backend
+from tinyformer.translation import checkpoint
+from tinyformer.translation.data.batching import ShapeBuckets
+from tinyformer.translation.train import TrainConfig, Trainer
+from tinyformer.translation.train.builders import build_tokenizer
 
 from test_train import cached_corpus, cached_load_corpus  # noqa: F401 (an autouse fixture)
 

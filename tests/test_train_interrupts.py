@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tinyformer.train.interrupts import InterruptGuard
+from tinyformer.translation.train.interrupts import InterruptGuard
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGINT to a process is POSIX")
 

@@ -3,8 +3,8 @@ lines dropped too) through a temporary file and a rename; and the tokens-per-sec
 
 import json
 
-from tinyformer.train import metrics_log
-from tinyformer.train.metrics_log import LOG_FILE, MetricsLog, TokenRate
+from tinyformer.translation.train import metrics_log
+from tinyformer.translation.train.metrics_log import LOG_FILE, MetricsLog, TokenRate
 
 
 def read(path):

@@ -9,9 +9,11 @@ import trained_models
 
 from test_train import (QUIET, cached_corpus, cached_load_corpus, copy_run, small_config, small_corpus,  # noqa: F401
                         three_steps)  # (fixtures)
-from tinyformer import amp, backend, checkpoint, cli, train
-from tinyformer.filecache import cached_product
-from tinyformer.train import Trainer, TrainingDiverged, TrainingOutOfMemory
+from tinyformer.engine import amp, backend
+from tinyformer.translation import checkpoint, train
+from tinyformer import cli
+from tinyformer.common.filecache import cached_product
+from tinyformer.translation.train import Trainer, TrainingDiverged, TrainingOutOfMemory
 
 # The loss curves of bf16 and fp16 runs against the fp32 run from the same seed (same model, batches
 # and dropout). On this task one run's curve is chaotic. Over 60 seeds (benchmarks/precision_drift.py,

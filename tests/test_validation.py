@@ -4,10 +4,19 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import backend, decode, functional as F, nn, optim
-from tinyformer.data.batching import ParallelData, batch_indices
-from tinyformer.data.synthetic import number_to_german
-from tinyformer.validation import rectangular_array, check_int, check_probability, check_real, is_integer, is_real
+from tinyformer.engine import backend, functional as F
+from tinyformer.translation import decode
+from tinyformer.model import nn, optim
+from tinyformer.translation.data.batching import ParallelData, batch_indices
+from tinyformer.translation.data.synthetic import number_to_german
+from tinyformer.common.validation import (
+    rectangular_array,
+    check_int,
+    check_probability,
+    check_real,
+    is_integer,
+    is_real,
+)
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer import decode, functional as F, nn, viz
+from tinyformer.translation import decode
+from tinyformer.engine import functional as F
+from tinyformer.model import nn
+from tinyformer.study import viz
 
 pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is part of the test extra")
 
@@ -222,7 +225,7 @@ def test_missing_matplotlib_says_which_extra_to_install(monkeypatch, tmp_path):
 
 
 def test_plots_never_touch_pyplot_or_a_display(tmp_path):
-    code = ("import sys; from tinyformer import viz; "
+    code = ("import sys; from tinyformer.study import viz; "
             f"viz.plot_schedule({str(tmp_path / 's.png')!r}, steps=100, warmup_steps=10); "
             "assert 'matplotlib.pyplot' not in sys.modules; import matplotlib; print(matplotlib.get_backend())")
     env = {"PATH": "", "MPLBACKEND": "", "DISPLAY": ""}

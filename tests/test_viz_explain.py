@@ -19,15 +19,24 @@ import pytest
 from trained_models import SYNTHETIC, multi30k_or_skip
 
 import tinyformer as tf
-from tinyformer import cli, decode, nn, viz
-from tinyformer import functional as F
-from tinyformer.data.special import BOS_ID, EOS_ID
-from tinyformer.data.tokenizer import Tokenizer
-from tinyformer.nn.layers import scale_embedding
-from tinyformer.train import load_model
-from tinyformer.viz import explain_codec, explain_page, explanation
-from tinyformer.viz.explain_page import render
-from tinyformer.viz.explain_codec import decode_array, encode_float16, recompute, softmax_backward, storage_error
+from tinyformer import cli
+from tinyformer.translation import decode
+from tinyformer.model import nn
+from tinyformer.study import viz
+from tinyformer.engine import functional as F
+from tinyformer.translation.data.special import BOS_ID, EOS_ID
+from tinyformer.translation.data.tokenizer import Tokenizer
+from tinyformer.model.nn.layers import scale_embedding
+from tinyformer.translation.train import load_model
+from tinyformer.study.viz import explain_codec, explain_page, explanation
+from tinyformer.study.viz.explain_page import render
+from tinyformer.study.viz.explain_codec import (
+    decode_array,
+    encode_float16,
+    recompute,
+    softmax_backward,
+    storage_error,
+)
 
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 needs_browser = pytest.mark.skipif(
@@ -41,10 +50,10 @@ SOURCE, REFERENCE = "I see 3 red cats", "Ich sehe drei rote Katzen"
 def save_untrained_run(directory, **options):
     """A checkpoint as `tinyformer train` with ``options`` builds it (the run's tokenizer and model,
     from its own builders), before any update: a page needs no trained model."""
-    from tinyformer import checkpoint
-    from tinyformer.train import TrainConfig
-    from tinyformer.train.builders import build_model, build_tokenizer, load_corpus
-    from tinyformer.train.state import Position, run_metadata
+    from tinyformer.translation import checkpoint
+    from tinyformer.translation.train import TrainConfig
+    from tinyformer.translation.train.builders import build_model, build_tokenizer, load_corpus
+    from tinyformer.translation.train.state import Position, run_metadata
 
     config = TrainConfig(save_dir=str(directory), **options).resolved()
     tokenizer = build_tokenizer(config, load_corpus(config, "train"), echo=lambda message: None)
@@ -56,9 +65,9 @@ def save_untrained_run(directory, **options):
 
 def load_corpus_of(path, split):
     """(sources, targets) of a split of the data the run of checkpoint ``path`` was built on."""
-    from tinyformer import checkpoint
-    from tinyformer.train import TrainConfig
-    from tinyformer.train.builders import load_corpus
+    from tinyformer.translation import checkpoint
+    from tinyformer.translation.train import TrainConfig
+    from tinyformer.translation.train.builders import load_corpus
 
     return load_corpus(TrainConfig.from_dict(checkpoint.load_checkpoint(path)[1]["config"]), split)
 
@@ -399,10 +408,10 @@ def test_the_page_is_offline_by_construction(page, model_and_tokenizer):
 
 def test_the_page_files_are_package_data():
     tomllib = pytest.importorskip("tomllib")
-    from tinyformer.viz import explain_page as module
+    from tinyformer.study.viz import explain_page as module
 
     with open(children.ROOT / "pyproject.toml", "rb") as stream:
-        patterns = tomllib.load(stream)["tool"]["setuptools"]["package-data"]["tinyformer.viz"]
+        patterns = tomllib.load(stream)["tool"]["setuptools"]["package-data"]["tinyformer.study.viz"]
     for name in module.PAGE_FILES:
         assert any(name.endswith(p.lstrip("*")) for p in patterns), name
 
@@ -985,7 +994,7 @@ def test_the_page_replaces_its_file_whole_and_never_a_device(cli_run, tmp_path, 
     """--output is written to a temporary file and renamed over the old page: a write that fails
     leaves the old page and no temporary; a path that is not a file (/dev/null) is written, not
     replaced."""
-    from tinyformer import atomic
+    from tinyformer.common import atomic
 
     page = tmp_path / "page.html"
     page.write_text("the old page", encoding="utf-8")

@@ -13,8 +13,8 @@ import children
 import pytest
 
 import tinyformer
-from tinyformer import viz
-from tinyformer.viz import ExplainPage
+from tinyformer.study import viz
+from tinyformer.study.viz import ExplainPage
 
 SOURCE = "I see 3 red cats"
 # A page in small, with every character that html.escape changes, an address and non-ASCII text.
@@ -151,7 +151,7 @@ def test_a_notebook_shows_the_page_and_saves_it(notebook_tools, trained_syntheti
     folder = tmp_path / "notebook"
     folder.mkdir()
     cells = [
-        ("import sys\nimport tinyformer\nfrom tinyformer import viz\nfrom tinyformer.train import load_model\n"
+        ("import sys\nimport tinyformer\nfrom tinyformer.study import viz\nfrom tinyformer.translation.train import load_model\n"
          "print(sys.executable)\nprint(tinyformer.__file__)"),
         f"model, tokenizer, _ = load_model({str(trained_synthetic.checkpoint)!r})",
         f"page = viz.explain(model, tokenizer, {SOURCE!r})\npage",

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tinyformer import checkpoint
-from tinyformer.filecache import cached_product
-from tinyformer.train import LOG_FILE, TrainConfig, Trainer, load_corpus, load_model
+from tinyformer.translation import checkpoint
+from tinyformer.common.filecache import cached_product
+from tinyformer.translation.train import LOG_FILE, TrainConfig, Trainer, load_corpus, load_model
 
 RECORD = "trained.json"
 

@@ -4,11 +4,12 @@ The public surface: ``Tensor`` and its ops, ``no_grad``, the gradient checker,
 the fused ops (``functional``), the layers (``nn``), ``optim`` and the array backend.
 """
 
-from . import backend, ops
-from . import amp, functional, nn, optim
-from .random import manual_seed
-from .gradcheck import GradcheckError, GradcheckReport, gradcheck
-from .ops import (
+from .common import filecache, validation
+from .engine import amp, backend, functional, kernels, ops, random
+from .model import nn, optim
+from .engine.random import manual_seed
+from .study.gradcheck import GradcheckError, GradcheckReport, gradcheck
+from .engine.ops import (
     abs,
     broadcast_to,
     clip,
@@ -31,9 +32,9 @@ from .ops import (
     var,
     where,
 )
-from .tensor import Function, Tensor, backward, enable_grad, grad, is_grad_enabled, no_grad
+from .common.version import __version__
+from .engine.tensor import Function, Tensor, backward, enable_grad, grad, is_grad_enabled, no_grad
 
-__version__ = "0.1.0"
 
 
 def tensor(data, requires_grad=False, dtype=None):

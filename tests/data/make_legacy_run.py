@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tinyformer.data.synthetic import synthetic_pairs
-from tinyformer.train import Trainer, TrainConfig
+from tinyformer.translation.data.synthetic import synthetic_pairs
+from tinyformer.translation.train import Trainer, TrainConfig
 
 STEPS, MORE = 150, 3
 MODEL = {"d_model": 16, "d_ff": 32, "heads": 2, "num_layers": 1}

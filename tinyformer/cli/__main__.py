@@ -1,0 +1,7 @@
+"""``python -m tinyformer.cli``: the ``tinyformer`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,7 @@
+"""The bottom layer: what every other layer may use and which knows nothing of arrays or models.
+
+* ``validation``: argument checks that raise one-line errors naming the argument;
+* ``atomic``: writing a file so that a reader sees the old one or the new one, never a part;
+* ``filecache``: a per-user cache folder (compiled kernels, prepared corpora);
+* ``version``: tinyformer's version.
+"""

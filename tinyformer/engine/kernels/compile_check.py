@@ -1,0 +1,188 @@
+"""Compile every kernel and every template instantiation with NVRTC, without a GPU.
+
+    python -m tinyformer.engine.kernels.compile_check [-v] [--arch sm_80 --arch sm_90]
+
+NVRTC (the ``nvidia-cuda-nvrtc`` wheel) compiles to a cubin for each architecture; no
+driver is needed. ``-v`` prints, per kernel, the registers, spills and static shared
+memory reported by ptxas (the tensor-core attention's tiles are dynamic shared memory, not
+counted there: ``registry.mma_attention_shared_bytes``). The exit status is non-zero when a
+source fails to compile or an attention kernel spills registers.
+"""
+
+import argparse
+import ctypes
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass
+
+from . import registry, toolchain
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+
+
+class NvrtcError(RuntimeError):
+    """NVRTC is missing or a source did not compile (the message holds the compiler log)."""
+
+
+@dataclass
+class KernelReport:
+    source: str
+    arch: str
+    expression: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared_bytes: int
+
+    @property
+    def spills(self):
+        return self.spill_stores + self.spill_loads
+
+    @property
+    def dynamic_shared_bytes(self):
+        """The launch's dynamic shared memory (the tensor-core attention's tiles), 0 for the others."""
+        name, _, args = self.expression.partition("<")
+        if self.source != "attention_mma.cu":
+            return 0
+        return registry.mma_attention_shared_bytes(name, int(args.split(",")[1]))
+
+
+class Nvrtc:
+    """The few NVRTC entry points we need, through ctypes."""
+
+    def __init__(self, path=None):
+        path = path or toolchain.find_nvrtc()
+        if not path:
+            raise NvrtcError("libnvrtc not found: pip install nvidia-cuda-nvrtc (part of the 'test' extra)")
+        self.lib = ctypes.CDLL(path)
+        self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        self.version = (major.value, minor.value)
+        self.path = path
+
+    def _check(self, status, what):
+        if status != 0:
+            raise NvrtcError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
+
+    def compile(self, source, name, expressions, options):
+        """Returns (log, {expression: lowered name}); raises NvrtcError with the log on failure."""
+        program = ctypes.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), name.encode(), 0, None, None),
+                    "nvrtcCreateProgram")
+        try:
+            for expression in expressions:
+                self._check(self.lib.nvrtcAddNameExpression(program, expression.encode()), "nvrtcAddNameExpression")
+            encoded = [o.encode() for o in options]
+            status = self.lib.nvrtcCompileProgram(program, len(encoded), (ctypes.c_char_p * len(encoded))(*encoded))
+            size = ctypes.c_size_t()
+            self.lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+            buffer = ctypes.create_string_buffer(size.value)
+            self.lib.nvrtcGetProgramLog(program, buffer)
+            log = buffer.value.decode(errors="replace")
+            if status != 0:
+                raise NvrtcError(f"{name} ({' '.join(options)}) failed to compile:\n{log}")
+            lowered = {}
+            for expression in expressions:
+                out = ctypes.c_char_p()
+                self._check(self.lib.nvrtcGetLoweredName(program, expression.encode(), ctypes.byref(out)),
+                            "nvrtcGetLoweredName")
+                lowered[expression] = out.value.decode()
+            return log, lowered
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+_FUNCTION = re.compile(r"Function properties for (\S+)")
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Compiling entry function '(\S+)'|Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log):
+    """{mangled name: (registers, spill stores, spill loads, shared bytes)} from ptxas -v output."""
+    stats, current = {}, None
+    for line in log.splitlines():
+        if m := re.search(r"Compiling entry function '(\S+)'", line):
+            current = m.group(1)
+            stats[current] = [0, 0, 0, 0]
+        elif current and (m := _SPILLS.search(line)):
+            stats[current][1:3] = int(m.group(1)), int(m.group(2))
+        elif current and (m := re.search(r"Used (\d+) registers", line)):
+            stats[current][0] = int(m.group(1))
+            if s := re.search(r"(\d+) bytes smem", line):
+                stats[current][3] = int(s.group(1))
+    return {k: tuple(v) for k, v in stats.items()}
+
+
+_COMPILED = {}
+
+
+def _compiled(nvrtc, source, expressions, options):
+    """``nvrtc.compile``'s (log, lowered names), once for the same compiler, sources (the file and
+    every header beside it) and options: in memory for this process, and in the build cache
+    (``toolchain.cached_product``) for the next one — the tests, the command and the test run's
+    background build ask for the same compilations, which take a minute."""
+    text = registry.read_source(source)
+    digest = hashlib.sha256(repr((nvrtc.path, nvrtc.version, source, expressions, options)).encode())
+    for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):
+        digest.update(path.read_bytes())
+    key = digest.hexdigest()
+    if key not in _COMPILED:
+        def compile_into(partial):
+            log, lowered = nvrtc.compile(text, source, list(expressions), list(options))
+            partial.write_text(json.dumps({"log": log, "lowered": lowered}), encoding="utf-8")
+
+        product = toolchain.cached_product(f"nvrtc-{key[:24]}.json", compile_into)
+        stored = json.loads(product.read_text(encoding="utf-8"))
+        _COMPILED[key] = stored["log"], stored["lowered"]
+    return _COMPILED[key]
+
+
+def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None):
+    """Compile each source for each architecture; returns the per-kernel reports. ``only``: the
+    instantiations to compile (name expressions), where not every one is wanted."""
+    nvrtc = nvrtc or Nvrtc()
+    includes = [f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in toolchain.cuda_include_dirs()]
+    reports = []
+    for source in sources or registry.KERNELS:
+        expressions = [e for e in registry.instantiations(source) if only is None or e in only]
+        if not expressions:
+            continue
+        for arch in archs:
+            options = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
+            log, lowered = _compiled(nvrtc, source, tuple(expressions), tuple(options))
+            stats = parse_ptxas(log)
+            for expression in expressions:
+                regs, stores, loads, smem = stats.get(lowered[expression], (0, 0, 0, 0))
+                reports.append(KernelReport(source, arch, expression, regs, stores, loads, smem))
+    return reports
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tinyformer.engine.kernels.compile_check", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="registers, spills and shared memory per kernel")
+    parser.add_argument("--arch", action="append", help="target architecture (repeatable; default sm_80 and sm_90)")
+    args = parser.parse_args(argv)
+    try:
+        nvrtc = Nvrtc()
+        reports = compile_all(tuple(args.arch or DEFAULT_ARCHS), nvrtc=nvrtc)
+    except NvrtcError as error:
+        print(f"compile_check: {error}", file=sys.stderr)
+        return 1
+    print(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}: {len(reports)} kernel instantiations compiled "
+          f"({len(registry.KERNELS)} sources × {len(args.arch or DEFAULT_ARCHS)} architectures)")
+    if args.verbose:
+        print(f"{'arch':6} {'kernel':52} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'smem':>7} {'dyn smem':>9}")
+        for r in reports:
+            print(f"{r.arch:6} {r.expression:52} {r.registers:5d} {r.spill_stores:9d} {r.spill_loads:9d} "
+                  f"{r.shared_bytes:7d} {r.dynamic_shared_bytes:9d}")
+    spilling = [r for r in reports if r.source in ("attention.cu", "attention_mma.cu") and r.spills]
+    for r in spilling:
+        print(f"compile_check: {r.expression} spills {r.spills} bytes on {r.arch}", file=sys.stderr)
+    return 1 if spilling else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

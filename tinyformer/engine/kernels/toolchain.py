@@ -1,0 +1,78 @@
+"""Where the CUDA pieces live: headers (cuda_fp16.h, cuda_bf16.h) and the NVRTC library.
+
+They come from a CUDA toolkit (``$CUDA_PATH``, ``/usr/local/cuda``) or from NVIDIA's
+wheels (``nvidia-cuda-runtime`` for the headers, ``nvidia-cuda-nvrtc`` for the compiler),
+which need neither a GPU nor a driver.
+"""
+
+import ctypes.util
+import glob
+import os
+import site
+import sys
+import tempfile
+from pathlib import Path
+
+from ...common import filecache
+
+
+def _toolkit_roots():
+    roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    return [Path(r) for r in roots if r]
+
+
+def _wheel_roots():
+    """nvidia/<component>/ folders of the installed NVIDIA wheels (cu12: one per component; cu13: nvidia/cu13)."""
+    bases = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
+    roots = []
+    for base in bases:
+        for folder in sorted(glob.glob(os.path.join(base, "nvidia", "*"))):
+            if os.path.isdir(folder) and Path(folder) not in roots:
+                roots.append(Path(folder))
+    return roots
+
+
+def _cuda_major(root):
+    """12 for nvidia/cuda_runtime (the cu12 wheels' layout), 13 for nvidia/cu13, None if unknown."""
+    if root.name == "cuda_runtime":
+        return 12
+    return int(root.name[2:]) if root.name.startswith("cu") and root.name[2:].isdigit() else None
+
+
+def cuda_include_dirs(cuda_major=None):
+    """Folders holding cuda_fp16.h, for NVRTC's -I: a toolkit first, then NVIDIA's wheels,
+    preferring the headers of ``cuda_major`` (the CUDA version the compiler belongs to)."""
+    wheels = [r for r in _wheel_roots() if (r / "include" / "cuda_fp16.h").is_file()]
+    if cuda_major is not None:
+        wheels.sort(key=lambda r: _cuda_major(r) != cuda_major)
+    for root in _toolkit_roots() + wheels:
+        if (root / "include" / "cuda_fp16.h").is_file():
+            return [root / "include"]
+    return []
+
+
+def find_nvrtc():
+    """Path of libnvrtc (newest wheel first, then a toolkit, then the system), or None."""
+    candidates = []
+    for root in _wheel_roots():
+        candidates += sorted(glob.glob(str(root / "lib" / "libnvrtc.so*")), reverse=True)
+    for root in _toolkit_roots():
+        candidates += sorted(glob.glob(str(root / "lib64" / "libnvrtc.so*")), reverse=True)
+    candidates = [c for c in candidates if "builtins" not in c and "alt" not in os.path.basename(c)]
+    if candidates:
+        return candidates[0]
+    return ctypes.util.find_library("nvrtc")
+
+
+def build_cache():
+    """The folder where built kernels are kept between processes (the system's temp folder), made
+    on first use; every product in it is named by a hash of everything it was built from."""
+    folder = Path(tempfile.gettempdir()) / f"tinyformer-kernels-{os.getuid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def cached_product(name, make):
+    """The path of ``name`` in the build cache, made by ``make(partial_path)`` if it is not there
+    (``filecache.cached_product``: one process makes it, a concurrent one waits and takes it)."""
+    return filecache.cached_product(build_cache(), name, make)

@@ -1,0 +1,587 @@
+"""Tensor and Function: the reverse-mode automatic differentiation engine.
+
+A ``Tensor`` wraps a NumPy or CuPy array. Every differentiable operation is a
+``Function`` subclass with a ``forward`` and a ``backward`` written on raw arrays
+side by side. Applying a Function to tensors that require grad records the
+Function as the creator (``_ctx``) of its outputs; ``Tensor.backward`` then walks
+those creators in reverse topological order, without recursion, and hands each
+one the gradient of its outputs.
+
+This module defines only the machinery. The operators (``+``, ``@``, ``sum`` ...)
+live in ``tinyformer.engine.ops`` and attach themselves to ``Tensor`` on import, as
+Chainer installs its arithmetic onto ``Variable``; that keeps imports one way.
+
+Tensors are immutable from the engine's point of view: changing ``.data`` in
+place after it was used by an op that saved it gives wrong gradients.
+"""
+
+import functools
+import weakref
+
+import numpy
+
+from . import backend
+
+__all__ = ["Tensor", "Function", "no_grad", "enable_grad", "is_grad_enabled", "backward", "grad"]
+
+
+class _GradMode:
+    enabled = True
+
+
+def is_grad_enabled():
+    return _GradMode.enabled
+
+
+class _SetGradMode:
+    """Context manager and decorator that sets whether operations are recorded."""
+
+    _value = True
+
+    def __new__(cls, func=None):
+        self = super().__new__(cls)
+        return self(func) if callable(func) else self  # bare @no_grad as well as @no_grad()
+
+    def __init__(self, func=None):
+        pass
+
+    def __enter__(self):
+        self._previous = _GradMode.enabled
+        _GradMode.enabled = self._value
+        return self
+
+    def __exit__(self, *exc_info):
+        _GradMode.enabled = self._previous
+        return False
+
+    def __call__(self, func):
+        mode = type(self)
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with mode():
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+class no_grad(_SetGradMode):
+    """Record nothing inside: outputs do not require grad and save nothing for backward.
+
+    Use as ``with tinyformer.no_grad(): ...`` or as a decorator, ``@tinyformer.no_grad``
+    or ``@tinyformer.no_grad()``.
+    """
+
+    _value = False
+
+
+class enable_grad(_SetGradMode):
+    """Record operations again, e.g. inside a ``no_grad`` block."""
+
+    _value = True
+
+
+def _as_array(data, dtype=None):
+    if isinstance(data, Tensor):
+        data = data.data
+    if isinstance(data, numpy.ndarray) or backend.is_cupy_array(data):
+        array = data
+    else:
+        array = numpy.asarray(data)
+        if dtype is None and array.dtype == numpy.float64 and not isinstance(data, numpy.generic):
+            array = array.astype(backend.DEFAULT_DTYPE)  # Python floats become float32
+    if dtype is not None and array.dtype != dtype:
+        array = array.astype(dtype)
+    if array.dtype.kind not in "biu" and not backend.is_floating(array.dtype):
+        raise TypeError(f"Tensor data must be boolean, integer or floating, got dtype {array.dtype}")
+    return array
+
+
+class Tensor:
+    """An n-dimensional array that remembers how it was computed.
+
+    ``data`` is a ``numpy.ndarray`` or ``cupy.ndarray``; ``grad`` is an array of
+    the same type, shape and dtype once a backward pass has reached this tensor
+    (leaves, and non-leaves that called ``retain_grad``), else ``None``.
+    """
+
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_index", "_hooks", "_post_accumulate_hooks", "__weakref__")
+    __array_ufunc__ = None  # numpy defers to Tensor's reflected operators: ndarray + Tensor -> Tensor
+    __hash__ = object.__hash__  # comparisons return tensors, identity stays the hash
+
+    def __init__(self, data, requires_grad=False, dtype=None):
+        self.data = _as_array(data, dtype)
+        if requires_grad and not backend.is_floating(self.data.dtype):
+            raise TypeError(
+                f"only floating-point tensors can require grad, got dtype {self.data.dtype}"
+            )
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._ctx = None
+        self._index = 0
+        self._hooks = None
+        self._post_accumulate_hooks = None
+
+    @classmethod
+    def _make(cls, data, requires_grad=False, ctx=None, index=0):
+        """Fast constructor for op outputs: no validation, no conversion."""
+        t = object.__new__(cls)
+        t.data = data
+        t.grad = None
+        t.requires_grad = requires_grad
+        t._ctx = ctx
+        t._index = index
+        t._hooks = None
+        t._post_accumulate_hooks = None
+        return t
+
+    # ----------------------------------------------------------------- properties
+    shape = property(lambda self: self.data.shape)
+    ndim = property(lambda self: self.data.ndim)
+    dtype = property(lambda self: self.data.dtype)
+    size = property(lambda self: self.data.size)
+    device = property(lambda self: backend.device_of(self.data))
+    is_leaf = property(lambda self: self._ctx is None, doc="True unless created by a recorded op.")
+    grad_fn = property(lambda self: self._ctx, doc="The Function that created this tensor, or None.")
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        body = numpy.array2string(backend.to_numpy(self.data), separator=", ", prefix="Tensor(")
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        if self.device != "cpu":
+            extra += f", device='{self.device}'"
+        return f"Tensor({body}, dtype={self.dtype}{extra})"
+
+    def __bool__(self):
+        backend.check_not_capturing("bool(Tensor) reads a value back to the host")
+        return bool(self.data)
+
+    # ----------------------------------------------------------------- conversions
+    def numpy(self):
+        """The values as a NumPy array (the same memory on the CPU, a copy from the GPU)."""
+        return backend.to_numpy(self.data)
+
+    def item(self):
+        backend.check_not_capturing("Tensor.item() reads a value back to the host")
+        if self.data.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self.data.item()
+
+    def detach(self):
+        """A new leaf sharing this tensor's data, cut from the graph."""
+        return Tensor._make(self.data)
+
+    def to(self, device):
+        """This tensor on ``device`` ("cpu" or "cuda"); differentiable, no copy if already there."""
+        backend.check_device(device)
+        if device == self.device:
+            return self
+        return ToDevice.apply(self, device=device)
+
+    def zero_grad(self):
+        self.grad = None
+
+    # ----------------------------------------------------------------- autograd
+    def retain_grad(self):
+        """Keep ``.grad`` on this non-leaf tensor after backward (leaves always keep it)."""
+        if not self.requires_grad:
+            raise RuntimeError("retain_grad() on a tensor that does not require grad")
+        if self._ctx is not None and not any(
+            isinstance(h, _RetainGrad) for h in self._ctx.hooks_for(self._index)
+        ):
+            self._ctx.hooks_for(self._index).append(_RetainGrad(self))
+        return self
+
+    def register_hook(self, hook):
+        """Call ``hook(grad)`` with the gradient of this tensor once it is complete.
+
+        ``grad`` is a raw array; a hook may return a replacement array (same shape)
+        or None to keep it. Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("register_hook() on a tensor that does not require grad")
+        if self._ctx is None:
+            if self._hooks is None:
+                self._hooks = []
+            hooks = self._hooks
+        else:
+            hooks = self._ctx.hooks_for(self._index)
+        hooks.append(hook)
+        return _HookHandle(hooks, hook)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call ``hook(tensor)`` on this leaf as soon as a backward pass has added its whole
+        gradient into ``.grad``, while the rest of the pass goes on (as PyTorch's hook of that
+        name): data-parallel training starts all-reducing a bucket of gradients there.
+
+        Not called by ``tinyformer.grad`` (which stores no ``.grad``) nor when no gradient
+        reached the tensor. Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        if self._ctx is not None or not self.requires_grad:
+            raise RuntimeError("register_post_accumulate_grad_hook() needs a leaf tensor that requires grad")
+        if self._post_accumulate_hooks is None:
+            self._post_accumulate_hooks = []
+        self._post_accumulate_hooks.append(hook)
+        return _HookHandle(self._post_accumulate_hooks, hook)
+
+    def backward(self, grad=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) · grad into every leaf's ``.grad``.
+
+        ``grad`` defaults to 1 for a one-element tensor and is required otherwise.
+        The graph is freed afterwards unless ``retain_graph=True``.
+        """
+        backward([self], None if grad is None else [grad], retain_graph=retain_graph)
+
+
+class _HookHandle:
+    def __init__(self, hooks, hook):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self):
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
+class _RetainGrad:
+    """A hook that stores the gradient on a non-leaf tensor (held weakly: no cycle)."""
+
+    def __init__(self, tensor):
+        self._ref = weakref.ref(tensor)
+
+    def __call__(self, grad):
+        tensor = self._ref()
+        if tensor is not None:
+            _store_grad(tensor, grad)
+
+
+def _store_grad(tensor, grad):
+    """Add ``grad`` into ``tensor.grad``, which owns its buffer (no aliasing of op arrays)."""
+    if tensor.grad is None:
+        tensor.grad = grad.copy()
+    else:
+        tensor.grad += grad
+
+
+class Function:
+    """A node of the graph: ``forward`` and ``backward`` on raw arrays.
+
+    Subclasses implement ``forward(*arrays, **params)``, returning an array (or a
+    tuple of arrays), and ``backward(*grad_outputs)``, returning one gradient per
+    positional input (``None`` where there is none), each of that input's shape.
+    With several outputs, those no gradient reached arrive as zeros, or as ``None``
+    when the subclass sets ``materialize_grads = False`` (saving the work).
+    ``forward`` stores on ``self`` what ``backward`` needs; ``self.needs_input_grad``
+    tells which inputs want a gradient, so work for constants can be skipped.
+    Inputs that are not Tensors (Python scalars) are passed through as they are.
+    """
+
+    inputs = None  # set to the input tensors when the call is recorded; None once freed
+    needs_input_grad = ()
+    materialize_grads = True  # False: outputs no gradient reached arrive as None, not zeros
+    # Set by the engine before each backward: False means the Function is released right
+    # after, so its backward may reuse (overwrite) what it saved instead of copying it.
+    retain_graph = True
+    _hooks = None
+    _out_meta = None
+
+    @classmethod
+    def apply(cls, *inputs, **params):
+        fn = cls()
+        arrays, needs = [], []
+        for x in inputs:
+            if isinstance(x, Tensor):
+                arrays.append(x.data)
+                needs.append(x.requires_grad)
+            else:
+                arrays.append(x)
+                needs.append(False)
+        record = _GradMode.enabled and True in needs
+        fn.needs_input_grad = tuple(needs) if record else (False,) * len(needs)
+        try:
+            out = fn.forward(*arrays, **params)
+        except ValueError as error:
+            shapes = " and ".join(str(numpy.shape(a)) for a in arrays)
+            raise ValueError(f"{cls.__name__}: {error} (input shapes {shapes})") from error
+        if record:
+            fn.inputs = inputs
+        else:
+            fn = None
+        if type(out) is tuple:
+            outs = tuple(_finish(o, fn, i) for i, o in enumerate(out))
+            if fn is not None:
+                fn._out_meta = [(o.shape, o.dtype) for o in outs]
+            return outs
+        return _finish(out, fn, 0)
+
+    def forward(self, *arrays, **params):
+        raise NotImplementedError
+
+    def backward(self, *grad_outputs):
+        raise NotImplementedError
+
+    def hooks_for(self, index):
+        if self._hooks is None:
+            self._hooks = {}
+        return self._hooks.setdefault(index, [])
+
+    def release(self):
+        """Drop the inputs and everything saved for backward (the graph is freed)."""
+        self.__dict__.clear()
+
+    @property
+    def name(self):
+        return type(self).__name__
+
+
+def _finish(out, fn, index):
+    if isinstance(out, numpy.generic):  # numpy reductions return scalars, not 0-d arrays
+        out = numpy.asarray(out)
+    if fn is None or not backend.is_floating(out.dtype):
+        return Tensor._make(out)
+    return Tensor._make(out, True, fn, index)
+
+
+class ToDevice(Function):
+    """Copy between devices; the gradient travels back to the source device."""
+
+    def forward(self, x, device):
+        self.source = backend.device_of(x)
+        return backend.to_device(x, device)
+
+    def backward(self, grad):
+        return backend.to_device(grad, self.source)
+
+
+# ------------------------------------------------------------------- the backward pass
+def _topological_order(roots):
+    """Functions reachable from ``roots``, each after every Function feeding it.
+
+    Iterative depth-first search, so a chain of any length needs no recursion (the test's is 20
+    times the default recursion limit).
+    """
+    order, seen = [], set()
+    for root in roots:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, iter(_inputs_of(root)))]
+        while stack:
+            fn, pending = stack[-1]
+            for tensor in pending:
+                child = getattr(tensor, "_ctx", None)  # inputs may be Python scalars
+                if child is not None and child not in seen:
+                    seen.add(child)
+                    stack.append((child, iter(_inputs_of(child))))
+                    break
+            else:
+                stack.pop()
+                order.append(fn)
+    return order
+
+
+def _inputs_of(fn):
+    if fn.inputs is None:
+        raise RuntimeError(
+            f"backward through {fn.name} whose graph was already freed: a graph can be "
+            "traversed once unless the first backward passes retain_graph=True"
+        )
+    return fn.inputs
+
+
+def _as_grad_array(grad, tensor):
+    g = grad.data if isinstance(grad, Tensor) else grad
+    xp = backend.get_array_module(tensor.data)
+    g = xp.asarray(g, dtype=tensor.dtype)
+    if g.shape != tensor.shape:
+        raise ValueError(f"backward: grad has shape {g.shape} but the tensor has shape {tensor.shape}")
+    return g
+
+
+def _sum(a, b):
+    """a + b for two gradients of one tensor (a new array; large ones summed on several threads)."""
+    return backend.blockwise(backend.get_array_module(a, b).add, a, b)
+
+
+def _run_backward(roots, root_grads, retain_graph, capture=None):
+    """Propagate ``root_grads`` from ``roots`` through the graph.
+
+    Gradients arriving at non-leaf tensors are kept per (creator Function, output
+    index); those arriving at leaves per tensor. With ``capture`` (tensors), their
+    gradients are returned instead of being accumulated into any ``.grad``.
+    """
+    fn_grads = {}
+    leaf_grads = {}
+
+    def arrive(tensor, g, source):
+        if g.shape != tensor.shape:
+            raise RuntimeError(
+                f"{source}.backward returned a gradient of shape {g.shape} "
+                f"for an input of shape {tensor.shape}"
+            )
+        if g.dtype != tensor.data.dtype:
+            # A float32 gradient too large for a float16 tensor becomes inf, as on a GPU: what the loss
+            # scaler looks for (a skipped step), not a numerical accident to warn about.
+            with numpy.errstate(over="ignore"):
+                g = g.astype(tensor.data.dtype)
+        ctx = tensor._ctx
+        if ctx is None:
+            entry = leaf_grads.get(id(tensor))
+            if entry is None:
+                leaf_grads[id(tensor)] = [tensor, g]
+            else:
+                entry[1] = _sum(entry[1], g)
+            return
+        slots = fn_grads.get(ctx)
+        if slots is None:
+            slots = fn_grads[ctx] = [None] * (len(ctx._out_meta) if ctx._out_meta else 1)
+        i = tensor._index
+        slots[i] = g if slots[i] is None else _sum(slots[i], g)
+
+    for root, g in zip(roots, root_grads):
+        arrive(root, g, "backward")
+
+    captured = {}
+    if capture is not None:
+        wanted = {(t._ctx, t._index): t for t in capture if t._ctx is not None}
+
+    order = list(reversed(_topological_order([r._ctx for r in roots if r._ctx is not None])))
+    # Leaves with post-accumulate hooks are finished as soon as the last Function feeding them ran.
+    consumers = _pending_consumers(order) if capture is None else {}
+
+    def finish_leaf(tensor, g):
+        if tensor._hooks:
+            for hook in list(tensor._hooks):
+                replaced = hook(g)
+                if replaced is not None:
+                    g = _check_hook_result(replaced, g)
+        if capture is None:
+            _store_grad(tensor, g)
+            for hook in list(tensor._post_accumulate_hooks or ()):
+                hook(tensor)
+        else:
+            captured[id(tensor)] = g
+
+    def consumed(fn):
+        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
+            if needs and id(tensor) in consumers:
+                consumers[id(tensor)] -= 1
+                if not consumers[id(tensor)] and id(tensor) in leaf_grads:
+                    finish_leaf(*leaf_grads.pop(id(tensor)))
+
+    for fn in order:
+        grads = fn_grads.pop(fn, None)
+        if grads is None:  # no gradient reached this node
+            if consumers:
+                consumed(fn)
+            continue
+        if fn._hooks:
+            for i, hooks in fn._hooks.items():
+                for hook in list(hooks):
+                    if grads[i] is not None:
+                        replaced = hook(grads[i])
+                        if replaced is not None:
+                            grads[i] = _check_hook_result(replaced, grads[i])
+        if capture is not None:
+            for i, g in enumerate(grads):
+                if (fn, i) in wanted and g is not None:
+                    captured[id(wanted[(fn, i)])] = g
+        if fn._out_meta and fn.materialize_grads:
+            xp = backend.get_array_module(*[g for g in grads if g is not None])
+            grads = [
+                xp.zeros(shape, dtype) if g is None else g
+                for g, (shape, dtype) in zip(grads, fn._out_meta)
+            ]
+        fn.retain_graph = retain_graph
+        input_grads = fn.backward(*grads)
+        if type(input_grads) is not tuple:
+            input_grads = (input_grads,)
+        for tensor, needs, g in zip(fn.inputs, fn.needs_input_grad, input_grads):
+            if needs and g is not None:
+                arrive(tensor, g, fn.name)
+        if consumers:
+            consumed(fn)
+        if not retain_graph:
+            fn.release()
+
+    for tensor, g in leaf_grads.values():
+        finish_leaf(tensor, g)
+    return captured
+
+
+def _pending_consumers(order):
+    """{id(leaf): how many inputs of the Functions in ``order`` it is} for the leaves that have
+    post-accumulate hooks: their gradient is complete once that many inputs have been seen."""
+    counts = {}
+    for fn in order:
+        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
+            if needs and tensor._ctx is None and tensor._post_accumulate_hooks:
+                counts[id(tensor)] = counts.get(id(tensor), 0) + 1
+    return counts
+
+
+def _check_hook_result(new, old):
+    new = new.data if isinstance(new, Tensor) else new
+    if new.shape != old.shape:
+        raise RuntimeError(f"a hook returned a gradient of shape {new.shape}, expected {old.shape}")
+    return new
+
+
+def _prepare_roots(tensors, grads):
+    tensors = list(tensors)
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"backward needs Tensors, got {type(t).__name__}")
+        if not t.requires_grad:
+            raise RuntimeError(
+                "backward from a tensor that does not require grad: no input of the "
+                "computation had requires_grad=True (or it ran under no_grad())"
+            )
+    if grads is None:
+        grads = [None] * len(tensors)
+    grads = list(grads)
+    if len(grads) != len(tensors):
+        raise ValueError(f"backward: {len(tensors)} tensors but {len(grads)} gradients")
+    arrays = []
+    for t, g in zip(tensors, grads):
+        if g is None:
+            if t.data.size != 1:
+                raise RuntimeError(
+                    f"backward: grad must be given for a tensor of shape {t.shape}; "
+                    "it defaults to 1 only for one-element tensors"
+                )
+            g = backend.get_array_module(t.data).ones_like(t.data)
+        arrays.append(_as_grad_array(g, t))
+    return tensors, arrays
+
+
+def backward(tensors, grads=None, retain_graph=False):
+    """Backpropagate from several tensors at once, accumulating into leaves' ``.grad``."""
+    tensors, arrays = _prepare_roots(tensors, grads)
+    _run_backward(tensors, arrays, retain_graph)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=False):
+    """Gradients of ``outputs`` with respect to ``inputs``, returned instead of stored.
+
+    Like ``torch.autograd.grad``: no ``.grad`` is touched. Returns one array per
+    input, zeros where an input does not influence the outputs.
+    """
+    if isinstance(outputs, Tensor):
+        outputs = [outputs]
+    if grad_outputs is not None and not isinstance(grad_outputs, (list, tuple)):
+        grad_outputs = [grad_outputs]
+    inputs = list(inputs)
+    for t in inputs:
+        if not isinstance(t, Tensor) or not t.requires_grad:
+            raise ValueError("grad: every input must be a Tensor with requires_grad=True")
+    outputs, arrays = _prepare_roots(outputs, grad_outputs)
+    captured = _run_backward(outputs, arrays, retain_graph, capture=inputs)
+    results = []
+    for t in inputs:
+        g = captured.get(id(t))
+        if g is None:
+            g = backend.get_array_module(t.data).zeros_like(t.data)
+        results.append(g)
+    return results

@@ -1,0 +1,124 @@
+"""Multi-head attention (§3.2.2) with an optional key/value cache for incremental decoding."""
+
+from ...engine import functional as F
+from ...engine.ops import concat
+from ...engine.tensor import is_grad_enabled
+from ...common.validation import check_int, check_probability
+from .layers import Linear
+from .module import Module
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(Module):
+    """MultiHead(Q, K, V) = Concat(head₁, ..., head_h) W_O, headᵢ = Attention(Q W_Qᵢ, K W_Kᵢ, V W_Vᵢ).
+
+    The h projections of size d_k = d_model / h are computed as one d_model × d_model
+    matrix each for Q, K and V, then split into heads by reshape and transpose.
+    ``dropout`` drops attention probabilities during training. ``generator``
+    initialises the projections; dropout masks come from ``dropout_generator``,
+    by default the one ``tinyformer.manual_seed`` resets.
+
+    ``keep_attention`` is its one recording switch, an argument or an attribute to set at
+    any time: while it is on, every forward pass keeps the attention probabilities
+    P = softmax(QKᵀ/√d_k) of every head, (batch, heads, len_q, len_k), as
+    ``attention_probs``. In a pass that records the graph P is a graph tensor, the hook
+    point for dL/dP (see ``forward``); under ``no_grad`` (``nn.inference``) it is the
+    values alone and the output is computed as with the switch off (on a GPU by the
+    reference path, since the fused kernel never forms P). Off, ``attention_probs`` is None.
+    ``forward(..., need_weights=True)`` asks one call for a detached copy of P,
+    ``last_weights``, as PyTorch's argument of that name does.
+    """
+
+    def __init__(self, d_model, heads, dropout=0.0, generator=None, dropout_generator=None,
+                 keep_attention=False):
+        super().__init__()
+        check_int("d_model", d_model, 1)
+        check_int("heads", heads, 1)
+        if d_model % heads:
+            raise ValueError(
+                f"MultiHeadAttention: d_model={d_model} is not divisible by heads={heads}"
+            )
+        check_probability("MultiHeadAttention: dropout", dropout)
+        self.d_model, self.heads, self.d_k, self.dropout = d_model, heads, d_model // heads, dropout
+        self.dropout_generator = dropout_generator
+        self.w_q = Linear(d_model, d_model, generator=generator)
+        self.w_k = Linear(d_model, d_model, generator=generator)
+        self.w_v = Linear(d_model, d_model, generator=generator)
+        self.w_o = Linear(d_model, d_model, generator=generator)
+        self.keep_attention = keep_attention
+        self.last_weights = self.attention_probs = None
+
+    def _split(self, x):
+        """(batch, len, d_model) -> (batch, heads, len, d_k)."""
+        batch, length = x.shape[0], x.shape[1]
+        return x.reshape(batch, length, self.heads, self.d_k).transpose(0, 2, 1, 3)
+
+    def _merge(self, x):
+        """(batch, heads, len, d_k) -> (batch, len, d_model)."""
+        batch, length = x.shape[0], x.shape[2]
+        return x.transpose(0, 2, 1, 3).reshape(batch, length, self.d_model)
+
+    def forward(self, query, key=None, value=None, mask=None, causal=False, cache=None,
+                static_kv=False, need_weights=False):
+        """Attend from ``query`` (batch, len_q, d_model) to ``key``/``value`` (batch, len_k, d_model).
+
+        ``key`` and ``value`` default to ``query`` (self-attention). ``mask`` is a
+        boolean keep-mask broadcastable to (batch, heads, len_q, len_k);
+        ``causal=True`` hides later positions. ``cache`` (a dict, filled here) makes
+        decoding incremental: for self-attention (``static_kv=False``) this step's
+        keys and values are appended to the cached ones; for attention over a fixed
+        memory (``static_kv=True``) they are projected once and reused. With
+        ``need_weights=True`` the probabilities are kept in ``last_weights`` (detached).
+
+        The hook point (§3.2.1). By default attention is one fused node
+        (``F.scaled_dot_product_attention``) and the output's gradient never passes
+        through a probabilities tensor. With ``keep_attention`` on and the graph being
+        recorded, the masked P is a graph tensor, ``self.attention_probs``, and the output
+        is computed from it as Dropout(P)·V with tensor ops; so
+        ``mha.attention_probs.retain_grad()`` or ``.register_hook(fn)`` after the forward
+        pass sees dL/dP = dO·Vᵀ (times the dropout mask) for every head, where dO is the
+        gradient at the heads' output before W_O. Outputs and every other gradient equal
+        the fused path's; it costs one extra P·V product. Wherever P is kept, on a GPU the
+        reference path runs instead of the fused kernel (which never forms P).
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.ndim != 3 or x.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"MultiHeadAttention: {name} must be (batch, len, {self.d_model}), got shape {x.shape}"
+                )
+        if key.shape[0] not in (query.shape[0], 1) or value.shape[:2] != key.shape[:2]:
+            raise ValueError(
+                f"MultiHeadAttention: key {key.shape} and value {value.shape} need the same batch and "
+                f"length, and that batch must be the query's ({query.shape[0]}, from {query.shape}) or 1"
+            )
+        q = self._split(self.w_q(query))
+        if cache is not None and static_kv and "k" in cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            k, v = self._split(self.w_k(key)), self._split(self.w_v(value))
+            if cache is not None and not static_kv and "k" in cache:
+                k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
+        if cache is not None:
+            cache["k"], cache["v"] = k, v
+        dropout_p = self.dropout if self.training else 0.0
+        if self.keep_attention and is_grad_enabled():
+            # Only the probabilities output is used: its backward is softmax's and QKᵀ's.
+            _, weights = F.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal,
+                                                        return_weights=True)
+            out = F.dropout(weights, dropout_p, generator=self.dropout_generator) @ v
+        else:
+            kept = self.keep_attention or need_weights
+            result = F.scaled_dot_product_attention(
+                q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
+                return_weights=kept, generator=self.dropout_generator,
+            )
+            out, weights = result if kept else (result, None)
+        self.attention_probs = weights if self.keep_attention else None
+        self.last_weights = weights.detach() if need_weights else None
+        return self.w_o(self._merge(out))
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, heads={self.heads}, dropout={self.dropout}"

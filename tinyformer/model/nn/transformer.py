@@ -1,0 +1,299 @@
+"""Encoder and decoder stacks and the full Transformer (§3.1, §3.4, §3.5)."""
+
+from ...engine import functional as F
+from ...engine.random import make_generator
+from . import init
+from .attention import MultiHeadAttention
+from .config import LABEL_SMOOTHING_MOVED, TransformerConfig
+from .layers import Dropout, Embedding, LayerNorm, PositionwiseFeedForward, positional_encoding, scale_embedding
+from .module import Module, ModuleList
+from .presets import preset_config
+
+__all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState"]
+
+
+class _Residual(Module):
+    """One sub-layer connection: LayerNorm(x + Dropout(f(x))) (post-LN, §5.4) or x + Dropout(f(LayerNorm(x))) (pre-LN)."""
+
+    def __init__(self, d_model, dropout, norm_first, eps):
+        super().__init__()
+        self.norm = LayerNorm(d_model, eps)
+        self.dropout = Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x, sublayer):
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        # = self.norm(x + self.dropout(sublayer(x))), one node (one kernel on the GPU)
+        return F.residual_dropout_layer_norm(x, sublayer(x), self.norm.weight, self.norm.bias, self.dropout.p,
+                                             self.training, self.dropout.generator, self.norm.eps)
+
+
+class EncoderLayer(Module):
+    """Self-attention then the position-wise feed-forward network, each in a residual block."""
+
+    def __init__(self, d_model, heads, d_ff, dropout=0.1, attention_dropout=0.0,
+                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator)
+        self.attn_block = _Residual(d_model, dropout, norm_first, eps)
+        self.ff_block = _Residual(d_model, dropout, norm_first, eps)
+
+    def forward(self, x, mask=None):
+        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask))
+        return self.ff_block(x, self.feed_forward)
+
+
+class DecoderLayer(Module):
+    """Masked self-attention, attention over the encoder output, then the feed-forward network."""
+
+    def __init__(self, d_model, heads, d_ff, dropout=0.1, attention_dropout=0.0,
+                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator)
+        self.self_block = _Residual(d_model, dropout, norm_first, eps)
+        self.cross_block = _Residual(d_model, dropout, norm_first, eps)
+        self.ff_block = _Residual(d_model, dropout, norm_first, eps)
+
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, cache=None):
+        """``cache`` ({"self": {}, "cross": {}}) holds keys/values between decoding steps."""
+        self_cache = cross_cache = None
+        if cache is not None:
+            self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
+        x = self.self_block(
+            x, lambda h: self.self_attn(h, mask=tgt_mask, causal=True, cache=self_cache)
+        )
+        x = self.cross_block(
+            x, lambda h: self.cross_attn(h, memory, memory, mask=memory_mask,
+                                         cache=cross_cache, static_kv=True)
+        )
+        return self.ff_block(x, self.feed_forward)
+
+
+class _Stack(Module):
+    """N identical layers, plus a final LayerNorm when ``final_norm`` is True; None (the default):
+    only when pre-LN, whose residual stream is unnormalised. PyTorch's nn.Transformer has one also
+    when post-LN (``final_norm=True``)."""
+
+    layer_class = None
+
+    def __init__(self, num_layers, d_model, norm_first=False, eps=1e-5, final_norm=None, **layer_args):
+        super().__init__()
+        self.layers = ModuleList(
+            self.layer_class(d_model, norm_first=norm_first, eps=eps, **layer_args)
+            for _ in range(num_layers)
+        )
+        self.final_norm = LayerNorm(d_model, eps) if (norm_first if final_norm is None else final_norm) else None
+
+    def _finish(self, x):
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Encoder(_Stack):
+    """The encoder: N EncoderLayers."""
+
+    layer_class = EncoderLayer
+
+    def forward(self, x, mask=None):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self._finish(x)
+
+
+class Decoder(_Stack):
+    """The decoder: N DecoderLayers; ``state`` carries their caches when decoding step by step."""
+
+    layer_class = DecoderLayer
+
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, state=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, memory_mask, tgt_mask, None if state is None else state.caches[i])
+        return self._finish(x)
+
+
+class DecoderState:
+    """What incremental decoding carries between steps: per-layer key/value caches and the position."""
+
+    def __init__(self, num_layers):
+        self.caches = [{} for _ in range(num_layers)]
+        self.position = 0
+
+    def reorder(self, index):
+        """Keep batch rows ``index`` (an integer array) of every cache, e.g. surviving beams."""
+        for cache in self.caches:
+            for part in cache.values():
+                for name in list(part):
+                    part[name] = part[name][index]
+
+
+class Transformer(Module):
+    """The encoder-decoder Transformer of §3 with tied embeddings (§3.4).
+
+    Token ids → embedding × √d_model + positional encoding → dropout → N encoder
+    layers; the decoder does the same on the shifted target, attends to the
+    encoder output, and its output is projected on the target embedding matrix
+    to give logits. With one shared vocabulary (``tgt_vocab_size`` None) the
+    source embedding, target embedding and pre-softmax projection are a single
+    matrix; with two vocabularies the target embedding is the projection.
+    ``positional`` is "sinusoid" (the fixed encodings of §3.5) or "learned" (one
+    learned vector per position, shared by encoder and decoder: Table 3 row (E)).
+    The whole shape is a ``TransformerConfig`` (``from_config``); ``model.config`` is
+    its ``to_dict()``, what checkpoints store and ``Transformer(**model.config)`` rebuilds.
+    """
+
+    def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
+                 num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, *,
+                 max_len=1024, pad_id=0, norm_first=False, eps=1e-5, seed=None, positional="sinusoid",
+                 final_norm=None, init="xavier", **unknown):
+        """The arguments are ``TransformerConfig``'s fields (see there for each one's meaning).
+
+        ``seed`` gives the initialisation a generator of its own; dropout always draws
+        from the default generator, which ``tinyformer.manual_seed`` resets.
+        """
+        super().__init__()
+        if isinstance(src_vocab_size, TransformerConfig):
+            raise TypeError("Transformer: got a TransformerConfig as src_vocab_size; build it with "
+                            "Transformer.from_config(config)")
+        TransformerConfig.check_names(unknown)
+        c = TransformerConfig(
+            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model, d_ff=d_ff,
+            heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
+            eps=eps, seed=seed, positional=positional, final_norm=final_norm, init=init,
+        )
+        if c.src_vocab_size is None:
+            raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
+                            "from_preset(name, vocab_size=...))")
+        self.config = c.to_dict()
+        generator = None if c.seed is None else make_generator(c.seed)
+        self.d_model, self.pad_id = c.d_model, c.pad_id
+        self.shared_vocab = c.tgt_vocab_size is None
+        self.src_embed = Embedding(c.src_vocab_size, c.d_model, generator)
+        self.tgt_embed = self.src_embed if self.shared_vocab else Embedding(c.tgt_vocab_size, c.d_model, generator)
+        self.positional = None  # set below; assigned here to keep its place among the modules
+        self.embed_dropout = Dropout(c.dropout)
+        layer_args = dict(heads=c.heads, d_ff=c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
+                          activation_dropout=c.activation_dropout, generator=generator)
+        self.encoder = Encoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
+        self.decoder = Decoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
+        # Learned positions are drawn after the stacks, so that with the same seed such a model
+        # starts from the sinusoid model's weights everywhere else (a controlled Table 3 (E)).
+        self.positional = positional_encoding(c.positional, c.d_model, c.max_len, generator)
+        if c.init == "torch":  # redrawn last: with the same seed the embeddings equal the "xavier" model's
+            _torch_init(self.encoder, self.decoder, generator=generator)
+
+    @classmethod
+    def from_config(cls, config):
+        """The model a ``TransformerConfig`` describes (its vocabulary set)."""
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"Transformer.from_config: expected a TransformerConfig, got {type(config).__name__}"
+                            + (" (a dict: use TransformerConfig.from_dict)" if isinstance(config, dict) else ""))
+        return cls(**config.to_dict())
+
+    @classmethod
+    def from_preset(cls, name, vocab_size=None, *, paper=False, **overrides):
+        """A model of a named size (``nn.PRESETS``), e.g. ``from_preset("base", vocab_size=37000)``;
+        ``paper=True``: the paper's exact model of that size (``nn.PAPER_CHOICES``)."""
+        return cls.from_config(preset_config(name, vocab_size, paper=paper, **overrides))
+
+    @property
+    def label_smoothing(self):
+        raise AttributeError(f"Transformer has no label_smoothing: {LABEL_SMOOTHING_MOVED}")
+
+    @property
+    def src_vocab_size(self):
+        return self.src_embed.vocab_size
+
+    @property
+    def tgt_vocab_size(self):
+        return self.tgt_embed.vocab_size
+
+    def _embed(self, embedding, ids, offset=0):
+        x = scale_embedding(embedding(ids), self.d_model)
+        return self.embed_dropout(self.positional(x, offset))
+
+    def source_mask(self, src):
+        """Keep-mask (batch, 1, 1, len_src) hiding source padding."""
+        return F.padding_mask(src, self.pad_id)
+
+    def encode(self, src, src_mask=None):
+        """Source ids (batch, len_src) -> memory (batch, len_src, d_model)."""
+        _check_ids_2d(src, "src")
+        if src_mask is None:
+            src_mask = self.source_mask(src)
+        return self.encoder(self._embed(self.src_embed, src), src_mask)
+
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, state=None):
+        """Target ids (batch, len_tgt) and memory -> logits (batch, len_tgt, tgt_vocab).
+
+        Self-attention is causal. With ``state`` (from ``init_state``) ``tgt`` holds
+        only the new tokens: earlier keys and values come from the cache.
+        """
+        _check_ids_2d(tgt, "tgt")
+        if memory.ndim != 3 or memory.shape[0] != tgt.shape[0] or memory.shape[-1] != self.d_model:
+            raise ValueError(f"Transformer.decode: memory must be (batch, len_src, d_model) = "
+                             f"({tgt.shape[0]}, len_src, {self.d_model}) for tgt of shape {tuple(tgt.shape)}, "
+                             f"got shape {memory.shape}")
+        offset = 0 if state is None else state.position
+        x = self._embed(self.tgt_embed, tgt, offset)
+        h = self.decoder(x, memory, src_mask, tgt_mask, state)
+        if state is not None:
+            state.position += tgt.shape[1]
+        return F.linear(h, self.tgt_embed.weight)
+
+    def init_state(self):
+        """An empty DecoderState for incremental decoding."""
+        return DecoderState(len(self.decoder.layers))
+
+    def forward(self, src, tgt_in, src_mask=None, tgt_mask=None):
+        """Teacher-forced logits (batch, len_tgt, tgt_vocab) for target inputs ``tgt_in``."""
+        _check_ids_2d(src, "src")
+        _check_ids_2d(tgt_in, "tgt_in")
+        if src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"Transformer: src {tuple(src.shape)} and tgt_in {tuple(tgt_in.shape)} must hold "
+                             "the same number of sentences (batch)")
+        if src_mask is None:
+            src_mask = self.source_mask(src)
+        memory = self.encode(src, src_mask)
+        return self.decode(tgt_in, memory, src_mask, tgt_mask)
+
+    def extra_repr(self):
+        c = self.config
+        return (f"N={c['num_layers']}, d_model={c['d_model']}, d_ff={c['d_ff']}, heads={c['heads']}, "
+                f"vocab={self.src_vocab_size}" + ("" if self.shared_vocab else f"/{self.tgt_vocab_size}")
+                + ("" if c["positional"] == "sinusoid" else f", positional={c['positional']}")
+                + ("" if c["final_norm"] is None else f", final_norm={c['final_norm']}")
+                + ("" if c["init"] == "xavier" else f", init={c['init']}"))
+
+
+def _torch_init(*stacks, generator=None):
+    """Redraw the stacks' weights as PyTorch's nn.Transformer initialises them (``init="torch"``,
+    ``nn.init.INIT_SCHEMES``): per attention, W_Q, W_K, W_V cut from one Xavier-uniform packed
+    (3 d_model, d_model) matrix (its in_proj_weight), W_O Xavier-uniform, all four biases zero; per
+    feed-forward network, W_1 and W_2 Xavier-uniform and their biases U(±1/√fan_in). LayerNorms keep
+    gain 1 and bias 0. Modules in the order of ``modules()``."""
+    for stack in stacks:
+        for module in stack.modules():
+            if isinstance(module, MultiHeadAttention):
+                d = module.d_model
+                for linear, weight in zip((module.w_q, module.w_k, module.w_v),
+                                          init.packed_xavier_uniform(3, d, d, generator)):
+                    linear.weight.data[...] = weight
+                module.w_o.weight.data[...] = init.xavier_uniform(d, d, generator)
+                for linear in (module.w_q, module.w_k, module.w_v, module.w_o):
+                    linear.bias.data[...] = 0
+            elif isinstance(module, PositionwiseFeedForward):
+                for linear in (module.linear1, module.linear2):
+                    linear.weight.data[...] = init.xavier_uniform(linear.out_features, linear.in_features, generator)
+                    linear.bias.data[...] = init.fan_in_uniform(linear.out_features, linear.in_features, generator)
+
+
+def _check_ids_2d(ids, name):
+    shape = getattr(ids, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name} must be an integer array of token ids (batch, len), got {type(ids).__name__}")
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be token ids of shape (batch, len), got shape {tuple(shape)}")

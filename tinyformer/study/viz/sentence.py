@@ -1,0 +1,38 @@
+"""One sentence pair to look at: the source as the model reads it, and the target it is taught
+(a reference) or produces (its translation)."""
+
+import numpy
+
+from ...translation.data.special import EOS_ID
+from ...translation.decode import beam_search, greedy_decode, input_token_limit
+
+__all__ = ["sentence_pair"]
+
+
+def sentence_pair(model, tokenizer, sentence, reference=None, beam_size=1, alpha=0.6,
+                  names=("the sentence", "the reference")):
+    """(source ids, target ids) of one sentence: ``tokenizer.encode(sentence) + [EOS]`` (as
+    ``decode.translate`` feeds it), and the tokens of ``reference`` or, without one, the model's
+    translation by ``greedy_decode`` (``beam_size=1``) or ``beam_search``, without BOS and EOS.
+
+    An empty sentence or reference, or one longer than the model's positional table, raises a
+    ValueError naming it as ``names`` does (e.g. the command line's options) and saying by how much.
+    """
+    limit = input_token_limit(model)
+
+    def tokens_of(text, name, room):
+        ids = [int(i) for i in tokenizer.encode(text.strip())] if text.strip() else []
+        if not ids:
+            raise ValueError(f"{name} is empty" + ("" if not text.strip() else " once tokenized"))
+        if limit is not None and len(ids) > limit:
+            raise ValueError(f"{name} is {len(ids):,} tokens long, more than this model {room}: {limit} tokens "
+                             f"(positional max_len {limit + 1})")
+        return ids
+
+    source = tokens_of(sentence, names[0], "can encode with the EOS") + [EOS_ID]
+    if reference is not None:
+        return source, tokens_of(reference, names[1], "decodes after the BOS")
+    src = numpy.array([source], dtype=numpy.int64)
+    if beam_size == 1:
+        return source, [int(i) for i in greedy_decode(model, src)[0]]
+    return source, [int(i) for i in beam_search(model, src, beam_size=beam_size, alpha=alpha)[0]]

@@ -1,0 +1,223 @@
+"""Checkpoints: one pickle-free ``.npz`` per save, written atomically, with JSON metadata.
+
+A checkpoint holds the model's parameters (``model/<dotted name>``), Adam's
+moments (``adam/m/<i>``, ``adam/v/<i>``) and a JSON document (``metadata``:
+config, step, optimiser and schedule state, RNG state, tokenizer hash, ...).
+It is written to a temporary file in the same directory and renamed into
+place, so a save killed half-way leaves the previous checkpoint untouched; it
+is read with ``allow_pickle=False``, so loading one never runs code. A state
+holding NaN or Inf is never written: ``save_checkpoint`` refuses it, naming the array.
+Any other file (a pickle, an object array, a truncated, corrupt or foreign file)
+is refused on loading with a ``CheckpointError`` naming the file and the problem.
+"""
+
+import json
+import re
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy
+
+from ..common.atomic import replacing
+
+__all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of", "average_checkpoints",
+           "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "CheckpointError"]
+
+_NAME = re.compile(r"checkpoint_(\d+)\.npz$")
+_PARTIAL = re.compile(r"^checkpoint_\d+\.npz\.[^.]+\.tmp$")  # a temporary of _atomic_write_npz
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable or inconsistent."""
+
+
+def _atomic_write_npz(path, arrays):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, prefix=path.name + ".", durable=True) as f:  # the prefix _PARTIAL knows
+        numpy.savez(f, **arrays)
+
+
+def _check_finite(path, arrays):
+    """Refuse a state holding NaN or Inf: such a checkpoint would only spread the failure to a resume."""
+    for key, array in arrays.items():
+        if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
+            bad = int(array.size - numpy.count_nonzero(numpy.isfinite(array)))
+            what = (f"parameter {key[len('model/'):]!r}" if key.startswith("model/")
+                    else f"Adam moment {key!r}" if key.startswith("adam/") else f"array {key!r}")
+            raise CheckpointError(f"refusing to write checkpoint {path}: {what} holds {bad} non-finite "
+                                  f"value(s) (NaN or Inf) of {array.size}")
+
+
+def save_checkpoint(path, model_state, metadata, adam_state=None):
+    """Write ``model_state`` ({name: array}), Adam's state and ``metadata`` to ``path`` atomically.
+
+    Refuses (CheckpointError, nothing written) a parameter or moment holding NaN or Inf.
+    """
+    arrays = {f"model/{k}": v for k, v in model_state.items()}
+    meta = dict(metadata)
+    if adam_state is not None:
+        adam_meta = {k: v for k, v in adam_state.items() if k not in ("m", "v")}
+        adam_meta["has_moment"] = [m is not None for m in adam_state["m"]]
+        meta["adam"] = adam_meta
+        for i, (m, v) in enumerate(zip(adam_state["m"], adam_state["v"])):
+            if m is not None:
+                arrays[f"adam/m/{i}"], arrays[f"adam/v/{i}"] = m, v
+    arrays = {k: numpy.asarray(v) for k, v in arrays.items()}
+    _check_finite(path, arrays)
+    try:
+        text = json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"refusing to write checkpoint {path}: its metadata is not plain JSON "
+                              f"({error})") from None
+    arrays["metadata"] = numpy.frombuffer(text.encode("utf-8"), dtype=numpy.uint8)
+    _atomic_write_npz(path, arrays)
+    return Path(path)
+
+
+def load_checkpoint(path):
+    """(model_state, metadata, adam_state or None) from a checkpoint written by ``save_checkpoint``.
+
+    Never unpickles (``allow_pickle=False``). A missing, empty, truncated or non-zip file, an
+    object (pickled) array, or missing or unreadable metadata is a CheckpointError naming the
+    file and what is wrong with it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+
+    def refuse(problem):
+        return CheckpointError(f"cannot read checkpoint {path}: {problem}")
+
+    with open(path, "rb") as f:
+        head = f.read(len(_ZIP_MAGIC))
+    if head != _ZIP_MAGIC:
+        what = "the file is empty" if not head else f"it starts with {head!r}"
+        raise refuse(f"not a tinyformer checkpoint (an .npz, i.e. zip, file): {what}")
+    arrays = {}
+    try:
+        with numpy.load(path, allow_pickle=False) as npz:
+            for key in npz.files:
+                try:
+                    arrays[key] = npz[key]
+                except ValueError as error:
+                    if "allow_pickle" not in str(error):
+                        raise
+                    raise refuse(f"array {key!r} is a pickled object array; checkpoints are read without "
+                                 "unpickling (allow_pickle=False), so this file was not written by "
+                                 "tinyformer") from None
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        problem = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise refuse(f"the file is truncated or corrupt ({problem})") from error
+    if "metadata" not in arrays:
+        raise refuse("no 'metadata' entry: not a tinyformer checkpoint")
+    try:
+        metadata = json.loads(bytes(arrays.pop("metadata")).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise refuse(f"its metadata is not JSON ({error})") from None
+    if not isinstance(metadata, dict):
+        raise refuse(f"its metadata is a JSON {type(metadata).__name__}, not an object")
+    model_state = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
+    adam_state = None
+    if "adam" in metadata:
+        try:
+            adam_state = dict(metadata["adam"])
+            flags = adam_state.pop("has_moment")
+            adam_state["m"] = [arrays[f"adam/m/{i}"] if has else None for i, has in enumerate(flags)]
+            adam_state["v"] = [arrays[f"adam/v/{i}"] if has else None for i, has in enumerate(flags)]
+        except (KeyError, TypeError, ValueError) as error:
+            raise refuse(f"its optimiser state is incomplete (missing {error})") from None
+    return model_state, metadata, adam_state
+
+
+def model_config_mismatch(saved, expected, ignore=()):
+    """The differences of two model configurations but those in ``ignore`` (settings that shape no
+    parameter, such as ``tinyformer.translation.train.config.TRAINING_ONLY``), as "key: saved vs expected" strings."""
+    keys = sorted((set(saved) | set(expected)) - set(ignore))
+    return [f"{k}: {saved.get(k, '(absent)')!r} vs {expected.get(k, '(absent)')!r}"
+            for k in keys if saved.get(k) != expected.get(k)]
+
+
+def checkpoint_path(directory, step):
+    return Path(directory) / f"checkpoint_{step:07d}.npz"
+
+
+def step_of(path):
+    """The step of a ``checkpoint_<step>.npz`` file (None for another name)."""
+    found = _NAME.search(Path(path).name)
+    return int(found.group(1)) if found else None
+
+
+def list_checkpoints(directory):
+    """The ``checkpoint_<step>.npz`` files in ``directory``, oldest step first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(step_of(p), p) for p in directory.iterdir() if _NAME.search(p.name)]
+    return [p for _, p in sorted(found)]
+
+
+def remove_partial_files(directory):
+    """Delete the temporaries a save killed before its rename left behind; returns their paths.
+
+    Only for a directory no other process is saving into (a run's own directory on resume).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    partial = [p for p in directory.iterdir() if _PARTIAL.search(p.name) and p.is_file()]
+    for p in partial:
+        p.unlink(missing_ok=True)
+    return partial
+
+
+def prune_checkpoints(directory, keep_last):
+    """Delete all but the newest ``keep_last`` step checkpoints; returns the deleted paths."""
+    paths = list_checkpoints(directory)
+    doomed = paths[:-keep_last] if keep_last > 0 else []
+    for p in doomed:
+        p.unlink()
+    return doomed
+
+
+def average_checkpoints(paths, output, ignore=()):
+    """Average the parameters of ``paths`` element-wise (§6.1) into ``output``.
+
+    All must have the same parameter names and shapes, the same tokenizer and the same
+    ``model_config`` but for the settings in ``ignore`` (see ``model_config_mismatch``).
+    The result carries the newest checkpoint's metadata (without optimiser state,
+    which has no meaning for an average) and lists its sources.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise CheckpointError("average_checkpoints: no checkpoints given")
+    states, metas = [], []
+    for p in paths:
+        state, meta, _ = load_checkpoint(p)
+        states.append(state)
+        metas.append(meta)
+    reference = states[0]
+    for p, state, meta in zip(paths, states, metas):
+        if state.keys() != reference.keys() or any(state[k].shape != reference[k].shape for k in state):
+            raise CheckpointError(f"average_checkpoints: {p} does not have the parameters of {paths[0]}")
+        if meta.get("tokenizer_sha256") != metas[0].get("tokenizer_sha256"):
+            raise CheckpointError(f"average_checkpoints: {p} was trained with a different tokenizer than {paths[0]}")
+        differences = model_config_mismatch(meta.get("model_config") or {}, metas[0].get("model_config") or {},
+                                            ignore)
+        if differences:
+            raise CheckpointError(f"average_checkpoints: {p} is another model than {paths[0]} "
+                                  f"({'; '.join(differences)})")
+    averaged = {}
+    for name, first in reference.items():
+        total = numpy.zeros(first.shape, dtype=numpy.float64)
+        for state in states:
+            total += state[name]
+        averaged[name] = (total / len(states)).astype(first.dtype)
+    newest = max(zip(metas, paths), key=lambda mp: mp[0].get("step", 0))[0]
+    meta = {k: v for k, v in newest.items() if k not in ("adam", "rng_state")}
+    meta["averaged_from"] = [p.name for p in paths]
+    return save_checkpoint(output, averaged, meta)

@@ -1,0 +1,374 @@
+"""Inference: greedy search, beam search with a length penalty (§6.1) and ``translate``.
+
+All searches encode the source once and then run the decoder one token per step,
+reusing cached self-attention keys/values and the once-projected cross-attention
+keys/values (``model.init_state()``); ``use_cache=False`` recomputes the whole
+prefix every step instead, which must give the same tokens (a test checks it).
+
+Conventions shared by every search here:
+
+* A hypothesis is returned as its token ids without BOS and EOS.
+* Its ``score`` is the sum of the log-probabilities (float64 log-softmax of the
+  step's logits) of its tokens *and of the final EOS*. A hypothesis never exceeds
+  its maximum length L: after L tokens the only allowed next token is EOS
+  (forced, as in fairseq), so every finished hypothesis ends in a scored EOS and
+  |Y| = len(tokens) + 1.
+* L = floor(max_len_a · src_len + max_len_b), src_len being the number of
+  non-padding source tokens of that sentence (§6.1: input length + 50), or
+  ``max_len`` when given; it is capped so that positions stay below the model's
+  positional-encoding ``max_len``.
+* The padding id and BOS are never generated (their log-probability is set to
+  −inf after the softmax, as fairseq does for padding).
+"""
+
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from ..engine import functional as F
+from ..engine.backend import to_numpy
+from .data.batching import pad
+from .data.special import BOS_ID, EOS_ID
+from ..model.nn import inference
+from ..common.validation import check_int, check_real
+
+__all__ = ["Hypothesis", "InputWarning", "LongLineError", "LONG_LINES", "length_penalty", "greedy_decode",
+           "beam_search", "input_token_limit", "translate"]
+
+LONG_LINES = ("truncate", "refuse")
+
+
+class InputWarning(UserWarning):
+    """``translate`` changed its input to translate it: lines longer than the model allows were truncated."""
+
+
+class LongLineError(ValueError):
+    """``translate(long_lines="refuse")`` met a line of more than ``max_input_tokens`` tokens.
+
+    ``line`` is its number counted from 1, ``tokens`` its length and ``limit`` the maximum.
+    """
+
+    def __init__(self, line, tokens, limit):
+        super().__init__(f"translate: line {line} has {tokens:,} tokens, more than max_input_tokens={limit} "
+                         "(long_lines='refuse')")
+        self.line, self.tokens, self.limit = line, tokens, limit
+
+
+class Hypothesis(NamedTuple):
+    """One finished output: ids (no BOS/EOS), summed log-probability (EOS included) and score / lp."""
+
+    tokens: list
+    score: float
+    normalized_score: float
+
+
+def length_penalty(length, alpha):
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14); §6.1 uses α = 0.6.
+
+    ``length`` is |Y|, the number of generated tokens including the final EOS.
+    """
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+# ------------------------------------------------------------------------ helpers
+def _check_src(src):
+    """Source ids as a 2-D NumPy integer array (batch, len_src)."""
+    array = to_numpy(src)
+    if array.ndim != 2:
+        raise ValueError(f"src must be token ids of shape (batch, len_src), got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise ValueError(f"src must hold integer token ids, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b):
+    """The maximum number of tokens (EOS excluded) each sentence may get."""
+    if max_len is not None:
+        limits = np.full(len(src), check_int("max_len", max_len, 0), dtype=np.int64)
+    else:
+        a = check_real("max_len_a", max_len_a, 0)
+        b = check_real("max_len_b", max_len_b, 0)
+        src_len = (src != pad_id).sum(axis=1)
+        limits = np.floor(a * src_len + b).astype(np.int64)
+    # BOS sits at position 0 and the L-th token at position L, which predicts EOS.
+    positions = getattr(getattr(model, "positional", None), "max_len", None)
+    if positions is not None:
+        limits = np.minimum(limits, positions - 1)
+    return limits
+
+
+def _banned_ids(model, bos_id, eos_id, vocab):
+    banned = {int(model.pad_id), int(bos_id)} - {int(eos_id)}
+    return np.array(sorted(i for i in banned if 0 <= i < vocab), dtype=np.int64)
+
+
+def _check_special(name, value, vocab):
+    value = check_int(name, value, 0)
+    if value >= vocab:
+        raise ValueError(f"{name}={value} is outside the target vocabulary of size {vocab}")
+    return value
+
+
+def _log_probs(model, tokens, memory, src_mask, state, banned):
+    """log p(next token | prefix) for every row (rows, vocab), float64, banned ids at −inf."""
+    if state is not None:
+        logits = model.decode(tokens[:, -1:], memory, src_mask, state=state)
+    else:
+        logits = model.decode(tokens, memory, src_mask)
+    last = to_numpy(logits.data[:, -1]).astype(np.float64)
+    if not np.isfinite(last).all():
+        raise FloatingPointError("decoding: the model produced non-finite logits (NaN or inf)")
+    shifted = last - last.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    log_probs[:, banned] = -np.inf
+    return log_probs
+
+
+def _force_eos(log_probs, rows, eos_id):
+    """Rows ``rows`` (a boolean mask) may only produce EOS: every other log-probability becomes −inf."""
+    eos = log_probs[rows, eos_id]
+    log_probs[rows] = -np.inf
+    log_probs[rows, eos_id] = eos
+
+
+def _top_candidates(scores, count):
+    """Indices of the ``count`` best entries of each row, best first; ties go to the lower index."""
+    count = min(count, scores.shape[1])
+    part = np.argpartition(-scores, count - 1, axis=1)[:, :count]
+    values = np.take_along_axis(scores, part, axis=1)
+    order = np.lexsort((part, -values), axis=-1)
+    return np.take_along_axis(part, order, axis=1)
+
+
+def _start(model, src, pad_id, repeat, use_cache):
+    """Encode once; memory and source mask repeated ``repeat`` times per sentence (beams)."""
+    src_mask = F.padding_mask(src, pad_id)
+    memory = model.encode(src, src_mask)
+    if repeat > 1:
+        expand = np.repeat(np.arange(len(src)), repeat)
+        memory, src_mask = memory[expand], src_mask[expand]
+    return memory, src_mask, (model.init_state() if use_cache else None)
+
+
+def _setup(model, src, bos_id, eos_id, pad_id):
+    src = _check_src(src)
+    vocab = model.tgt_vocab_size
+    bos_id = _check_special("bos_id", bos_id, vocab)
+    eos_id = _check_special("eos_id", eos_id, vocab)
+    pad_id = model.pad_id if pad_id is None else check_int("pad_id", pad_id, 0)
+    return src, bos_id, eos_id, pad_id, _banned_ids(model, bos_id, eos_id, vocab)
+
+
+# ------------------------------------------------------------------------ greedy
+def greedy_decode(model, src, max_len=None, max_len_a=1, max_len_b=50, bos_id=BOS_ID, eos_id=EOS_ID,
+                  pad_id=None, use_cache=True, return_scores=False):
+    """Batched greedy search: feed back the most probable token until EOS or the maximum length.
+
+    ``src`` (batch, len_src) holds source ids padded with ``pad_id`` (default
+    ``model.pad_id``). Returns one list of ids (no BOS/EOS) per row, or with
+    ``return_scores=True`` one ``Hypothesis`` per row (normalized_score = score:
+    greedy search does not length-normalise). Finished rows leave the batch (their
+    cache rows are dropped), and decoding stops once every row has emitted EOS.
+    """
+    src, bos_id, eos_id, pad_id, banned = _setup(model, src, bos_id, eos_id, pad_id)
+    limits = _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b)
+    results = [None] * len(src)
+    if not len(src):
+        return results
+    with inference(model):
+        memory, src_mask, state = _start(model, src, pad_id, 1, use_cache)
+        alive = np.arange(len(src))  # the sentence each decoder row belongs to
+        tokens = np.full((len(src), 1), bos_id, dtype=np.int64)
+        scores = np.zeros(len(src))
+        while alive.size:
+            log_probs = _log_probs(model, tokens, memory, src_mask, state, banned)
+            at_limit = limits[alive] <= tokens.shape[1] - 1
+            _force_eos(log_probs, at_limit, eos_id)
+            best = log_probs.argmax(axis=1)
+            scores = scores + log_probs[np.arange(len(best)), best]
+            done = best == eos_id
+            for row in np.flatnonzero(done):
+                score = float(scores[row])
+                results[alive[row]] = Hypothesis(tokens[row, 1:].tolist(), score, score)
+            keep = np.flatnonzero(~done)
+            tokens = np.concatenate([tokens[keep], best[keep, None]], axis=1)
+            scores, alive = scores[keep], alive[keep]
+            if 0 < keep.size < done.size:
+                memory, src_mask = memory[keep], src_mask[keep]
+                if state is not None:
+                    state.reorder(keep)
+    return results if return_scores else [h.tokens for h in results]
+
+
+# ------------------------------------------------------------------------ beam search
+def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, max_len=None,
+                bos_id=BOS_ID, eos_id=EOS_ID, pad_id=None, use_cache=True, return_scores=False):
+    """Batched beam search with GNMT's length penalty: §6.1 uses beam 4, α = 0.6.
+
+    Each sentence keeps ``beam_size`` active hypotheses (batch × beam decoder rows,
+    ``state.reorder`` following the survivors). Per step the 2×beam best
+    extensions by summed log-probability are taken; those ending in EOS and ranked
+    within the first ``beam_size`` are finished, the best ``beam_size`` others stay
+    active (fairseq's scheme). Finished hypotheses are ranked by score / lp(|Y|),
+    |Y| = tokens + EOS (see ``length_penalty``); the ``beam_size`` best are kept.
+
+    A sentence stops at its maximum length (EOS forced), or once it has
+    ``beam_size`` finished hypotheses and its best active one, scored as if it
+    ended now (score / lp(its length)), does not beat the best finished one. (A
+    fairseq-style stop at ``beam_size`` finished alone lets improbable early EOS
+    hypotheses end the search while a far better one is still active.)
+
+    Returns the best hypothesis (ids, no BOS/EOS) per sentence, or with
+    ``return_scores=True`` the kept ``Hypothesis`` list per sentence, best first.
+    With ``beam_size=1`` the result equals ``greedy_decode``'s: the one active
+    hypothesis stops exactly when EOS is its most probable extension.
+    """
+    src, bos_id, eos_id, pad_id, banned = _setup(model, src, bos_id, eos_id, pad_id)
+    k = check_int("beam_size", beam_size, 1)
+    alpha = check_real("alpha", alpha, 0)
+    limits = _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b)
+    finished = [[] for _ in range(len(src))]
+    if not len(src):
+        return []
+    with inference(model):
+        memory, src_mask, state = _start(model, src, pad_id, k, use_cache)
+        alive = np.arange(len(src))
+        tokens = np.full((len(src) * k, 1), bos_id, dtype=np.int64)
+        cumulative = np.full((len(src), k), -np.inf)
+        cumulative[:, 0] = 0.0  # the k beams start identical: extend only the first one at step 1
+        while alive.size:
+            n, step = alive.size, tokens.shape[1] - 1
+            log_probs = _log_probs(model, tokens, memory, src_mask, state, banned)
+            vocab = log_probs.shape[1]
+            at_limit = limits[alive] <= step
+            _force_eos(log_probs, np.repeat(at_limit, k), eos_id)
+            candidates = (cumulative[:, :, None] + log_probs.reshape(n, k, vocab)).reshape(n, k * vocab)
+            top = _top_candidates(candidates, 2 * k)
+            top_scores = np.take_along_axis(candidates, top, axis=1)
+            top_beam, top_token = top // vocab, top % vocab
+            is_eos = top_token == eos_id
+            finishing = is_eos[:, :k] & np.isfinite(top_scores[:, :k])
+            for i, j in zip(*np.nonzero(finishing)):  # sentence by sentence, best rank first
+                hyps = finished[alive[i]]
+                ids = tokens[i * k + top_beam[i, j], 1:].tolist()
+                score = float(top_scores[i, j])
+                hyps.append(Hypothesis(ids, score, score / length_penalty(len(ids) + 1, alpha)))
+                if len(hyps) > k:  # keep the k best (stable: the earlier of equals stays)
+                    hyps.sort(key=lambda h: -h.normalized_score)
+                    hyps.pop()
+            # Each beam row has one EOS entry, so at least k of the 2k candidates are not EOS.
+            order = np.argsort(is_eos, axis=1, kind="stable")[:, :k]
+            next_scores = np.take_along_axis(top_scores, order, axis=1)
+            # Done: k finished and the best active one, were it to end now, would not win.
+            best_active = next_scores[:, 0] / length_penalty(step + 1, alpha)
+            best_finished = np.array([max((h.normalized_score for h in finished[s]), default=-np.inf)
+                                      for s in alive])
+            enough = np.array([len(finished[s]) >= k for s in alive])
+            done = at_limit | (enough & (best_active <= best_finished))
+            keep = np.flatnonzero(~done)
+            if not keep.size:
+                break
+            order = order[keep]
+            new_beam = np.take_along_axis(top_beam[keep], order, axis=1)
+            new_token = np.take_along_axis(top_token[keep], order, axis=1)
+            cumulative = next_scores[keep]
+            rows = (keep[:, None] * k + new_beam).reshape(-1)
+            tokens = np.concatenate([tokens[rows], new_token.reshape(-1, 1)], axis=1)
+            memory, src_mask, alive = memory[rows], src_mask[rows], alive[keep]
+            if state is not None:
+                state.reorder(rows)
+    ranked = [sorted(hyps, key=lambda h: -h.normalized_score) for hyps in finished]
+    return ranked if return_scores else [hyps[0].tokens for hyps in ranked]
+
+
+# ------------------------------------------------------------------------ translate
+# Characters that end a line for str.splitlines(): an output holding one would break line alignment.
+_LINE_BREAKS = str.maketrans({c: " " for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def input_token_limit(model, append_eos=True):
+    """The most source tokens (EOS excluded) the model can encode: its positional ``max_len``, less
+    one position for the EOS when ``append_eos``; None when the model has no such table."""
+    positions = getattr(getattr(model, "positional", None), "max_len", None)
+    if positions is None:
+        return None
+    return positions - 1 if append_eos else positions
+
+
+def line_list(line_numbers, limit=10):
+    """"3, 7, 12" — at most ``limit`` line numbers, then "and N more"."""
+    shown = ", ".join(str(n) for n in line_numbers[:limit])
+    return shown + (f" and {len(line_numbers) - limit} more" if len(line_numbers) > limit else "")
+
+
+def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, max_len_a=1,
+              max_len_b=50, append_eos=True, bos_id=BOS_ID, eos_id=EOS_ID, max_input_tokens=None,
+              long_lines="truncate"):
+    """Translate text lines: one output string per input line, in the input order.
+
+    Each line is stripped and encoded with ``tokenizer.encode(str) -> list[int]``
+    (ids without BOS/EOS); with ``append_eos`` the source fed to the encoder is
+    ``ids + [eos_id]``, as the trainer feeds it (src_len for the maximum length
+    counts that EOS). Lines are sorted by length into batches of ``batch_size``,
+    decoded with ``beam_search`` (beam 4, α = 0.6 as §6.1; ``beam_size=1`` runs
+    ``greedy_decode``) and ``tokenizer.decode(ids) -> str``. An empty or
+    whitespace-only line gives an empty output without running the model.
+
+    A line of more than ``max_input_tokens`` tokens (default and upper bound:
+    ``input_token_limit(model)``, what the positional table holds) is cut to its
+    first ``max_input_tokens`` tokens with an ``InputWarning`` naming the lines
+    (``long_lines="truncate"``), or refused with a ValueError naming the first
+    such line (``LongLineError``, a ValueError; ``long_lines="refuse"``), before anything is decoded. Line numbers
+    in these messages count from 1, as in a file. Outputs never hold a line break
+    (any is replaced by a space), so writing one output per line keeps the lines aligned.
+    """
+    if isinstance(lines, (str, bytes)):
+        raise TypeError("translate: lines must be a sequence of strings, not a single string")
+    lines = list(lines)
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TypeError(f"translate: lines[{i}] must be a str, got {type(line).__name__}")
+    beam_size = check_int("beam_size", beam_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    if long_lines not in LONG_LINES:
+        raise ValueError(f"translate: long_lines must be one of {LONG_LINES}, got {long_lines!r}")
+    limit = input_token_limit(model, append_eos)
+    if max_input_tokens is None:
+        max_input_tokens = limit
+    else:
+        max_input_tokens = check_int("max_input_tokens", max_input_tokens, 1)
+        if limit is not None and max_input_tokens > limit:
+            eos = " and the EOS" if append_eos else ""
+            raise ValueError(f"translate: max_input_tokens={max_input_tokens} is more than the model can "
+                             f"encode: its positional table (max_len {model.positional.max_len}) holds "
+                             f"{limit} tokens{eos}")
+    outputs = [""] * len(lines)
+    sources, truncated = [], []
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if text:
+            ids = [int(t) for t in tokenizer.encode(text)]
+            if max_input_tokens is not None and len(ids) > max_input_tokens:
+                if long_lines == "refuse":
+                    raise LongLineError(i + 1, len(ids), max_input_tokens)
+                ids = ids[:max_input_tokens]
+                truncated.append(i + 1)
+            sources.append((i, ids + [eos_id] if append_eos else ids))
+    if truncated:
+        warnings.warn(InputWarning(
+            f"truncated {len(truncated)} line{'s' if len(truncated) > 1 else ''} longer than "
+            f"{max_input_tokens} tokens to their first {max_input_tokens}: line"
+            f"{'s' if len(truncated) > 1 else ''} {line_list(truncated)}"), stacklevel=2)
+    sources.sort(key=lambda item: len(item[1]))  # stable: equal lengths keep their order
+    for start in range(0, len(sources), batch_size):
+        batch = sources[start:start + batch_size]
+        src = pad([ids or [model.pad_id] for _, ids in batch], model.pad_id)
+        common = dict(max_len_a=max_len_a, max_len_b=max_len_b, bos_id=bos_id, eos_id=eos_id)
+        if beam_size == 1:
+            hypotheses = greedy_decode(model, src, **common)
+        else:
+            hypotheses = beam_search(model, src, beam_size=beam_size, alpha=alpha, **common)
+        for (i, _), ids in zip(batch, hypotheses):
+            outputs[i] = tokenizer.decode(ids).translate(_LINE_BREAKS)
+    return outputs

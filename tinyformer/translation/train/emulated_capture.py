@@ -1,0 +1,191 @@
+"""A CUDA graph capture emulated on NumPy arrays (``EmulatedCapture``), for testing the graph
+step's logic without a GPU, and the emulated device memory it runs on (``DeviceArray``).
+
+A real capture runs the step's Python once, executes none of its kernels and records them all
+(with the addresses of their dropout seeds); a replay executes the recorded kernels. The
+emulation runs the step under ``backend.capturing()`` while recording and restores the device
+memory afterwards (nothing executed), keeping the kernel seeds the step was handed; a replay runs
+the step again, handing it the same seeds. Where the step takes the kernel path (the emulated CUDA
+kernels: tests patch ``kernels.on_gpu``), its dropout kernels read those seeds from the seed slots
+at each launch, so a replay's masks are those of the slots the graph's owner fills, as on the GPU;
+on the NumPy reference path dropout draws its masks on the host and no seed is recorded.
+"""
+
+import contextlib
+import weakref
+
+import numpy
+
+from ...engine import backend
+from ...engine import random as tf_random
+
+__all__ = ["EmulatedCapture", "DeviceArray"]
+
+
+class DeviceArray(numpy.ndarray):
+    """NumPy memory standing in for device memory: like a CuPy array, indexing and reductions give
+    0-d arrays, never host scalars, and reading a value to the host (``float``, ``int``, ``bool``,
+    ``operator.index``, ``item``, ``tolist``) is refused inside ``backend.capturing()``
+    (``CaptureUnavailable``), where on a GPU it would synchronise; so is the ``@`` product, as CuPy
+    refuses its cuBLAS calls during a capture (``kernels.cublas.matmul`` is the capturable one), and
+    indexing by a boolean mask (CuPy reads the mask's count to the host: "D2H transfers are
+    disallowed" while capturing).
+    Ufunc results stay
+    DeviceArrays; every array owning memory is known (``device_memory``) so that a capture can
+    leave it as it found it."""
+
+    def __array_finalize__(self, obj):
+        if not isinstance(self.base, DeviceArray):  # memory of its own (or a plain array's, adopted)
+            key = id(self)
+            _memory[key] = weakref.ref(self, lambda ref: _forget(key, ref))
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        return super().__array_wrap__(array, context, False)  # a 0-d array, as CuPy gives
+
+    def __getitem__(self, key):
+        _refuse_boolean_index(key)
+        item = super().__getitem__(key)
+        return item if isinstance(item, numpy.ndarray) else numpy.asarray(item).view(DeviceArray)
+
+    def __setitem__(self, key, value):
+        _refuse_boolean_index(key)
+        super().__setitem__(key, value)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __matmul__(self, other):
+        _refuse_cupy_product()
+        return super().__matmul__(other)
+
+    def __rmatmul__(self, other):
+        _refuse_cupy_product()
+        return super().__rmatmul__(other)
+
+    def _read(self, what):
+        backend.check_not_capturing(f"{what} reads a device array's value to the host")
+        return numpy.asarray(self)
+
+    def __float__(self):
+        return float(self._read("float()"))
+
+    def __int__(self):
+        return int(self._read("int()"))
+
+    def __index__(self):
+        return self._read("operator.index()").__index__()
+
+    def __bool__(self):
+        return bool(self._read("bool()"))
+
+    def __complex__(self):
+        return complex(self._read("complex()"))
+
+    def item(self, *args):
+        return self._read("item()").item(*args)
+
+    def tolist(self):
+        return self._read("tolist()").tolist()
+
+
+def _refuse_boolean_index(key):
+    """CuPy indexes by a boolean mask through the count of its true entries, read to the host."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if backend.is_capturing() and any(str(getattr(k, "dtype", "")) == "bool" for k in keys):
+        backend.check_not_capturing("indexing by a boolean mask reads its count to the host")
+
+
+def _refuse_cupy_product():
+    if backend.is_capturing():  # CuPy's words (cupy_backends/cuda/libs/cublas.pyx, setStream)
+        raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+
+
+_memory = {}  # id -> weak reference of every live DeviceArray that owns its memory
+
+
+def _forget(key, ref):
+    if _memory.get(key) is ref:
+        del _memory[key]
+
+
+def device_memory():
+    """The live DeviceArrays that own their memory (views of them are covered by these)."""
+    return [a for a in (ref() for ref in list(_memory.values())) if a is not None]
+
+
+@contextlib.contextmanager
+def _executing_nothing():
+    """Device memory as it was when the block began, after it (a capture executes no kernel)."""
+    saved = [(a, numpy.array(a, copy=True)) for a in device_memory()]
+    try:
+        yield
+    finally:
+        for array, values in saved:
+            numpy.copyto(numpy.asarray(array), values)
+
+
+class _Graph:
+    """What the emulated capture recorded: the step, and the kernel seeds handed to it in order
+    (``DeviceSeed`` slots, or values frozen as a real graph freezes them)."""
+
+    def __init__(self, fn, seeds):
+        self.fn, self.seeds = fn, seeds
+
+
+class EmulatedCapture:
+    """``backend.GraphCapture``'s interface on NumPy arrays (``DeviceArray``s, via ``adopt``). It
+    checks what a capture checks that can be checked on the CPU: the step runs under
+    ``backend.capturing()`` when captured and at every replay (a host read refuses the capture, or
+    fails the replay), replays take the seeds the capture recorded, and a replay that asks for
+    other seeds than the capture recorded is not the captured step (``RuntimeError``)."""
+
+    def begin(self):
+        pass
+
+    end = begin
+
+    @staticmethod
+    def adopt(array):
+        """``array`` as emulated device memory (the same memory, a DeviceArray view)."""
+        return array if isinstance(array, DeviceArray) else numpy.asarray(array).view(DeviceArray)
+
+    def on_stream(self):
+        return contextlib.nullcontext()
+
+    def capture(self, fn):
+        outer, seeds = tf_random.kernel_seed_recorder(), []
+
+        def record(generator):
+            with tf_random.recording_kernel_seeds(outer):
+                seeds.append(tf_random.kernel_seed(generator))
+            return seeds[-1]
+
+        try:
+            with _executing_nothing(), backend.capturing(), tf_random.recording_kernel_seeds(record):
+                fn()
+        except backend.CaptureUnavailable:
+            raise
+        except Exception as error:  # as GraphCapture.capture reports a failed capture
+            raise backend.CaptureUnavailable(f"capturing the step failed: {type(error).__name__}: {error}") from error
+        return _Graph(fn, seeds)
+
+    def replay(self, graph):
+        handed = iter(graph.seeds)
+
+        def next_seed(generator):
+            seed = next(handed, None)
+            if seed is None:
+                raise RuntimeError("the replayed step asks for more kernel seeds than its capture recorded")
+            return seed
+
+        with backend.capturing(), tf_random.recording_kernel_seeds(next_seed):
+            graph.fn()
+        if next(handed, None) is not None:
+            raise RuntimeError("the replayed step asks for fewer kernel seeds than its capture recorded")
+
+    def pool_bytes(self):
+        return 0
+
+    @staticmethod
+    def kernel_nodes(graph):
+        return None

@@ -1,0 +1,57 @@
+"""Scoring a model: the loss of a batch (label-smoothed cross entropy, §5.4, as training and
+validation compute it), the validation loss, and BLEU and exact match of its translations."""
+
+import math
+
+from .. import decode, metrics
+from ...engine import functional as F
+from ..data import PAD_ID
+from ...engine.tensor import no_grad
+
+__all__ = ["batch_loss", "validation_loss", "perplexity", "translation_scores", "evaluate"]
+
+
+def batch_loss(model, batch, label_smoothing):
+    """(label-smoothed loss, NLL) summed over the batch's target tokens, as Tensors.
+
+    The source mask is made once for the batch on the model's device (``Batch.src_key_mask``),
+    not uploaded and checked by every attention layer."""
+    like = next(iter(model.parameters())).data
+    logits = model(batch.src, batch.tgt_in, src_mask=batch.src_key_mask(like))
+    return F.cross_entropy(logits, batch.tgt_out, label_smoothing, ignore_index=PAD_ID, reduction="sum",
+                           return_nll=True)
+
+
+@no_grad()
+def validation_loss(model, data, max_tokens, label_smoothing):
+    """(loss, NLL) per target token over ``data`` in batches of ``max_tokens``, without dropout."""
+    model.eval()
+    total_loss = total_nll = 0.0
+    tokens = 0
+    for batch in data.batches(max_tokens, shuffle=False):
+        loss, nll = batch_loss(model, batch, label_smoothing)
+        total_loss += loss.item()
+        total_nll += nll.item()
+        tokens += batch.num_tokens
+    return total_loss / tokens, total_nll / tokens
+
+
+def perplexity(nll):
+    """exp(NLL per token), capped at exp(50) so that a diverged run still logs a number."""
+    return math.exp(min(nll, 50))
+
+
+def translation_scores(model, tokenizer, sources, references, beam_size=4, alpha=0.6):
+    """(hypotheses, sacreBLEU result, exact-match rate) of the model's translations of ``sources``."""
+    hypotheses = decode.translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha)
+    exact = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
+    return hypotheses, metrics.corpus_bleu(hypotheses, references), exact
+
+
+def evaluate(model, tokenizer, sources, references, beam_size=4, alpha=0.6):
+    """BLEU (sacreBLEU, and tokenized lowercased) and exact match of the model's translations."""
+    hypotheses, bleu, exact = translation_scores(model, tokenizer, sources, references, beam_size, alpha)
+    tokenized = metrics.tokenized_bleu(hypotheses, references)
+    return {"bleu": bleu.score, "signature": bleu.signature, "tokenized_bleu": tokenized.score,
+            "tokenized_signature": tokenized.signature, "exact_match": exact,
+            "sentences": len(references), "hypotheses": hypotheses}

@@ -1,0 +1,143 @@
+"""What a run's checkpoint holds besides the arrays, and reading it back.
+
+Each checkpoint carries, beside the parameters and Adam's moments, the config, the model's
+``model_config``, where the run stands (``Position``), the dropout generator's state and the
+tokenizer's SHA-256: all a resumed run needs to continue exactly, and all that ``load_model``
+needs to rebuild the model for translation.
+"""
+
+import dataclasses
+import time
+from pathlib import Path
+
+from .. import checkpoint
+from ...engine import random as tf_random
+from ...model.nn import StateDictError, Transformer, TransformerConfig
+from .config import TRAINING_ONLY
+
+__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model"]
+
+TOKENIZER_FILE = "spm.model"
+
+
+@dataclasses.dataclass
+class Position:
+    """Where a run stands; saved in each checkpoint, so that a resumed run sees the same batches."""
+
+    step: int = 0             # updates applied
+    epoch: int = 0            # epochs completed
+    batch_in_epoch: int = 0   # batches of this epoch consumed, those of skipped updates too
+    tokens_seen: int = 0      # target tokens of the applied updates
+    skipped_updates: int = 0  # updates skipped for a non-finite loss or gradient, over the whole run
+
+    def advance(self, batches, tokens, applied):
+        """Past ``batches`` batches of ``tokens`` target tokens, one more step if ``applied``."""
+        self.batch_in_epoch += batches
+        if applied:
+            self.step += 1
+            self.tokens_seen += tokens
+
+    def end_epoch_if_done(self, batches_in_epoch):
+        if self.batch_in_epoch >= batches_in_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    @classmethod
+    def from_metadata(cls, meta):
+        return cls(meta["step"], meta["epoch"], meta["batch_in_epoch"], meta["tokens_seen"],
+                   meta.get("skipped_updates", 0))
+
+
+def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=None):
+    """The JSON metadata of a checkpoint of this run at ``position``; with several ranks,
+    ``rng_states`` holds each rank's dropout generator state (``rng_state`` is rank 0's); an fp16
+    run's ``scaler`` (optim.GradScaler) its loss scale and counters as ``grad_scaler``."""
+    return {
+        "format": "tinyformer-checkpoint-1",
+        "config": config.to_dict(),
+        "model_config": model.config,
+        **dataclasses.asdict(position),
+        "rng_state": tf_random.get_rng_state(),
+        "tokenizer_sha256": tokenizer.sha256,
+        "tokenizer_file": TOKENIZER_FILE,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **({"rng_states": rng_states} if rng_states is not None and len(rng_states) > 1 else {}),
+        **({"grad_scaler": scaler.state_dict()} if scaler is not None and scaler.enabled else {}),
+    }
+
+
+def restore_checkpoint(path, model, adam, tokenizer):
+    """Load checkpoint ``path`` into a freshly built ``model`` and ``adam`` and the dropout
+    generator; returns (its Position, its metadata). Refuses (CheckpointError, nothing changed on
+    disk) another tokenizer, another architecture and an averaged checkpoint (no optimiser state)."""
+    state, meta, adam_state = checkpoint.load_checkpoint(path)
+    if meta.get("tokenizer_sha256") != tokenizer.sha256:
+        raise checkpoint.CheckpointError(f"{path} was trained with another tokenizer than "
+                                         f"{Path(path).parent / TOKENIZER_FILE}")
+    differences = checkpoint.model_config_mismatch(meta.get("model_config") or {}, model.config, TRAINING_ONLY)
+    if differences:
+        raise checkpoint.CheckpointError(
+            f"{path} holds another model than this run builds ({'; '.join(differences)}; checkpoint vs "
+            "run): resume with the run's own settings (tinyformer train --resume reads them from the checkpoint)")
+    _load_state(model, state, f"{path}: its parameters do not fit its model_config")
+    if adam_state is None:
+        raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): "
+                                         "cannot resume from it")
+    if "init" in (meta.get("model_config") or {}):  # how these weights were first drawn, whatever the preset says now
+        model.config["init"] = meta["model_config"]["init"]
+    schedule = adam.lr
+    adam.load_state_dict(adam_state)
+    adam.lr = schedule
+    tf_random.set_rng_state(meta["rng_state"])
+    return Position.from_metadata(meta), meta
+
+
+def load_model(path, device="cpu", tokenizer_path=None):
+    """(model in eval mode, tokenizer, metadata) from a checkpoint.
+
+    Refuses (CheckpointError naming the file and the mismatch) a file ``load_checkpoint``
+    refuses, a tokenizer other than the run's, and parameters that do not fit the checkpoint's
+    own ``model_config``.
+    """
+    from ..data.tokenizer import Tokenizer
+
+    state, meta, _ = checkpoint.load_checkpoint(path)
+    model_config = meta.get("model_config")
+    if not isinstance(model_config, dict):
+        raise checkpoint.CheckpointError(f"checkpoint {path} has no model_config in its metadata: it was not "
+                                         "written by tinyformer train (or averaged from such checkpoints)")
+    tokenizer_path = Path(tokenizer_path) if tokenizer_path else Path(path).parent / TOKENIZER_FILE
+    tokenizer = Tokenizer.load(tokenizer_path)
+    expected = meta.get("tokenizer_sha256")
+    vocab = model_config.get("src_vocab_size")
+    if expected != tokenizer.sha256:
+        raise checkpoint.CheckpointError(
+            f"tokenizer {tokenizer_path} (sha256 {tokenizer.sha256[:12]}..., {len(tokenizer)} pieces) is not "
+            f"the one checkpoint {path} was trained with (sha256 {str(expected)[:12]}..., vocabulary {vocab}): "
+            f"pass the run's {TOKENIZER_FILE}"
+        )
+    for key in ("src_vocab_size", "tgt_vocab_size"):
+        size = model_config.get(key)
+        if size is not None and size != len(tokenizer):
+            raise checkpoint.CheckpointError(f"checkpoint {path}: its model's {key} is {size}, but tokenizer "
+                                             f"{tokenizer_path} has {len(tokenizer)} pieces")
+    try:
+        model = Transformer.from_config(TransformerConfig.from_dict(model_config))
+    except (TypeError, ValueError) as error:
+        raise checkpoint.CheckpointError(f"checkpoint {path}: its model_config cannot be built ({error})") from None
+    summary = ", ".join(f"{k} {model_config.get(k)}" for k in ("d_model", "d_ff", "heads", "num_layers"))
+    _load_state(model, state, f"checkpoint {path}: its parameters do not fit its model_config ({summary})")
+    return model.to(device).eval(), tokenizer, meta
+
+
+def _load_state(model, state, context):
+    """``model.load_state_dict(state)``; a mismatch becomes a one-line CheckpointError starting with
+    ``context`` and naming the first of each kind of disagreement."""
+    try:
+        model.load_state_dict(state)
+    except StateDictError as error:
+        shapes = [f"{k} is {saved}, not {shape}" for k, saved, shape in error.mismatched]
+        missing = [f"{k} is missing" for k in error.missing]
+        unexpected = [f"{k} is not a parameter of the model" for k in error.unexpected]
+        parts = [group[0] + (f" (and {len(group) - 1} more like it)" if len(group) > 1 else "")
+                 for group in (shapes, missing, unexpected) if group]
+        raise checkpoint.CheckpointError(f"{context}: {'; '.join(parts)}") from None

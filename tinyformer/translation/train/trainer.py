@@ -1,0 +1,475 @@
+"""The Trainer: the loop over finished parts (built by ``builders.build_parts`` unless handed
+over), with validation, checkpoints, skipped updates and Ctrl-C.
+
+Failures lose nothing: an update whose loss or gradient is not finite is skipped
+(``max_bad_steps`` in a row stop the run); Ctrl-C stops at once in a forward or backward pass or
+a validation, but lets an update, its log record and a checkpoint write finish, then saves the
+last completed step and raises ``TrainingInterrupted``.
+
+Several ranks (``comm``, from ``distributed.init``: an MPI launch) train one model: each step's
+``nproc × accum`` batches are shared out (rank r takes its consecutive part), the loss is divided
+by the target tokens of all of them (summed over the ranks), the gradients are summed in
+buckets while the backward pass goes on, and every rank applies the same update. Rank 0 alone
+writes (checkpoints, metrics.jsonl, the progress bar) and validates while the others wait; every
+``check_every`` steps a checksum confirms that the ranks still hold the same parameters.
+
+Mixed precision (``precision`` bf16 or fp16): the forward and backward passes run under
+``amp.autocast``; the parameters and Adam's moments stay float32. In fp16 the loss is scaled
+(``optim.GradScaler``) and an update whose gradients overflowed is skipped, halving the scale: it
+is logged and counted (``overflow_skipped``), and is no bad step unless the scale falls below
+``min_loss_scale``, which stops the run. A batch that does not fit the GPU stops the run with one
+line naming ``--max-tokens`` and the memory asked for and free; the last checkpoint stays intact.
+"""
+
+import contextlib
+import math
+import time
+import warnings
+from pathlib import Path
+
+import numpy
+
+from ...engine import amp, backend
+from .. import checkpoint, distributed
+from ...engine import random as tf_random
+from ...model.optim import LossScaleTooSmall
+from .builders import build_parts
+from .config import ConfigError
+from . import graphs
+from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
+from .interrupts import InterruptGuard
+from .metrics_log import LOG_FILE, MetricsLog, TokenRate
+from .progress import ProgressBar
+from .state import Position, run_metadata
+
+__all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "blas_threads"]
+
+
+class TrainingDiverged(FloatingPointError):
+    """``max_bad_steps`` updates in a row had a non-finite loss or gradient, or fp16's loss scale fell
+    below its floor; nothing bad was saved."""
+
+
+class TrainingOutOfMemory(MemoryError):
+    """A step's batch did not fit the GPU; the message names --max-tokens and the memory asked for and free."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training; ``checkpoint`` is the checkpoint of the last completed step (or None)."""
+
+    def __init__(self, message, checkpoint=None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+@contextlib.contextmanager
+def blas_threads(count):
+    """A context that limits the BLAS (matrix product) threads, and tinyformer's own threads for
+    large row-wise work (``backend.set_num_threads``), to ``count``; None leaves them alone."""
+    if count is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    old = backend.set_num_threads(count)
+    try:
+        with threadpool_limits(limits=count, user_api="blas"):
+            yield
+    finally:
+        backend.set_num_threads(old)
+
+
+def _position_counter(name):
+    return property(lambda self: getattr(self.position, name), doc=f"``position.{name}``")
+
+
+class Trainer:
+    """Runs one training job: ``Trainer(config).run()`` builds the parts (``setup``), trains,
+    validates and checkpoints; ``Trainer(config, parts=build_parts(config))`` runs given parts."""
+
+    step = _position_counter("step")
+    epoch = _position_counter("epoch")
+    batch_in_epoch = _position_counter("batch_in_epoch")
+    tokens_seen = _position_counter("tokens_seen")
+    skipped_updates = _position_counter("skipped_updates")
+
+    def __init__(self, config, resume=False, echo=print, progress=True, parts=None, comm=None, graph_capture=None):
+        self.config = config.resolved()
+        c = self.config
+        try:
+            self.comm = comm if comm is not None else distributed.init(c.comm, c.device, c.comm_timeout)
+        except ValueError as error:
+            raise ConfigError("comm", str(error)) from None
+        if c.nproc is not None and c.nproc != self.comm.size:
+            raise ConfigError("nproc", f"nproc is {c.nproc} (the run's), but {self.comm.size} process(es) were started"
+                                       + ("; --resume keeps a run's nproc" if resume else ""))
+        c.nproc = self.comm.size
+        if c.device == "cpu":  # each step's large arrays reuse the last step's memory
+            backend.keep_freed_memory()
+        self.lead = self.comm.rank == 0  # the one rank that writes, shows and validates
+        self.resume, self.echo, self.progress = resume, echo if self.lead else _silent, progress and self.lead
+        self.save_dir = Path(self.config.save_dir)
+        self.metrics = MetricsLog(self.save_dir / LOG_FILE)
+        self.model = None
+        self.precision = amp.get_precision(c.precision)
+        self.scaler = None            # fp16's loss scale (disabled otherwise), from setup()
+        self.last_overflow = False    # the last step was skipped for an fp16 gradient overflow
+        self.buckets = None           # the gradient all-reduce, with several ranks
+        self.position = Position()
+        self.bad_in_a_row = 0         # skipped updates since the last applied one
+        self.interrupts = self._new_guard()
+        self._stop_agreed = False     # with several ranks: some rank had a Ctrl-C by the last step
+        self._deadline = None         # time.monotonic() at which time_limit ends this run's training
+        self._time_up = False         # rank 0's clock passed the deadline by the last step (agreed by all)
+        self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
+        self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
+        self.graphs = None            # the captured steps (graphs.GraphedStep) with cuda_graphs "on"
+        self._graph_capture = graph_capture  # tests: graphs.EmulatedCapture on NumPy arrays
+        if parts is not None:
+            self._take(parts)
+
+    def setup(self):
+        """Build the parts from the config (restored from the newest checkpoint on resume), unless
+        they were handed over."""
+        if self.model is None:
+            self._take(build_parts(self.config, self.resume, self.echo, self.comm))
+
+    def _take(self, parts):
+        self.tokenizer, self.model, self.adam = parts.tokenizer, parts.model, parts.adam
+        self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
+        self.position = parts.position
+        self.scaler = parts.scaler
+        self._saved_step = self.position.step if self.resume else None
+        if self.comm.size > 1:
+            self.buckets = distributed.GradientBuckets(self.comm, self.model.parameters(), self.config.bucket_mb)
+        if self.config.cuda_graphs == "on":
+            self.graphs = self._graphed_step()
+
+    def _graphed_step(self):
+        """The GraphedStep of ``cuda_graphs="on"``, or None after one warning naming why not."""
+        c, like = self.config, next(iter(self.model.parameters())).data
+        capture, reason = self._graph_capture, None
+        if capture is None:
+            reason = graphs.graphs_unavailable_reason(c, self.comm.size, like)
+            if reason is None:
+                try:
+                    capture = backend.GraphCapture()
+                except backend.CaptureUnavailable as error:
+                    reason = str(error)
+        if reason is not None:
+            warnings.warn(f"--cuda-graphs on: {reason}; the steps run eagerly", RuntimeWarning, stacklevel=3)
+            return None
+        return graphs.GraphedStep(self.model, self.adam, self.precision, c.label_smoothing, c.max_tokens,
+                                  self.model.config["max_len"], capture, shape_multiple=c.shape_multiple,
+                                  quietly=self._overflow_quietly)
+
+    def _new_guard(self):
+        return InterruptGuard(deferred=self.comm.size > 1)
+
+    def _stop_if_asked(self):
+        """A safe point; with several ranks, where all of them agreed to stop."""
+        if self._stop_agreed:
+            raise KeyboardInterrupt
+        self.interrupts.stop_if_asked()
+
+    # ------------------------------------------------------------------ the loop
+    def run(self):
+        """Train until ``max_steps`` (or ``max_epochs``), then save; returns the last validation record.
+
+        Raises TrainingDiverged after ``max_bad_steps`` skipped updates in a row (no checkpoint
+        written), TrainingInterrupted on Ctrl-C (after checkpointing the last completed step).
+        """
+        self.interrupts = self._new_guard()
+        with blas_threads(self.config.threads), self.interrupts.installed():
+            with self.interrupts.cut_short_allowed():
+                self.setup()
+            bar = ProgressBar(self.progress, self.config.max_steps, self.step, self.echo)
+            try:
+                last_val = self._loop(bar)
+                if self._saved_step != self.step:
+                    self.save()  # a run that max_epochs ended between two saves
+                self._stop_if_asked()
+            except KeyboardInterrupt:
+                bar.close()
+                raise self._save_on_interrupt() from None
+            finally:
+                bar.close()
+        return last_val
+
+    def _loop(self, bar):
+        c, at, last_val, rate = self.config, self.position, None, TokenRate()
+        self.model.train()
+        self._early_stop = None  # why training ended before max_steps (time_limit, patience), once it has
+        self._best_bleu, self._without_gain = None, 0
+        self._deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
+        self._time_up = False
+        while at.step < c.max_steps and (c.max_epochs is None or at.epoch < c.max_epochs) and not self._early_stop:
+            batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=at.epoch)
+            while at.batch_in_epoch < len(batches) and at.step < c.max_steps and not self._early_stop:
+                self._stop_if_asked()
+                step_before = at.step
+                loss, nll, tokens, grad_norm = self._step_or_stop(batches[at.batch_in_epoch:at.batch_in_epoch + c.accum * self.comm.size])
+                if at.step == step_before:
+                    (self._overflowed if self.last_overflow else self._skipped)(loss, grad_norm, bar)
+                    continue
+                self.bad_in_a_row = 0
+                if self.comm.size > 1 and at.step % c.check_every == 0:
+                    distributed.check_same_parameters(self.comm, self.model.named_parameters(), at.step)
+                rate.add(tokens)
+                if at.step % c.log_every == 0 or at.step == 1:
+                    self._log_training(loss, nll, grad_norm, rate.take(), bar)
+                bar.advance()
+                if self._time_up:
+                    self._early_stop = f"time limit of {c.time_limit:g} minutes reached"
+                validated = at.step % c.eval_every == 0 or at.step == c.max_steps or bool(self._early_stop)
+                if validated:
+                    last_val = self._validate_now()
+                    self._note_validation(last_val)
+                if at.step % c.save_every == 0 or at.step == c.max_steps or self._early_stop:
+                    self.save()
+            at.end_epoch_if_done(len(batches))
+        if self._early_stop:
+            self.echo(f"step {at.step}: training stopped early: {self._early_stop}")
+        if self.graphs is not None:
+            self.echo(f"CUDA graphs: {self.graphs.num_shapes} batch shapes, {self.graphs.num_graphs} graphs captured, "
+                      f"{self.graphs.replays} steps replayed, private pool {self.graphs.pool_bytes() / 2 ** 20:.1f} MiB"
+                      + (f"; capture given up: {self.graphs.failed}" if self.graphs.failed else ""))
+        return last_val
+
+    def _note_validation(self, record):
+        """``patience``: count validations in a row without a better greedy BLEU (the same on every rank)."""
+        bleu = self.comm.broadcast_object(None if record is None else record["bleu_greedy"])
+        if self._best_bleu is None or bleu > self._best_bleu:
+            self._best_bleu, self._without_gain = bleu, 0
+            return
+        self._without_gain += 1
+        if self.config.patience is not None and self._without_gain >= self.config.patience:
+            self._early_stop = (f"{self._without_gain} validations without a better greedy BLEU than "
+                                f"{self._best_bleu:.2f} (patience {self.config.patience})")
+
+    def _step_or_stop(self, batches):
+        """``train_step``, turning the allocator's out-of-memory error into one line."""
+        try:
+            return self.train_step(batches)
+        except backend.out_of_memory_errors() as error:
+            asked, free = backend.out_of_memory_report(error)
+            self.adam.zero_grad()
+            raise TrainingOutOfMemory(
+                f"out of GPU memory at step {self.step + 1}: a batch of --max-tokens {self.config.max_tokens} "
+                f"asked for {_mib(asked)} with {_mib(free)} free; lower --max-tokens (or raise --accum to keep the "
+                f"tokens per step); {_kept_note(self._newest_checkpoint())}") from None
+
+    def train_step(self, batches):
+        """One optimiser step over ``batches`` (gradient accumulation); returns (loss, nll, tokens, grad_norm).
+
+        With several ranks ``batches`` are the step's batches of all of them (the same list on
+        every rank): rank r takes the r-th of ``nproc`` consecutive parts. The loss of each batch
+        is divided by the target tokens of all of them, so the summed gradient is the one a single
+        process would compute over all ``batches``.
+
+        The position in the data moves past ``batches`` in any case. The update is skipped
+        (parameters, Adam's moments and the step count unchanged) when the loss is not finite
+        (``grad_norm`` is then None) or the gradient norm is not finite (in fp16: an overflow of the
+        scaled gradients, ``last_overflow``; the loss scale backs off).
+        """
+        if self.graphs is not None:
+            return self._replayed_step(batches)
+        part = -(-len(batches) // self.comm.size)
+        mine = batches[self.comm.rank * part:(self.comm.rank + 1) * part]
+        tokens = sum(b.num_tokens for b in batches)  # every rank's parts together: no collective needed
+        total_loss = total_nll = 0.0
+        backward_scale = self.scaler.scale if self.scaler.enabled else 1.0
+        self._boundary_rng = tf_random.get_rng_state()
+        with self.interrupts.cut_short_allowed():  # nothing of the run's state changes until the update below
+            self.adam.zero_grad()
+            for i, batch in enumerate(mine):
+                if self.buckets is not None and i == len(mine) - 1:
+                    self.buckets.arm()  # the last backward pass all-reduces the buckets as they fill
+                with amp.autocast(self.precision), self._overflow_quietly():
+                    loss, nll = batch_loss(self.model, batch, self.config.label_smoothing)
+                    (loss * (backward_scale / tokens)).backward()
+                total_loss += loss.item()
+                total_nll += nll.item()
+            if self.buckets is not None:
+                self.buckets.finish()
+        self._boundary_rng = None
+        totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(self.interrupts.pending),
+                                                   float(self._lead_out_of_time())]))
+        self._stop_agreed = self.interrupts.deferred and totals[2] > 0
+        self._time_up = totals[3] > 0  # rank 0's clock decides, in the step's one collective
+        loss, nll = float(totals[0]) / tokens, float(totals[1]) / tokens
+        grad_norm, self.last_overflow = None, False
+        if math.isfinite(loss):
+            with self._scale_floor_stops():
+                grad_norm, self.last_overflow = self.scaler.step(self.adam)
+        self.position.advance(len(batches), tokens, applied=grad_norm is not None and math.isfinite(grad_norm))
+        return loss, nll, tokens, grad_norm
+
+    def _replayed_step(self, batches):
+        """``train_step`` with ``cuda_graphs="on"``: the step's device work is one captured graph
+        (``graphs.GraphedStep``); the update is skipped on the device, and the same rules follow
+        from its flag. A Ctrl-C waits for the step: its update is part of the graph."""
+        tokens = sum(b.num_tokens for b in batches)
+        scale = self.scaler.scale if self.scaler.enabled else 1.0
+        loss_sum, nll_sum, norm, applied = self.graphs.run(batches, tokens, scale)
+        self._time_up = self._lead_out_of_time()  # one process
+        loss, nll = loss_sum / tokens, nll_sum / tokens
+        grad_norm, self.last_overflow = None, False
+        if math.isfinite(loss):
+            grad_norm = norm
+            if self.scaler.enabled:
+                self.last_overflow = not applied
+                with self._scale_floor_stops():
+                    self.scaler.update(not applied)
+        self.position.advance(len(batches), tokens, applied=applied)
+        return loss, nll, tokens, grad_norm
+
+    def _lead_out_of_time(self):
+        """Whether this is rank 0 and its clock has passed ``time_limit``'s deadline."""
+        return self.lead and self._deadline is not None and time.monotonic() >= self._deadline
+
+    @contextlib.contextmanager
+    def _scale_floor_stops(self):
+        """fp16's loss scale below its floor stops the run (TrainingDiverged, one line)."""
+        try:
+            yield
+        except LossScaleTooSmall as error:
+            raise TrainingDiverged(f"training stopped at step {self.step + 1}: {error} (--min-loss-scale "
+                                   f"{self.config.min_loss_scale:g}); no such update was applied or saved and "
+                                   f"{_kept_note(self._newest_checkpoint())}; try --precision bf16 or a lower "
+                                   "--lr-factor in a new run") from None
+
+    def _overflow_quietly(self):
+        """fp16: a scaled gradient that overflows is the scaler's business (the step is skipped and
+        logged), not a warning for every op it passes through."""
+        return numpy.errstate(over="ignore", invalid="ignore") if self.scaler.enabled else contextlib.nullcontext()
+
+    def log(self, record):
+        if self.lead:
+            self.metrics.append(record)
+
+    def _log_training(self, loss, nll, grad_norm, tokens_per_s, bar):
+        record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(loss, 5), "nll": round(nll, 5),
+                  "ppl": round(perplexity(nll), 4), "lr": self.adam.current_lr(self.step),
+                  "grad_norm": round(grad_norm, 5), "tokens_per_s": round(tokens_per_s, 1),
+                  "skipped_updates": self.skipped_updates}
+        if self.scaler.enabled:
+            record.update(loss_scale=self.scaler.scale, overflow_skipped=self.scaler.skipped_steps)
+        if self.graphs is not None:
+            record.update(graph_shapes=self.graphs.num_shapes, graphs=self.graphs.num_graphs,
+                          graph_pool_mib=round(self.graphs.pool_bytes() / 2 ** 20, 1))
+        if self.buckets is not None:
+            hidden, seconds = self.buckets.take_timings()
+            if hidden is not None:
+                record.update(allreduce_ms=round(1000 * seconds, 2), allreduce_hidden=round(hidden, 3))
+        self.log(record)
+        bar.show(self.skipped_updates, loss=f"{loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}")
+
+    def _skipped(self, loss, grad_norm, bar):
+        """Count an update skipped for a non-finite loss or gradient; stop after ``max_bad_steps`` in a row."""
+        self.position.skipped_updates += 1
+        self.bad_in_a_row += 1
+        reason = (f"non-finite loss ({loss})" if grad_norm is None
+                  else f"non-finite gradient norm ({grad_norm}) at loss {loss:.4g}")
+        self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": reason,
+                  "skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row})
+        bar.show(self.skipped_updates, last=reason.split(" (")[0])
+        bar.note(f"step {self.step + 1}: update skipped, {reason} ({self.bad_in_a_row} in a row, "
+                 f"{self.skipped_updates} in all)")
+        if self.bad_in_a_row >= self.config.max_bad_steps:
+            raise TrainingDiverged(
+                f"training stopped: {self.bad_in_a_row} updates in a row were skipped for a non-finite loss "
+                f"or gradient (max_bad_steps={self.config.max_bad_steps}; the last: {reason} at step "
+                f"{self.step + 1}); none was applied or saved and {_kept_note(self._newest_checkpoint())}; "
+                "try a lower --lr-factor or a --max-grad-norm in a new run"
+            )
+
+    def _overflowed(self, loss, grad_norm, bar):
+        """Log an fp16 update skipped because the scaled gradients overflowed (the scale has halved);
+        not a bad step: the next one runs at the lower scale."""
+        note = f"fp16 gradient overflow, loss scale now {self.scaler.scale:g}"
+        self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": note, "loss_scale": self.scaler.scale,
+                  "overflow_skipped": self.scaler.skipped_steps})
+        bar.note(f"step {self.step + 1}: update skipped, {note} ({self.scaler.skipped_steps} in all)")
+
+    # ------------------------------------------------------------------ validation
+    def _validate_now(self):
+        """Validation on rank 0, while the other ranks wait (as long as it takes)."""
+        self._stop_if_asked()
+        record = None
+        if self.lead:
+            with self.interrupts.cut_short_allowed():
+                record = self.validate()
+        self.comm.barrier(timeout=None)
+        self.model.train()
+        return record
+
+    def validate(self):
+        """Validation loss, perplexity, greedy BLEU and exact match (of ``bleu_samples`` sentences), logged;
+        in the run's precision."""
+        with amp.autocast(self.precision):
+            loss, nll = validation_loss(self.model, self.val_data, self.config.max_tokens, self.config.label_smoothing)
+            sources, references = (side[:self.config.bleu_samples] for side in self.val_text)
+            _, bleu, exact = translation_scores(self.model, self.tokenizer, sources, references, beam_size=1)
+        record = {"step": self.step, "split": "val", "loss": round(loss, 5), "nll": round(nll, 5),
+                  "ppl": round(perplexity(nll), 4), "bleu_greedy": round(bleu.score, 2),
+                  "exact_match_greedy": round(exact, 4), "bleu_sentences": len(references)}
+        self.log(record)
+        self.echo(f"step {self.step}: val loss {loss:.3f}, ppl {record['ppl']:.2f}, "
+                  f"BLEU {bleu.score:.2f} (greedy, {len(references)} sentences), exact match {exact:.1%}")
+        return record
+
+    # ------------------------------------------------------------------ checkpoints
+    def metadata(self, rng_states=None):
+        return run_metadata(self.config, self.model, self.tokenizer, self.position, rng_states, self.scaler)
+
+    def save(self):
+        """Checkpoint the current step (a Ctrl-C waits until it and the pruning are done): rank 0
+        writes it, with every rank's dropout generator state, while the others wait."""
+        path = checkpoint.checkpoint_path(self.save_dir, self.step)
+        rng_states = self.comm.all_gather_object(tf_random.get_rng_state())
+        if self.lead:
+            checkpoint.save_checkpoint(path, self.model.state_dict(), self.metadata(rng_states),
+                                       self.adam.state_dict())
+            checkpoint.prune_checkpoints(self.save_dir, self.config.keep_last)
+        self._saved_step = self.step
+        self.comm.barrier(timeout=None)
+        return path
+
+    def _newest_checkpoint(self):
+        newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
+        return newest[0] if newest else None
+
+    def _save_on_interrupt(self):
+        """A TrainingInterrupted naming the checkpoint of the last completed step, saved if need be."""
+        forced = self.interrupts.stopping()  # a further Ctrl-C stops at once, saving nothing
+        newest = self._newest_checkpoint()
+        if forced:
+            return self._interrupted(f"interrupted at step {self.step} before a checkpoint could be saved; "
+                                     f"{_kept_note(newest)}", newest)
+        if self._boundary_rng is not None:  # undo the dropout draws of a step cut short
+            tf_random.set_rng_state(self._boundary_rng)
+        path = checkpoint.checkpoint_path(self.save_dir, self.step)
+        if self._saved_step != self.step:
+            try:
+                self.save()
+            except (OSError, checkpoint.CheckpointError) as error:
+                return self._interrupted(f"interrupted at step {self.step}; saving it failed ({error})", newest)
+        return self._interrupted(f"interrupted at step {self.step}, which is saved in {path}; continue with --resume",
+                                 path)
+
+    def _interrupted(self, message, path):
+        self.echo(message)
+        return TrainingInterrupted(message, path)
+
+
+def _silent(*args, **kwargs):
+    """The echo of the ranks other than 0."""
+
+
+def _mib(count):
+    return "an unknown amount" if count is None else f"{count / 2 ** 20:,.1f} MiB"
+
+
+def _kept_note(newest):
+    return f"the last checkpoint, {newest}, is intact" if newest else "no checkpoint was written"
