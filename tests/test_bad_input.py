@@ -431,14 +431,14 @@ def test_misuse_exits_2_with_one_line(argv, message, tmp_path, capsys):
 
 
 def test_an_unexpected_exception_is_still_one_line_with_its_type(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_info", lambda args: 1 / 0)
+    monkeypatch.setattr(cli.info, "run", lambda args: 1 / 0)
     code, _, err = run_cli(["info"], capsys)
     assert code == 1 and "ZeroDivisionError: division by zero" in one_line(err) and "TINYFORMER_DEBUG" in err
 
 
 def test_debug_shows_the_traceback(monkeypatch):
     monkeypatch.setenv("TINYFORMER_DEBUG", "1")
-    monkeypatch.setattr(cli, "_info", lambda args: 1 / 0)
+    monkeypatch.setattr(cli.info, "run", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         cli.main(["info"])
 

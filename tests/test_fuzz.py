@@ -19,6 +19,7 @@ from hypothesis.extra import numpy as hnp
 
 import tinyformer as tf
 from tinyformer import cli
+from tinyformer.cli import text_io
 from tinyformer.translation import decode
 from tinyformer.model import nn
 from tinyformer.engine import functional as F
@@ -131,7 +132,7 @@ raw_bytes = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(data=raw_bytes)
 def test_cli_input_reading_keeps_the_lines_and_counts_replacements(data):
-    lines, replaced, where = cli._split_lines(data)
+    lines, replaced, where = text_io.split_lines(data)
     assert len(lines) == expected_line_count(data)
     for line in lines:
         line.encode("utf-8")  # valid Unicode: no surrogates left

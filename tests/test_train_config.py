@@ -190,20 +190,20 @@ def test_resume_changes_exactly_the_resumable_fields(name, saved_run):
     run, saved = saved_run
     given = {"save_dir": str(run), name: "changed"}
     if name in RESUMABLE:
-        config = cli._resumed_config(given)
+        config = cli.train._resumed_config(given)
         assert getattr(config, name) == "changed"
         assert {k: v for k, v in config.to_dict().items() if k != name} == \
             {k: v for k, v in saved.to_dict().items() if k != name}
     else:
         with pytest.raises(cli.UsageError, match=f"--resume continues the saved run: {flag_of(name)} cannot change"):
-            cli._resumed_config(given)
+            cli.train._resumed_config(given)
 
 
 def test_resume_accepts_options_that_repeat_the_saved_run(saved_run):
     """As in the manual (docs/training.md):
     `tinyformer train --data multi30k --preset small --resume --max-steps 6000`."""
     run, saved = saved_run
-    config = cli._resumed_config({"save_dir": str(run), "data": "synthetic", "preset": "tiny", "vocab_size": 120,
+    config = cli.train._resumed_config({"save_dir": str(run), "data": "synthetic", "preset": "tiny", "vocab_size": 120,
                                   "max_steps": 9})
     assert config.max_steps == 9 and config.vocab_size == 120
 

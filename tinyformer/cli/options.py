@@ -1,0 +1,57 @@
+"""Argument types that check their values (a bad value: exit status 2) and the options that
+several commands share: decoding, precision, CPU threads."""
+
+import argparse
+import functools
+
+from ..common.validation import check_int, check_real
+from ..engine import amp, backend
+
+
+def checked(kind, check):
+    """An argparse type: the text as ``kind``, then ``check(name, value)`` (tinyformer.common.validation's, or
+    a TrainConfig field's), whose "NAME must be ..., got VALUE" becomes "must be ..., got 'TEXT'":
+    argparse puts "argument --flag: " before it, so the message names the flag and shows the text."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        try:
+            return check("value", value)
+        except ValueError as error:
+            requirement = str(error).removeprefix("value ").rpartition(", got ")[0]
+            raise argparse.ArgumentTypeError(f"{requirement}, got {text!r}") from None
+
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
+
+
+positive_int = checked(int, functools.partial(check_int, minimum=1))
+non_negative_float = checked(float, functools.partial(check_real, minimum=0))
+
+
+def add_decoding_options(parser, beam=4, threads=None):
+    parser.add_argument("--beam", type=positive_int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
+    parser.add_argument("--threads", type=positive_int, default=threads,
+                        help=f"CPU threads for matrix products and row-wise work (default {threads or 'all'})")
+    parser.add_argument("--alpha", type=non_negative_float, default=0.6, help="GNMT length penalty α (default 0.6)")
+    parser.add_argument("--device", default="cpu", choices=backend.DEVICES, help="cpu (default) or cuda")
+    parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
+
+
+def limiting_threads(command):
+    """``command`` run with at most ``args.threads`` CPU threads (BLAS and tinyformer's own; None: all)."""
+    @functools.wraps(command)
+    def run(args):
+        from ..translation.train import blas_threads
+
+        with blas_threads(args.threads):
+            return command(args)
+    return run
+
+
+def add_precision_option(parser):
+    parser.add_argument("--precision", default="fp32", choices=tuple(amp.PRECISIONS),
+                        help="arithmetic of the matrix products and attention (default fp32); a checkpoint of "
+                             "any precision loads in any other (its weights are float32)")
