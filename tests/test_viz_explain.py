@@ -402,8 +402,55 @@ def test_the_page_is_offline_by_construction(page, model_and_tokenizer):
     assert "default-src 'none'" in csp and "'unsafe-inline'" not in csp and "connect-src 'none'" in csp
     model, tokenizer = model_and_tokenizer  # an address in a sentence does not make one in the page
     other = viz.explain(model, tokenizer, "see https://example.com/x </script>", REFERENCE, tokens=[1])
-    assert not re.search(r"(?i)https?:", other) and other.count("</script>") == 3
+    # </script> ends the guard, the data and each of the page's scripts: none more
+    assert not re.search(r"(?i)https?:", other) and other.count("</script>") == 2 + len(explain_page.SCRIPTS)
     assert page_data(other)["source"]["text"] == "see https://example.com/x </script>"
+
+
+def test_the_page_inlines_its_scripts_in_order_each_under_its_own_hash(untrained_page):
+    path, _ = untrained_page
+    text = path.read_text(encoding="utf-8")
+    scripts = [explain_page._read(name) for name in ("explain_guard.js",) + explain_page.SCRIPTS]
+    where = [text.index(f"<script>{script}</script>") for script in scripts]
+    assert where == sorted(where) and where[1] > text.index('id="explain-data"')  # the data before them
+    csp = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', text).group(1)
+    listed = re.search(r"script-src ([^;]*);", csp).group(1).split()
+    assert listed == [explain_page._sha256(script) for script in scripts]
+
+
+def test_the_page_scripts_share_one_namespace_and_are_strict():
+    """Each script is one strict function, called with the namespace (the first creates it): nothing
+    of it outside, no other global assigned, and at most 500 lines."""
+    for name in explain_page.SCRIPTS:
+        lines = explain_page._read(name).splitlines()
+        code = [line for line in lines if not line.startswith("//")]
+        first = name == explain_page.SCRIPTS[0]
+        assert code[:2] == ["(function () {" if first else "(function (page) {", '  "use strict";'], name
+        assert code[-1] == ("})();" if first else "})(window.tinyformerExplain);"), name
+        assert all(line == "" or line.startswith("  ") for line in code[2:-1]), name
+        assigned = re.findall(r"\bwindow\.(\w+)\s*=(?!=)", "\n".join(code))
+        assert assigned == (["tinyformerExplain"] if first else []), name
+        assert len(lines) <= 500, name
+
+
+@needs_browser
+def test_the_page_scripts_add_no_global_but_their_namespace(untrained_page, tmp_path, monkeypatch):
+    """The window's own properties after every script ran, against those before the first: only the
+    guard's list of errors and the scripts' namespace are new."""
+    _, data = untrained_page
+    read = explain_page._read
+    before = "document.documentElement.dataset.globals = JSON.stringify(Object.getOwnPropertyNames(window));\n"
+    after = ("\n(function () { const before = JSON.parse(document.documentElement.dataset.globals); "
+             "document.getElementById('self-test').dataset.globals = JSON.stringify("
+             "Object.getOwnPropertyNames(window).filter(function (n) { return before.indexOf(n) < 0; })); })();\n")
+    texts = {"explain_guard.js": before + read("explain_guard.js"),
+             explain_page.SCRIPTS[-1]: read(explain_page.SCRIPTS[-1]) + after}
+    monkeypatch.setattr(explain_page, "_read", lambda name: texts.get(name) or read(name))
+    path = tmp_path / "globals.html"
+    path.write_text(render(data), encoding="utf-8")
+    dom = PageDOM(browse(path)[0], only_ids=["self-test"])
+    assert_self_test_passed(dom)
+    assert sorted(json.loads(dom.ids["self-test"]["data-globals"])) == ["explainErrors", "tinyformerExplain"]
 
 
 def test_the_page_files_are_package_data():
@@ -749,10 +796,10 @@ def test_the_self_test_fails_where_the_page_or_its_data_is_wrong(page, tmp_path,
     wrong (a script that forgets softmax's row term), when it does not match Python's float64 beyond
     what storage allows (one sample moved by 2 %), and when the stored P is not a softmax."""
     _, data = page
-    script = explain_page._read("explain.js")
+    script = explain_page._read("explain_arrays.js")
     script, data = corrupt(script, json.loads(json.dumps(data)))
     read = explain_page._read
-    monkeypatch.setattr(explain_page, "_read", lambda name: script if name == "explain.js" else read(name))
+    monkeypatch.setattr(explain_page, "_read", lambda name: script if name == "explain_arrays.js" else read(name))
     path = tmp_path / "corrupt.html"
     path.write_text(render(data), encoding="utf-8")
     status, checks, errors = PageDOM(browse(path)[0], only_ids=["self-test"]).status()

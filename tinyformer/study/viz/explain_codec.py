@@ -2,9 +2,10 @@
 
 A page holds only what cannot be recomputed: P, Q, K, V and dO of every head (dO = ∂L/∂O, the
 gradient at the head's output O = P·V) and each target token's own dℓₜ/dP. The page derives the
-rest as the backward of attention does (``recompute``, which mirrors ``explain.js`` line for
-line): dP = dO·Vᵀ, dS = P∘(dP − rowsum(P∘dP)) (centred, see ``softmax_backward``),
-dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k, dV = Pᵀ·dO, and each token's dℓₜ/dS from its dℓₜ/dP.
+rest as the backward of attention does (``recompute``, which mirrors the page's
+``explain_numbers.js`` and ``explain_arrays.js`` line for line): dP = dO·Vᵀ,
+dS = P∘(dP − rowsum(P∘dP)) (centred, see ``softmax_backward``), dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k,
+dV = Pᵀ·dO, and each token's dℓₜ/dS from its dℓₜ/dP.
 
 Three encodings, each stated with its error bound (``storage_error``), their bytes split into
 planes, deflated and in base64 (``_packed``):

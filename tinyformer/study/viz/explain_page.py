@@ -3,6 +3,10 @@ shipped beside this module (package data), the data as JSON, and a Content-Secur
 that lets only those exact inline scripts and styles run (by their SHA-256) and forbids every
 request: the page works offline because it cannot do anything else.
 
+The page's own scripts (``SCRIPTS``) are inlined in that order, each in a <script> element of its
+own under its own hash. They share one object, ``window.tinyformerExplain`` (created by the first,
+``explain_namespace.js``), and define no other global.
+
 ``render`` returns an ``ExplainPage``: the page as a str, which a Jupyter notebook also shows
 inline (in a sandboxed iframe) and ``save`` writes to a file.
 """
@@ -17,10 +21,15 @@ from pathlib import Path
 
 from ...common.atomic import write_atomically
 
-__all__ = ["ExplainPage", "render", "content_security_policy", "PAGE_FILES"]
+__all__ = ["ExplainPage", "render", "content_security_policy", "PAGE_FILES", "SCRIPTS"]
 
-PAGE_FILES = ("explain.html", "explain.css", "explain_guard.js", "explain.js")
-_SLOTS = ("@CSP@", "@GENERATOR@", "@TITLE@", "@STYLE@", "@GUARD@", "@SOURCE@", "@TARGET@", "@DATA@", "@SCRIPT@")
+# The page's scripts after its data, in the order they run: each takes from the namespace what those
+# before it put there (the data, the arrays, the figures, ...); the last draws the page.
+SCRIPTS = ("explain_namespace.js", "explain_inflate.js", "explain_arrays.js", "explain_numbers.js",
+           "explain_figures.js", "explain_state.js", "explain_panels_heads.js", "explain_panels_gradients.js",
+           "explain_slider.js", "explain_selftest.js", "explain_boot.js")
+PAGE_FILES = ("explain.html", "explain.css", "explain_guard.js") + SCRIPTS
+_SLOTS = ("@CSP@", "@GENERATOR@", "@TITLE@", "@STYLE@", "@GUARD@", "@SOURCE@", "@TARGET@", "@DATA@", "@SCRIPTS@")
 
 
 def _read(name):
@@ -91,15 +100,15 @@ class ExplainPage(str):
 
 def render(data):
     """The page (an ``ExplainPage``, a str) of ``explanation.explain_data``'s dict."""
-    template, style, guard, script = (_read(name) for name in PAGE_FILES)
-    for name, text in (("explain_guard.js", guard), ("explain.js", script)):
+    template, style, guard, *scripts = (_read(name) for name in PAGE_FILES)
+    for name, text in zip(PAGE_FILES[2:], (guard, *scripts)):
         if "</script" in text.lower():
             raise ValueError(f"explain_page: {name} holds '</script', which would end its element early")
     values = {
-        "@CSP@": content_security_policy(style, (guard, script)),
+        "@CSP@": content_security_policy(style, (guard, *scripts)),
         "@GENERATOR@": html.escape(data["generator"]),
         "@TITLE@": _html_text(f"tinyformer explain: {data['source']['text'][:80]}"),
-        "@STYLE@": style, "@GUARD@": guard, "@SCRIPT@": script,
+        "@STYLE@": style, "@GUARD@": guard, "@SCRIPTS@": "\n".join(f"<script>{text}</script>" for text in scripts),
         "@SOURCE@": _html_text(data["source"]["text"]), "@TARGET@": _html_text(data["target"]["text"]),
         "@DATA@": _json_for_html(data),
     }
