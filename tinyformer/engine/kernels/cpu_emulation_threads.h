@@ -11,7 +11,8 @@
 //   - __shared__ is `static`: one copy, used by the one block that runs at a time;
 //   - __syncthreads() is a barrier over the block's threads, a warp shuffle a barrier over the
 //     warp's threads around a slot exchange;
-//   - a thread that returns drops out of both barriers, as an exited CUDA thread does;
+//   - a thread that returns drops out of both barriers, as an exited CUDA thread does; it must
+//     not leave cp.async copies in flight (cpu_emulation_warp.h): the emulation aborts if it does;
 //   - dynamic shared memory (extern __shared__) is a per-launch buffer of the launch's size,
 //     filled with 0xFF bytes (NaN in every float type) so that unwritten reads show.
 // A kernel that calls __syncthreads() or a shuffle divergently leaves threads that can never
@@ -243,13 +244,27 @@ T shuffle(T value, SourceLane source_lane) {
     return result;
 }
 
+// Whether `t` issued cp.async copies it has not waited for, in its open group or a committed one
+// (an empty group is complete: PTX ISA, cp.async.wait_group).
+inline bool copies_in_flight(const Thread& t) {
+    if (!t.open_copies.empty()) return true;
+    for (const std::vector<PendingCopy>& group : t.committed_copies)
+        if (!group.empty()) return true;
+    return false;
+}
+
 // A fiber's first function: runs the kernel as the current thread, then leaves both barriers.
+// A thread must not return with copies in flight: on a GPU they may land in the shared memory of
+// the next block on the multiprocessor.
 inline void thread_entry() {
     Block& b = *current_block;
 #if defined(TF_EMU_ASAN)
     __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack, &b.scheduler_stack_size);
 #endif
     b.body(b.body_arg);
+    if (copies_in_flight(*current_thread))
+        fail("a thread returned with cp.async copies in flight: drain them (cp.async.wait_all) before the kernel "
+             "exits");
     const unsigned me = current_thread->linear;
     arrive_and_drop(b.block_barrier, BLOCK_BARRIER);
     arrive_and_drop(b.warp_barriers[me >> 5], warp_barrier_id(me));

@@ -7,8 +7,10 @@
 //   - ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16: lanes deposit row addresses,
 //     one warp barrier, each lane reads its elements (16-byte aligned rows are required);
 //   - cp.async.cg.shared.global (16 bytes, zero fill) is *deferred*: a copy is performed only
-//     when a cp.async.wait_group lets its group complete, so a kernel that reads a tile before
-//     waiting for it reads stale data here and fails its test.
+//     when a cp.async.wait_group (or wait_all) lets its group complete, so a kernel that reads a
+//     tile before waiting for it reads stale data here and fails its test; a thread that returns
+//     with copies in flight aborts the emulation (cpu_emulation_threads.h), so a kernel drains
+//     them before it exits, as CUTLASS's do.
 // A warp-collective call by a partial warp aborts.
 #pragma once
 
@@ -108,5 +110,11 @@ inline void cp_async_wait(int pending) {
     }
 }
 
+// cp.async.wait_all: cp.async.commit_group, then cp.async.wait_group 0 (the PTX ISA's definition):
+// the copies not yet committed complete too.
+inline void cp_async_wait_all() {
+    cp_async_commit();
+    cp_async_wait(0);
+}
 
 }  // namespace tf_emu
