@@ -2,9 +2,10 @@
 the first tests instead of inside the tests that need them. Two processes, each making its part
 in order (``PARTS``):
 
-- ``kernels``: the CPU emulation of the kernels; every kernel instantiation compiled with NVRTC
-  for sm_80 and sm_90, where NVRTC is installed; the emulation under AddressSanitizer, where the
-  compiler has its runtime, with the registry's geometry and with the tests' changed one;
+- ``kernels``: the CPU emulation of the kernels and of the tests' probes (tests/mma_probes.py);
+  every kernel instantiation compiled with NVRTC for sm_80 and sm_90, where NVRTC is installed;
+  the emulation under AddressSanitizer, where the compiler has its runtime, with the registry's
+  geometry and with the tests' changed one;
 - ``training``: the trained models of ``trained_models`` and the precision tests' loss curves
   (into the run's shared temporary directory); then it helps with NVRTC from the other end of
   the list of compilations (each is made once, under its own lock: the two meet in the middle).
@@ -66,12 +67,14 @@ def _nvrtc(reverse=False):
 
 
 def kernels(shared):
+    import mma_probes
     import pytest
     from tinyformer.engine.kernels import emulation
 
     cxx = _compiler()
     if cxx:
         emulation.build(sanitize=False)
+        mma_probes.build(sanitize=False)
     _nvrtc()
     if cxx:
         libasan = children.run([cxx, "-print-file-name=libasan.so"], timeout=60).stdout.strip()

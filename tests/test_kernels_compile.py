@@ -2,6 +2,7 @@
 
 import os
 
+import mma_probes
 import pytest
 
 from tinyformer.engine.kernels import compile_check, emulation, registry, toolchain
@@ -25,8 +26,10 @@ def reports():
 def test_every_instantiation_compiles_for_sm80_and_sm90(reports):
     expected = {(arch, e) for arch in ("sm_80", "sm_90") for s in registry.KERNELS for e in registry.instantiations(s)}
     assert {(r.arch, r.expression) for r in reports} == expected
-    # arch × dtype × (kernel [× head dim]); the tensor-core attention and its probes in 2 dtypes
-    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 2 + 1 + 2 + 2 + 1 + 4 * 3) + 2 * (3 * 3 + 4))
+    # arch × dtype × (kernel [× head dim]); the tensor-core attention in 2 dtypes (the probes of its
+    # instructions are the tests' own: test_the_test_probes_compile_with_their_shared_memory)
+    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 2 + 1 + 2 + 2 + 1 + 4 * 3) + 2 * (3 * 3))
+    assert not any("probe" in e for _, e in expected), "a test probe is registered as a shipped kernel"
     assert all(r.registers > 0 for r in reports), "ptxas -v statistics were not parsed"
 
 
@@ -62,8 +65,6 @@ def _expected_shared_bytes(expression):
         words = 2 * registry.WARP_SIZE
     elif name == "embedding_backward":  # the chunk's matches and prefix counts: two ints per thread of the row block
         words = 2 * registry.ROW_BLOCK
-    elif name.endswith("_probe"):  # one warp's 16-byte chunks: 32 rows; 16 rows of A (2 chunks) and B; 2 groups
-        words = {"ldmatrix_probe": 32, "mma_probe": 48, "cp_async_probe": 64}.get(name, 0) * 4
     else:  # the row kernels' reduction scratch: one float (or max-sum pair) per warp of the row block
         words = {"softmax_forward": 2, "softmax_backward": 1, "cross_entropy_forward": 3, "layer_norm_forward": 1,
                  "layer_norm_backward_input": 1, "residual_layer_norm_forward": 1,
@@ -75,6 +76,23 @@ def test_compiled_kernels_use_the_registry_geometry(reports):
     """The tiles and scratch arrays the compiler reports are those of the registry's block sizes."""
     for r in reports:
         assert r.shared_bytes == _expected_shared_bytes(r.expression), r.expression
+
+
+# Static shared memory of the test probes (tests/kernels/mma_probe.cu), in 16-byte chunks of one
+# warp: ldmatrix's 64 rows; mma's 16 rows of A (2 chunks each) and 16 of B; cp.async's two groups
+# of 32, and the drain's one.
+PROBE_SHARED_CHUNKS = {"ldmatrix_probe": 64, "mma_probe": 48, "cp_async_probe": 64, "cp_async_drain_probe": 32}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_test_probes_compile_with_their_shared_memory(arch):
+    """tests/kernels/mma_probe.cu is no shipped kernel (the registry does not list it) but compiles
+    as the kernels do, every probe in both 16-bit types."""
+    reports = mma_probes.nvrtc_reports(_nvrtc_or_skip(), arch)
+    assert set(reports) == set(mma_probes.expressions()) and len(reports) == 2 * len(mma_probes.KERNELS)
+    for expression, (registers, stores, loads, shared) in reports.items():
+        assert registers > 0 and stores == loads == 0, expression
+        assert shared == 16 * PROBE_SHARED_CHUNKS.get(expression.split("<")[0], 0), expression
 
 
 def test_a_changed_registry_geometry_reaches_the_compiled_kernels(monkeypatch):

@@ -5,6 +5,7 @@ test_kernels_emulation.py; here they run on the real device, in float32, float16
 (tolerances in tinyformer/study/kernel_cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
 """
 
+import mma_probes
 import numpy as np
 import pytest
 
@@ -265,7 +266,18 @@ MMA_DTYPES = list(registry.MMA_DTYPES)
 
 @pytest.mark.parametrize("dtype", MMA_DTYPES)
 def test_hardware_mma_ldmatrix_and_cp_async_follow_the_ptx_layouts(dtype):
-    cases.mma_instructions(Device("cuda", dtype), seed=3).check()
+    mma_probes.instructions(Device("cuda", dtype), seed=3).check()
+
+
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+def test_hardware_mma_and_ldmatrix_follow_the_ptx_isas_own_formulas(dtype):
+    """Registers packed and unpacked by the ISA's formulas (tests/ptx_layouts.py): the product,
+    every one-hot placement, and ldmatrix from scattered rows."""
+    dev = Device("cuda", dtype)
+    mma_probes.mma_by_the_isa(dev, seed=4).check()
+    mma_probes.mma_one_hot(dev).check()
+    for seed in range(3):
+        mma_probes.ldmatrix_by_the_isa(dev, seed=seed).check()
 
 
 @pytest.mark.parametrize("dtype", MMA_DTYPES)
@@ -275,8 +287,6 @@ def test_hardware_mma_agrees_with_the_emulation(dtype):
 
     if shutil.which("g++") is None and shutil.which("clang++") is None:
         pytest.skip("no C++ compiler for the CPU emulation")
-    from tinyformer.engine.kernels import launch
-
     rng = np.random.default_rng(11)
     kind = "bfloat16" if dtype == "bfloat16" else "float16"
     dev_gpu, dev_cpu = Device("cuda", dtype), Device("cpu", dtype)
@@ -284,8 +294,8 @@ def test_hardware_mma_agrees_with_the_emulation(dtype):
     results = []
     for dev in (dev_gpu, dev_cpu):
         d = backend.to_device(np.zeros((16, 8), np.float32), dev.device)
-        launch.launch("mma_probe", kind, (1,), (32,), (dev.put(a), dev.put(b), backend.to_device(c, dev.device), d,
-                                                       np.int32(1)))
+        mma_probes.launch("mma_probe", kind, (1,), (32,), (dev.put(a), dev.put(b), backend.to_device(c, dev.device), d,
+                                                          np.int32(1)))
         results.append(backend.to_numpy(d))
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
 

@@ -1,6 +1,8 @@
 """The tensor-core attention (kernels/attention_mma.cu) and the instructions it is built from
 (kernels/mma.cuh), run on the CPU through the emulation of cpu_emulation.h: the emulated
-mma/ldmatrix/cp.async against the PTX ISA's fragment layouts, and the fp16/bf16 kernels,
+mma/ldmatrix/cp.async against the PTX ISA's fragment layouts (through the test probes of
+tests/kernels/mma_probe.cu, tests/mma_probes.py: once through the helpers of mma.cuh, once on
+registers packed by the ISA's own formulas, tests/ptx_layouts.py), and the fp16/bf16 kernels,
 forward and backward, against the float64 reference (tinyformer/study/kernel_cases.py). The same
 cases run on a GPU in tests/test_kernels_gpu.py. The file runs again under AddressSanitizer
 (tests/test_kernels_emulation.py::test_emulation_under_address_sanitizer).
@@ -9,7 +11,10 @@ cases run on a GPU in tests/test_kernels_gpu.py. The file runs again under Addre
 import os
 import shutil
 
+import children
+import mma_probes
 import numpy as np
+import ptx_layouts
 import pytest
 
 from test_kernels_emulation import change_geometry, skip_where_the_sanitized_rerun_runs_it
@@ -17,7 +22,7 @@ from tinyformer import Tensor
 from tinyformer.engine import functional as F, kernels
 from tinyformer.study import kernel_cases as cases
 from tinyformer.study.kernel_cases import Device, rand
-from tinyformer.engine.kernels import launch, ops, registry
+from tinyformer.engine.kernels import ops, registry
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")
@@ -32,20 +37,47 @@ def dev(request):
 
 # ------------------------------------------------------------------------ the instructions
 def test_mma_ldmatrix_cp_async_and_conversions_follow_the_ptx_layouts(dev):
-    cases.mma_instructions(dev, seed=3).check()
+    mma_probes.instructions(dev, seed=3).check()
+
+
+def test_mma_fragments_packed_by_the_ptx_formulas_follow_the_ptx_layouts(dev):
+    """A, B and C packed into registers and D unpacked by the ISA's formulas themselves (not the
+    emulation's nor the probe's), against the plain product."""
+    mma_probes.mma_by_the_isa(dev, seed=4).check()
+
+
+def test_one_hot_mma_operands_follow_the_ptx_layouts(dev):
+    """A 1 at (r, k) of A and at (k, j) of B lands at (r, j) of D, and nowhere else, for every r, k, j."""
+    mma_probes.mma_one_hot(dev).check()
+
+
+def test_ldmatrix_rows_at_scattered_addresses_follow_the_ptx_layouts(dev):
+    for seed in range(3):
+        mma_probes.ldmatrix_by_the_isa(dev, seed=seed).check()
 
 
 def test_the_layout_reference_is_the_ptx_isas():
     """ldmatrix_layout itself, on matrices whose elements name their position: lane 5 of x4 holds
     row 1, columns 2 and 3 of each matrix; transposed, rows 2 and 3 of column 1."""
     m = (np.arange(32)[:, None] * 8 + np.arange(8)[None, :]).astype(np.uint16)  # element = 8·row + col
-    regs = cases.ldmatrix_layout(m, 4, trans=False)
+    regs = mma_probes.ldmatrix_layout(m, 4, trans=False)
     assert [(int(r) & 0xFFFF, int(r) >> 16) for r in regs[5]] == [(8 * (8 * i + 1) + 2, 8 * (8 * i + 1) + 3)
                                                                    for i in range(4)]
-    regs = cases.ldmatrix_layout(m, 2, trans=True)
+    regs = mma_probes.ldmatrix_layout(m, 2, trans=True)
     assert [(int(r) & 0xFFFF, int(r) >> 16) for r in regs[5][:2]] == [(8 * (8 * i + 2) + 1, 8 * (8 * i + 3) + 1)
                                                                        for i in range(2)]
     assert not regs[:, 2:].any()
+    # the ISA's formulas, read the same way: the ldmatrix placement of the identity addressing
+    # agrees with ldmatrix_layout, and A, B, C/D each place every element of their matrix once
+    for num, trans in mma_probes.LDMATRIX_VARIANTS:
+        assert np.array_equal(ptx_layouts.ldmatrix_registers(m, np.arange(32), num, trans),
+                              mma_probes.ldmatrix_layout(m, num, trans))
+    for position, elements, shape in ((ptx_layouts.a_position, 8, (16, 16)), (ptx_layouts.b_position, 4, (16, 8)),
+                                      (ptx_layouts.c_position, 4, (16, 8))):
+        places = sorted(position(lane, i) for lane in range(32) for i in range(elements))
+        assert places == [(r, c) for r in range(shape[0]) for c in range(shape[1])]
+    assert ptx_layouts.a_position(5, 1) == (1, 3) and ptx_layouts.a_position(5, 2) == (9, 2)
+    assert ptx_layouts.a_position(5, 6) == (9, 10) and ptx_layouts.b_position(5, 3) == (11, 1)
 
 
 def test_a_read_before_its_cp_async_group_is_waited_for_sees_no_data():
@@ -61,11 +93,35 @@ def test_a_read_before_its_cp_async_group_is_waited_for_sees_no_data():
     got = {}
     for read_early in (1, 0):
         out = np.zeros_like(source)
-        launch.launch("cp_async_probe", "float16", (1,), (32,), (source, out, np.int32(valid), np.int32(read_early)))
+        mma_probes.launch("cp_async_probe", "float16", (1,), (32,), (source, out, np.int32(valid),
+                                                                    np.int32(read_early)))
         got[read_early] = out.view(np.uint16).reshape(2, 32, 8)
     np.testing.assert_array_equal(got[1][0], landed[0])  # group 0 was waited for
     np.testing.assert_array_equal(got[1][1], stale)  # group 1 was not: no data, not even its zero fill
     np.testing.assert_array_equal(got[0], landed)  # the wait moved back before the read
+
+
+_UNDRAINED = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+import mma_probes
+source = np.arange(1, 32 * 8 + 1, dtype=np.uint16).view(np.float16)
+mma_probes.launch("cp_async_drain_probe", "float16", (1,), (32,), (source, np.zeros_like(source), np.int32({mode})))
+print("returned")
+"""
+
+
+@pytest.mark.parametrize("mode", ["uncommitted", "committed"])
+def test_a_kernel_that_exits_with_cp_async_copies_in_flight_aborts_the_emulation(mode):
+    """cp.async.wait_all (mode wait_all: the instructions' case) drains; a thread that returns with
+    a copy in its open group, or in a committed group not waited for, stops the emulation with a
+    message (in a child: it aborts the process), as a kernel must drain before it exits."""
+    mma_probes.build(sanitize=False)  # here, so that the child (no TINYFORMER_* settings) does not build it
+    script = _UNDRAINED.format(tests=os.path.dirname(os.path.abspath(__file__)), mode=mma_probes.DRAIN_MODES[mode])
+    result = children.run([children.PYTHON, "-c", script], timeout=300)
+    assert result.returncode != 0 and "returned" not in result.stdout, result.stdout + result.stderr
+    assert "a thread returned with cp.async copies in flight" in result.stderr, result.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------ attention

@@ -1,6 +1,7 @@
 """kernels/registry.py is the one home of the launch geometry: no kernel source restates a block
 size, and the sources get the registry's values at compile time."""
 
+import fnmatch
 import os
 import re
 import shutil
@@ -8,9 +9,12 @@ import shutil
 import pytest
 
 import children
+import mma_probes
 from tinyformer.engine.kernels import emulation, registry
 
 KERNEL_SOURCES = sorted(p for p in registry.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh"))
+# The tests' own probe of the tensor-core instructions follows the same rule.
+SOURCES = KERNEL_SOURCES + [mma_probes.SOURCE]
 
 # A name bound to a decimal number, or a shared array sized by one: a block size restated.
 _RESTATED = [
@@ -42,7 +46,7 @@ def restated_geometry(text):
     return found + [("geometry define in the source", name) for name in defined if name in geometry]
 
 
-@pytest.mark.parametrize("source", KERNEL_SOURCES, ids=lambda p: p.name)
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_no_kernel_source_defines_a_block_size(source):
     assert restated_geometry(source.read_text(encoding="utf-8")) == []
 
@@ -66,7 +70,7 @@ def test_the_check_catches_a_restated_block_size():
 
 
 def test_every_geometry_definition_is_used_by_the_sources():
-    code = "\n".join(_code(p.read_text(encoding="utf-8")) for p in KERNEL_SOURCES)
+    code = "\n".join(_code(p.read_text(encoding="utf-8")) for p in SOURCES)
     for option in registry.compile_options():
         name = option[2:].split("=")[0]
         assert re.search(rf"\b{name}\b", code), f"{name} is passed to the compiler but no source reads it"
@@ -114,3 +118,46 @@ def test_a_source_compiled_without_the_registry_geometry_stops_with_an_error(tmp
     cxx = os.environ.get("CXX", "g++")
     result = children.run([cxx, "-std=c++20", "-fsyntax-only", f"-I{registry.KERNEL_DIR}", str(unit)], timeout=120)
     assert result.returncode != 0 and "registry.compile_options()" in result.stderr
+
+
+def _included(header, seen=None):
+    """The files of kernels/ that ``header`` includes by name, directly or through another one."""
+    seen = set() if seen is None else seen
+    for name in re.findall(r'^#include "([^"]+)"', (registry.KERNEL_DIR / header).read_text(encoding="utf-8"), re.M):
+        if name not in seen and (registry.KERNEL_DIR / name).is_file():
+            seen.add(name)
+            _included(name, seen)
+    return seen
+
+
+def test_the_emulation_build_and_the_package_cover_every_header_it_includes():
+    """cpu_emulation.h is split into parts it includes: each is hashed into the emulation's build
+    key (an edit rebuilds), shipped (pyproject's package-data), and within the 500-line limit."""
+    parts = _included("cpu_emulation.h")
+    assert {"cpu_emulation_threads.h", "cpu_emulation_half.h", "cpu_emulation_warp.h"} <= parts
+    hashed = {p.name for p in emulation.kernel_files()}
+    assert parts | {"cpu_emulation.h"} | set(registry.KERNELS) <= hashed
+    package_data = re.search(r'"tinyformer\.engine\.kernels" = \[([^\]]*)\]',
+                             (registry.KERNEL_DIR.parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = re.findall(r'"([^"]+)"', package_data.group(1))
+    for name in hashed:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), f"{name} is not in the package data"
+        assert len((registry.KERNEL_DIR / name).read_text(encoding="utf-8").splitlines()) <= 500, name
+
+
+def test_the_emulation_rebuilds_when_a_part_of_its_header_changes(tmp_path, monkeypatch):
+    """The build key hashes every part of cpu_emulation.h: in a copy of kernels/, a comment added
+    to cpu_emulation_warp.h alone gives the library another name, and taking it out the same one."""
+    names = []
+    monkeypatch.setattr(emulation.toolchain, "cached_product", lambda name, make: names.append(name) or name)
+    copy = tmp_path / "kernels"
+    copy.mkdir()
+    for path in emulation.kernel_files():
+        (copy / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(registry, "KERNEL_DIR", copy)
+    header = copy / "cpu_emulation_warp.h"
+    original = header.read_text(encoding="utf-8")
+    for text in (original, original + "// changed\n", original):
+        header.write_text(text, encoding="utf-8")
+        emulation.build(sanitize=False)
+    assert names[0] != names[1] and names[0] == names[2], names

@@ -3,8 +3,8 @@
 Sources: ``attention_mma.cu`` (fused attention forward and backward on tensor cores, fp16/bf16),
 ``attention.cu`` (the same on CUDA cores, fp32), ``softmax.cu``, ``layer_norm.cu``,
 ``cross_entropy.cu``, ``dropout.cu``, ``adam.cu``, with ``common.cuh``, ``attention.cuh``,
-``mma.cuh`` (the tensor-core instructions) and ``philox.cuh``; ``mma_probe.cu`` probes the
-instructions for the tests.
+``mma.cuh`` (the tensor-core instructions) and ``philox.cuh`` (the tests probe the instructions
+with a source of their own, tests/kernels/mma_probe.cu).
 Each kernel is specified by the NumPy reference in ``functional``/``optim`` and tested
 against it by the cases of ``tinyformer.study.kernel_cases``: on a GPU directly, and in CI through
 ``cpu_emulation.h`` (the fp32 kernels and the tensor-core attention built as C++ and run on the

@@ -14,8 +14,10 @@
 // 16 queries in the forward and in the dQ kernel, 16 keys in the dK/dV kernel, so no two warps
 // sum into the same output and nothing needs atomics (deterministic). The other side streams
 // through shared memory in tiles of TILE rows, double-buffered with cp.async: while one tile is
-// used the next is in flight. Shared rows are D + 8 elements long, so that the 8 rows an
-// ldmatrix reads start 16 bytes apart in the bank cycle (no conflicts).
+// used the next is in flight; each kernel drains its copies (cp.async.wait_all) before it exits,
+// since a block with no tile to stream never waits for its first ones. Shared rows are D + 8
+// elements long, so that the 8 rows an ldmatrix reads start 16 bytes apart in the bank cycle (no
+// conflicts).
 //
 // Forward, per warp and key tile: S = Q·Kᵀ (Q's fragments stay in registers), the online
 // softmax on the accumulators in base 2 (x = s·scale·log2 e; p = 2^(x − m)), and O += P·V with
@@ -293,6 +295,7 @@ attention_mma_forward(const T* __restrict__ q, const T* __restrict__ k, const T*
         accumulate_product<T, D, TILE>(acc, s, v_s, l.lane);
         __syncthreads();  // this stage is read: the next iteration's copies may overwrite it
     }
+    tf::cp_async_wait_all();  // nothing in flight at exit (with no tile, the first copies are not waited for)
     float inverse[2];
     #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -370,6 +373,7 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
         accumulate_product<T, D, TILE>(dq, s, k_s, l.lane);
         __syncthreads();
     }
+    tf::cp_async_wait_all();
     const float factor[2] = {scale, scale};
     store_rows<T, D>(grad_q + canonical, canonical_row, dq, row0, len_q, factor, l);
 }
@@ -461,6 +465,7 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
         accumulate_product<T, D, TILE>(dk, dpt, q_s, l.lane);
         __syncthreads();
     }
+    tf::cp_async_wait_all();
     const long long k_base = ((long long)b * len_k * heads + h) * D;
     const float factor_k[2] = {scale, scale}, factor_v[2] = {1.0f, 1.0f};
     store_rows<T, D>(grad_k + k_base, canonical_row, dk, key0, len_k, factor_k, l);

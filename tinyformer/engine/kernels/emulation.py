@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy
 
@@ -39,17 +40,28 @@ def symbol(expression):
     return "tf_" + re.sub(r"\W+", "_", expression).strip("_")
 
 
-def translation_unit():
-    """The C++ source: the emulation header, every .cu file, one extern "C" launcher per kernel."""
+def translation_unit(sources=None, expressions=None):
+    """The C++ source: the emulation header, the kernel ``sources`` (default: every source of the
+    registry; a path outside kernels/ may be given, such as a test's own probe, which includes the
+    headers here by name), one extern "C" launcher per name expression of ``expressions``
+    (default: ``registry.emulated_instantiations()``)."""
+    sources = list(registry.KERNELS) if sources is None else [str(s) for s in sources]
+    expressions = registry.emulated_instantiations() if expressions is None else list(expressions)
     lines = ['#include "cpu_emulation.h"']
-    lines += [f'#include "{source}"' for source in registry.KERNELS]
-    for expression in registry.emulated_instantiations():
+    lines += [f'#include "{source}"' for source in sources]
+    for expression in expressions:
         lines.append(
             f'extern "C" void {symbol(expression)}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
             f"unsigned bz, unsigned shared_bytes, void** args) {{ tf_emu::launch(&{expression}, dim3(gx, gy, gz), "
             f"dim3(bx, by, bz), shared_bytes, args); }}"
         )
     return "\n".join(lines) + "\n"
+
+
+def kernel_files():
+    """Every file of kernels/ a build reads: the .cu sources, the .cuh headers, and the emulation's
+    .h headers (cpu_emulation.h and the parts it includes)."""
+    return sorted(p for p in registry.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h"))
 
 
 def sanitize_requested():
@@ -71,14 +83,17 @@ def compile_flags(sanitize):
     return flags + (["-O1", "-g1", "-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else ["-O2"])
 
 
-def build(sanitize=None):
-    """Compile (once per source hash, cached in the temp folder) and return the library's path."""
+def build(sanitize=None, sources=None, expressions=None):
+    """Compile (once per hash of everything it is built from, cached in the temp folder) and return
+    the library's path: by default the registry's kernels; ``sources`` and ``expressions`` as for
+    ``translation_unit``."""
     sanitize = sanitize_requested() if sanitize is None else sanitize
-    cxx, flags, unit = _compiler(), compile_flags(sanitize), translation_unit()
+    cxx, flags, unit = _compiler(), compile_flags(sanitize), translation_unit(sources, expressions)
     digest = hashlib.sha256()
-    for part in [cxx, " ".join(flags), unit, (registry.KERNEL_DIR / "cpu_emulation.h").read_text()]:
+    for part in [cxx, " ".join(flags), unit]:
         digest.update(part.encode())
-    for path in sorted(registry.KERNEL_DIR.glob("*.cu*")):
+    outside = [Path(s) for s in sources or () if Path(s).is_absolute()]
+    for path in kernel_files() + outside:
         digest.update(path.read_bytes())
     suffix = "-asan" if sanitize else ""
 

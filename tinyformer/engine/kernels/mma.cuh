@@ -142,4 +142,15 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// cp.async.wait_all: commit the copies issued since the last commit and wait for every group.
+// Each kernel that issues cp.async calls it before it exits (as CUTLASS's do), so that no copy is
+// in flight when its block's shared memory goes to the next block (the emulation checks).
+__device__ __forceinline__ void cp_async_wait_all() {
+#ifdef TF_CPU_EMULATION
+    tf_emu::cp_async_wait_all();
+#else
+    asm volatile("cp.async.wait_all;");
+#endif
+}
+
 }  // namespace tf

@@ -182,11 +182,9 @@ KERNELS = {
         "attention_mma_backward_q": ("T", "HEAD_DIM", "TILE"),
         "attention_mma_backward_kv": ("T", "HEAD_DIM", "TILE"),
     },
-    "mma_probe.cu": {"ldmatrix_probe": ("T",), "mma_probe": ("T",), "cp_async_probe": ("T",),
-                     "convert_probe": ("T",)},
 }
 #: source file -> its element types, where not every one of CUDA_TYPES.
-SOURCE_DTYPES = {"attention_mma.cu": MMA_DTYPES, "mma_probe.cu": MMA_DTYPES}
+SOURCE_DTYPES = {"attention_mma.cu": MMA_DTYPES}
 
 
 def cuda_type(dtype):

@@ -1,6 +1,8 @@
-// One-warp probes of the instructions in mma.cuh, so that a test can hold each against the
-// PTX ISA's fragment layouts (tests/test_kernels_mma.py): in CI through the CPU emulation, on a
-// GPU against the hardware. Each is launched with one block of one warp.
+// One-warp probes of the instructions in kernels/mma.cuh, so that the tests can hold each against
+// the PTX ISA's fragment layouts (tests/test_kernels_mma.py, tests/test_kernels_gpu.py): in CI
+// through the CPU emulation, on a GPU against the hardware. Test machinery, not a shipped kernel:
+// the tests build it themselves (tests/mma_probes.py), with kernels/ on the include path. Each
+// probe is launched with blocks of one warp.
 #include "mma.cuh"
 
 namespace tf_mma_probe {
@@ -8,25 +10,45 @@ constexpr int kMatrix = tf::kCopyBytes / sizeof(unsigned short);  // an 8×8 mat
 }  // namespace tf_mma_probe
 
 // out[(variant · 32 + lane) · 4 + r]: register r of `lane` after ldmatrix variant (x1, x2, x4,
-// x1.trans, x2.trans, x4.trans) with lane l passing the address of row l of m, four 8×8 matrices
-// stacked as 32 rows of 8 elements (matrix i = rows 8i..8i+7). Registers a variant does not
-// write stay 0.
+// x1.trans, x2.trans, x4.trans) with lane l passing the address of row rows[l] of m, 64 rows of 8
+// elements copied to shared memory (any rows, in any order: the rows of a matrix need not be
+// contiguous). Registers a variant does not write stay 0.
 template <typename T>
-__global__ void ldmatrix_probe(const T* __restrict__ m, unsigned* __restrict__ out) {
+__global__ void ldmatrix_probe(const T* __restrict__ m, const int* __restrict__ rows, unsigned* __restrict__ out) {
     using namespace tf_mma_probe;
-    __shared__ tf::CopyChunk rows[tf::kWarp];
+    __shared__ tf::CopyChunk pool[2 * tf::kWarp];
     const int lane = threadIdx.x;
-    rows[lane] = reinterpret_cast<const tf::CopyChunk*>(m)[lane];
+    pool[lane] = reinterpret_cast<const tf::CopyChunk*>(m)[lane];
+    pool[tf::kWarp + lane] = reinterpret_cast<const tf::CopyChunk*>(m)[tf::kWarp + lane];
     __syncthreads();
+    const tf::CopyChunk* row = &pool[rows[lane]];
     unsigned regs[6][4] = {};  // x1, x2, x4, then the same with .trans
-    tf::ldmatrix_x1(regs[0], &rows[lane]);
-    tf::ldmatrix_x2(regs[1], &rows[lane]);
-    tf::ldmatrix_x4(regs[2], &rows[lane]);
-    tf::ldmatrix_x1<true>(regs[3], &rows[lane]);
-    tf::ldmatrix_x2<true>(regs[4], &rows[lane]);
-    tf::ldmatrix_x4<true>(regs[5], &rows[lane]);
+    tf::ldmatrix_x1(regs[0], row);
+    tf::ldmatrix_x2(regs[1], row);
+    tf::ldmatrix_x4(regs[2], row);
+    tf::ldmatrix_x1<true>(regs[3], row);
+    tf::ldmatrix_x2<true>(regs[4], row);
+    tf::ldmatrix_x4<true>(regs[5], row);
     for (int variant = 0; variant < 6; ++variant)
         for (int r = 0; r < 4; ++r) out[(variant * tf::kWarp + lane) * 4 + r] = regs[variant][r];
+}
+
+// One mma.m16n8k16 per block on registers the caller packed: lane l of block x takes its A
+// registers from a[(x · 32 + l) · 4 + r], B from b[(x · 32 + l) · 2 + r], C from c[(x · 32 + l) · 4 + i]
+// and writes D to d at C's places. The probe knows no layout: the test packs and unpacks.
+template <typename T>
+__global__ void mma_fragment_probe(const unsigned* __restrict__ a, const unsigned* __restrict__ b,
+                                   const float* __restrict__ c, float* __restrict__ d) {
+    const long long at = (long long)blockIdx.x * tf::kWarp + threadIdx.x;
+    unsigned af[4], bf[2];
+    float acc[4];
+    for (int r = 0; r < 4; ++r) {
+        af[r] = a[at * 4 + r];
+        acc[r] = c[at * 4 + r];
+    }
+    for (int r = 0; r < 2; ++r) bf[r] = b[at * 2 + r];
+    tf::mma_m16n8k16<T>(acc, af, bf);
+    for (int i = 0; i < 4; ++i) d[at * 4 + i] = acc[i];
 }
 
 // d = a·b + c for a 16×16 a, 16×8 b, 16×8 c (row-major), one m16n8k16. via_ldmatrix = 0: every
@@ -95,6 +117,26 @@ __global__ void cp_async_probe(const T* __restrict__ src, T* __restrict__ out, i
     tf::cp_async_wait<0>();
     __syncthreads();
     if (!read_early) to[tf::kWarp + other] = staged[tf::kWarp + other];
+}
+
+// cp.async.wait_all: lane l copies chunk l of `src` into shared memory that first holds kStale,
+// without committing it. mode 0: wait_all (which commits it), a barrier, then out[l] = the copy of
+// lane l + 1. mode 1: return with the copy uncommitted; mode 2: committed but not waited for. The
+// CPU emulation aborts when a thread returns with copies in flight (modes 1 and 2); on a GPU they
+// would be a bug, so the GPU tests run mode 0 alone.
+template <typename T>
+__global__ void cp_async_drain_probe(const T* __restrict__ src, T* __restrict__ out, int mode) {
+    using namespace tf_mma_probe;
+    __shared__ tf::CopyChunk staged[tf::kWarp];
+    const int lane = threadIdx.x, other = (lane + 1) % tf::kWarp;
+    for (int w = 0; w < 4; ++w) staged[lane].words[w] = kStale;
+    __syncthreads();
+    tf::cp_async_chunk(&staged[lane], &reinterpret_cast<const tf::CopyChunk*>(src)[lane], true);
+    if (mode == 2) tf::cp_async_commit();
+    if (mode != 0) return;
+    tf::cp_async_wait_all();
+    __syncthreads();
+    reinterpret_cast<tf::CopyChunk*>(out)[other] = staged[other];
 }
 
 // y = T(x) rounded to nearest even, back = float(y): the conversions the kernels use.
