@@ -3,7 +3,7 @@
 import numpy
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import cross_entropy as cross_entropy_kernel
 from ..tensor import Tensor
 from ...common.validation import check_real, rectangular_array
 from ._dispatch import KernelFunction
@@ -101,7 +101,7 @@ class CrossEntropy(KernelFunction):
     def forward_gpu(self, logits, target, smoothing, ignore_index, reduction):
         """kernels/cross_entropy.cu: per-row loss and NLL; only the row's log-sum-exp is kept."""
         flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
-        loss, nll, self.lse = kernel_ops.cross_entropy_forward(flat, t, smoothing, ignore_index)
+        loss, nll, self.lse = cross_entropy_kernel.cross_entropy_forward(flat, t, smoothing, ignore_index)
         self.flat, self.t, self.ignore_index = flat, t, ignore_index
         out_dtype = numpy.float32 if backend.is_half(flat.dtype) else flat.dtype  # as float32_outputs
         return self._reduce(loss, nll, keep, target.shape, out_dtype, weight_dtype=numpy.float32)
@@ -115,8 +115,8 @@ class CrossEntropy(KernelFunction):
             g = g.reshape(-1) if self.reduction == "none" else xp.broadcast_to(g, (rows,))
             return g.astype(numpy.float32) * self.weight
 
-        grad = kernel_ops.cross_entropy_backward(self.flat, self.t, self.lse, per_row(g_loss), per_row(g_nll),
-                                                 self.smoothing, self.ignore_index)
+        grad = cross_entropy_kernel.cross_entropy_backward(self.flat, self.t, self.lse, per_row(g_loss),
+                                                           per_row(g_nll), self.smoothing, self.ignore_index)
         return grad.reshape(self.shape), None
 
     def _reduce(self, loss, nll, keep, target_shape, dtype, weight_dtype=None):

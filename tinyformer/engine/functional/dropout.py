@@ -3,7 +3,7 @@
 import numpy
 
 from .. import backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import dropout as dropout_kernel
 from ..random import fill_keep_mask, kernel_seed
 from ...common.validation import check_probability
 from ._dispatch import KernelFunction
@@ -31,7 +31,7 @@ class Dropout(KernelFunction):
 
     def forward_gpu(self, x, p, generator):
         self.scale = _scale(x, p)
-        y, self.keep = kernel_ops.dropout_forward(x, p, kernel_seed(generator), scale=float(self.scale))
+        y, self.keep = dropout_kernel.dropout_forward(x, p, kernel_seed(generator), scale=float(self.scale))
         return y
 
     def backward_cpu(self, g):

@@ -3,7 +3,7 @@
 import numpy
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import layer_norm as layer_norm_kernel
 from ...common.validation import check_real
 from ._dispatch import KernelFunction
 
@@ -82,11 +82,11 @@ class LayerNorm(KernelFunction):
     def forward_gpu(self, x, weight, bias, eps):
         """kernels/layer_norm.cu keeps μ and r per row instead of x̂."""
         self.x, self.weight = x, weight
-        y, self.mean, self.rstd = kernel_ops.layer_norm_forward(x, weight, bias, eps)
+        y, self.mean, self.rstd = layer_norm_kernel.layer_norm_forward(x, weight, bias, eps)
         return y
 
     def backward_gpu(self, g):
-        grad_x, grad_w, grad_b = kernel_ops.layer_norm_backward(
+        grad_x, grad_w, grad_b = layer_norm_kernel.layer_norm_backward(
             self.x, self.weight, g.astype(self.x.dtype, copy=False), self.mean, self.rstd,
             need_input=self.needs_input_grad[0], need_params=any(self.needs_input_grad[1:3]))
         return grad_x, grad_w, grad_b, None

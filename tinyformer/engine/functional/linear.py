@@ -4,7 +4,7 @@
 import numpy
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import bias_relu_dropout as bias_relu_dropout_kernel
 from ..kernels.cublas import matmul
 from ..tensor import Function
 from ...common.validation import check_probability
@@ -137,13 +137,13 @@ class LinearReluDropout(KernelFunction):
         self.x, self.weight = x, weight
         self.scale = float(_scale(x, p)) if p else 1.0
         y = matmul(x.reshape(-1, x.shape[-1]), weight.T)
-        z, self.mask = kernel_ops.bias_relu_dropout_forward(y, bias, p, kernel_seed(generator) if p else 0,
-                                                            scale=self.scale)
+        z, self.mask = bias_relu_dropout_kernel.bias_relu_dropout_forward(
+            y, bias, p, kernel_seed(generator) if p else 0, scale=self.scale)
         return z.reshape(x.shape[:-1] + (weight.shape[0],))
 
     def backward_gpu(self, g):
-        grad_y = kernel_ops.bias_relu_dropout_backward(g.astype(self.x.dtype, copy=False), self.mask.reshape(g.shape),
-                                                       self.scale)
+        grad_y = bias_relu_dropout_kernel.bias_relu_dropout_backward(
+            g.astype(self.x.dtype, copy=False), self.mask.reshape(g.shape), self.scale)
         return (*_linear_grads(grad_y, self.x, self.weight, self.needs_input_grad), None, None)
 
 

@@ -2,7 +2,7 @@
 kernels/residual_layer_norm.cu on the GPU."""
 
 from .. import amp, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import residual_layer_norm as residual_layer_norm_kernel
 from ...common.validation import check_probability, check_real
 from ._dispatch import KernelFunction
 from ..random import kernel_seed
@@ -48,12 +48,12 @@ class ResidualDropoutLayerNorm(KernelFunction):
     def forward_gpu(self, x, y, weight, bias, p, generator, eps):
         self.weight = weight
         self.scale = float(_scale(y, p)) if p else 1.0
-        out, self.h, self.keep, self.mean, self.rstd = kernel_ops.residual_layer_norm_forward(
+        out, self.h, self.keep, self.mean, self.rstd = residual_layer_norm_kernel.residual_layer_norm_forward(
             x, y, weight, bias, p, kernel_seed(generator) if p else 0, scale=self.scale, eps=eps)
         return out
 
     def backward_gpu(self, g):
-        grad_x, grad_y, grad_w, grad_b = kernel_ops.residual_layer_norm_backward(
+        grad_x, grad_y, grad_w, grad_b = residual_layer_norm_kernel.residual_layer_norm_backward(
             self.h, self.weight, g.astype(self.h.dtype, copy=False), self.mean, self.rstd, self.keep, self.scale,
             need_params=any(self.needs_input_grad[2:4]))
         return grad_x, grad_y, grad_w, grad_b, None, None, None

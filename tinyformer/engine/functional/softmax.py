@@ -1,7 +1,7 @@
 """Softmax and log-softmax along one axis; the last axis runs through kernels/softmax.cu on the GPU."""
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import softmax as softmax_kernel
 from ..ops._helpers import normalize_axes
 from ...common.validation import is_integer
 from ._dispatch import KernelFunction
@@ -49,11 +49,11 @@ class Softmax(_RowSoftmax):
         return p * (g - (g * p).sum(axis=self.axis, keepdims=True))
 
     def forward_gpu(self, x, axis):
-        self.p = kernel_ops.softmax_forward(x)
+        self.p = softmax_kernel.softmax_forward(x)
         return self.p
 
     def backward_gpu(self, g):
-        return kernel_ops.softmax_backward(self.p, g.astype(self.p.dtype, copy=False))
+        return softmax_kernel.softmax_backward(self.p, g.astype(self.p.dtype, copy=False))
 
 
 class LogSoftmax(_RowSoftmax):
@@ -69,11 +69,11 @@ class LogSoftmax(_RowSoftmax):
         return g - _xp(g).exp(self.y) * g.sum(axis=self.axis, keepdims=True)
 
     def forward_gpu(self, x, axis):
-        self.y = kernel_ops.softmax_forward(x, log=True)
+        self.y = softmax_kernel.softmax_forward(x, log=True)
         return self.y
 
     def backward_gpu(self, g):
-        return kernel_ops.softmax_backward(self.y, g.astype(self.y.dtype, copy=False), log=True)
+        return softmax_kernel.softmax_backward(self.y, g.astype(self.y.dtype, copy=False), log=True)
 
 
 def softmax(x, axis=-1):
