@@ -395,6 +395,6 @@ def test_every_op_with_a_kernel_follows_the_pattern():
                     F.ResidualDropoutLayerNorm, F.LinearReluDropout}
     for op in with_kernels:
         assert issubclass(op, F.KernelFunction), op
-        for path in ("kernel_applies", "forward_cpu", "forward_gpu", "backward_cpu", "backward_gpu"):
+        for path in ("kernel_applies", "forward_reference", "forward_kernel", "backward_reference", "backward_kernel"):
             assert getattr(op, path) is not getattr(F.KernelFunction, path), (op, path)
     assert not issubclass(F.Linear, F.KernelFunction) and not issubclass(F.Embedding, F.KernelFunction)

@@ -53,11 +53,11 @@ class ScaledDotProductAttention(KernelFunction):
             return False
         if attention_kernel.input_problem(q, k, v) is not None:
             return False
-        fits, self.key_lengths = _key_lengths_of_mask(mask, q.shape[0], k.shape[2])  # forward_gpu passes them on
+        fits, self.key_lengths = _key_lengths_of_mask(mask, q.shape[0], k.shape[2])  # forward_kernel passes them on
         return fits
 
     # ---------------------------------------------------------------- the NumPy reference
-    def forward_cpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         xp = _xp(q, k, v)
         mask = mask.mask if isinstance(mask, KeyLengthMask) else mask
         if causal:
@@ -120,7 +120,7 @@ class ScaledDotProductAttention(KernelFunction):
         backend.map_row_blocks(rows, batch, p, row_size=p[0].size)
         return out, p
 
-    def backward_cpu(self, g_out, g_weights=None):
+    def backward_reference(self, g_out, g_weights=None):
         q, k, v, p = self.q, self.k, self.v, self.p
         xp = _xp(p)
         if g_out is None:
@@ -169,7 +169,7 @@ class ScaledDotProductAttention(KernelFunction):
         return grad_q, grad_k, grad_v
 
     # ---------------------------------------------------------------- the CUDA kernel
-    def forward_gpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+    def forward_kernel(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         batch, heads, len_q, dim = q.shape
         len_k = k.shape[2]
         self.seed = kernel_seed(generator) if dropout_p else 0
@@ -186,7 +186,7 @@ class ScaledDotProductAttention(KernelFunction):
         self.shapes = (q.shape, (batch, heads, len_k, dim))
         return self.o.reshape(batch, heads, len_q, dim)
 
-    def backward_gpu(self, g):
+    def backward_kernel(self, g):
         if self.tensor_cores:
             grads = attention_kernel.attention_mma_backward(self.q, self.k, self.v, self.o, self.lse, g, **self.args)
             return (*grads, None)

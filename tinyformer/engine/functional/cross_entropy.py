@@ -36,7 +36,7 @@ class CrossEntropy(KernelFunction):
         keep = _xp(logits).ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
         return logits.reshape(-1, logits.shape[-1]), t, keep
 
-    def forward_cpu(self, logits, target, smoothing, ignore_index, reduction):
+    def forward_reference(self, logits, target, smoothing, ignore_index, reduction):
         xp = _xp(logits)
         vocab = logits.shape[-1]
         flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
@@ -70,7 +70,7 @@ class CrossEntropy(KernelFunction):
         self.p, self.t_safe, self.rows = p, t_safe, rows
         return self._reduce(loss, nll, keep, target.shape, logits.dtype)
 
-    def backward_cpu(self, g_loss, g_nll):
+    def backward_reference(self, g_loss, g_nll):
         xp = _xp(self.p)
         p = self.p
         vocab = p.shape[-1]
@@ -98,7 +98,7 @@ class CrossEntropy(KernelFunction):
         backend.map_row_blocks(gradient_rows, len(grad), grad, row_size=vocab)
         return grad.reshape(self.shape), None
 
-    def forward_gpu(self, logits, target, smoothing, ignore_index, reduction):
+    def forward_kernel(self, logits, target, smoothing, ignore_index, reduction):
         """kernels/cross_entropy.cu: per-row loss and NLL; only the row's log-sum-exp is kept."""
         flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
         loss, nll, self.lse = cross_entropy_kernel.cross_entropy_forward(flat, t, smoothing, ignore_index)
@@ -106,7 +106,7 @@ class CrossEntropy(KernelFunction):
         out_dtype = numpy.float32 if backend.is_half(flat.dtype) else flat.dtype  # as float32_outputs
         return self._reduce(loss, nll, keep, target.shape, out_dtype, weight_dtype=numpy.float32)
 
-    def backward_gpu(self, g_loss, g_nll):
+    def backward_kernel(self, g_loss, g_nll):
         xp, rows = _xp(self.flat), len(self.t)
 
         def per_row(g):

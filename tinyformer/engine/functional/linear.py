@@ -114,7 +114,7 @@ class LinearReluDropout(KernelFunction):
         return (bias is not None and kernels.use_kernels(x, weight, bias)
                 and len({x.dtype, weight.dtype, bias.dtype}) == 1)
 
-    def forward_cpu(self, x, weight, bias, p, generator):
+    def forward_reference(self, x, weight, bias, p, generator):
         self.relu = LinearRelu()
         self.relu.needs_input_grad = self.needs_input_grad[:3]
         z = self.relu.forward(x, weight, bias)
@@ -126,14 +126,14 @@ class LinearReluDropout(KernelFunction):
             _xp(z).logical_and(positive, keep.reshape(positive.shape), out=positive)
         return z
 
-    def backward_cpu(self, g):
+    def backward_reference(self, g):
         if not self.p:
             return (*self.relu.backward(g), None, None)
         # one pass for both masks: dz ∘ [z > 0] ∘ keep / (1 − p), then Linear's backward
         g = _scaled_by_mask(g, self.relu.positive.reshape(g.shape), self.scale)
         return (*Linear.backward(self.relu, g), None, None)
 
-    def forward_gpu(self, x, weight, bias, p, generator):
+    def forward_kernel(self, x, weight, bias, p, generator):
         self.x, self.weight = x, weight
         self.scale = float(_scale(x, p)) if p else 1.0
         y = matmul(x.reshape(-1, x.shape[-1]), weight.T)
@@ -141,7 +141,7 @@ class LinearReluDropout(KernelFunction):
             y, bias, p, kernel_seed(generator) if p else 0, scale=self.scale)
         return z.reshape(x.shape[:-1] + (weight.shape[0],))
 
-    def backward_gpu(self, g):
+    def backward_kernel(self, g):
         grad_y = bias_relu_dropout_kernel.bias_relu_dropout_backward(
             g.astype(self.x.dtype, copy=False), self.mask.reshape(g.shape), self.scale)
         return (*_linear_grads(grad_y, self.x, self.weight, self.needs_input_grad), None, None)
