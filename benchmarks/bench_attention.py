@@ -1,7 +1,7 @@
 """The CUDA kernels on their own: fused attention in TFLOP/s, the row kernels in GB/s.
 
 Attention: tinyformer's fused kernels as training calls them — the tensor-core kernels
-(``kernels.ops.attention_mma_forward`` / ``attention_mma_backward``) for fp16 and bf16 on q, k, v
+(``kernels.attention.attention_mma_forward`` / ``attention_mma_backward``) for fp16 and bf16 on q, k, v
 in the projections' (B, S, H, D) layout, the exact CUDA-core kernel (``attention_forward`` /
 ``attention_backward``) for fp32 — next to, when PyTorch with CUDA is installed,
 ``torch.nn.functional.scaled_dot_product_attention`` on the same values with each backend it
@@ -37,7 +37,10 @@ from dataclasses import dataclass
 
 import numpy
 
-from tinyformer.engine.kernels import ops as kernel_ops
+from tinyformer.engine import backend
+from tinyformer.engine.kernels import adam as adam_kernel, attention as attention_kernel
+from tinyformer.engine.kernels import cross_entropy as cross_entropy_kernel, dropout as dropout_kernel
+from tinyformer.engine.kernels import layer_norm as layer_norm_kernel, softmax as softmax_kernel
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SHORT = {v: k for k, v in DTYPES.items()}
@@ -97,8 +100,8 @@ def adam_bytes(params, dtype="float32"):
 
 
 # ----------------------------------------------------------------------------- bfloat16
-bfloat16_bits = kernel_ops.to_bfloat16
-bfloat16_to_float32 = kernel_ops.from_bfloat16
+bfloat16_bits = backend.to_bfloat16
+bfloat16_to_float32 = backend.from_bfloat16
 
 
 def _xp(array):
@@ -251,20 +254,18 @@ class TensorCoreAttention:
     projections produce (fp16 and bf16 arrays)."""
 
     def __init__(self, case, inputs):
-        from tinyformer.engine.kernels import ops
-
-        self.ops, self.case = ops, case
+        self.case = case
         self.q, self.k, self.v, self.do = (
             _xp(a).ascontiguousarray(as_kernel_dtype(a, case.dtype).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
             for a in inputs)
         self.kw = {"causal": case.causal}
 
     def forward(self):
-        return self.ops.attention_mma_forward(self.q, self.k, self.v, **self.kw)
+        return attention_kernel.attention_mma_forward(self.q, self.k, self.v, **self.kw)
 
     def forward_backward(self):
         o, lse = self.forward()
-        return self.ops.attention_mma_backward(self.q, self.k, self.v, o, lse, self.do, **self.kw)
+        return attention_kernel.attention_mma_backward(self.q, self.k, self.v, o, lse, self.do, **self.kw)
 
     def output(self):
         o = self.forward()[0]
@@ -275,19 +276,17 @@ class CudaCoreAttention:
     """The CUDA-core kernels (attention.cu), called directly on (B·H, S, D) arrays."""
 
     def __init__(self, case, inputs):
-        from tinyformer.engine.kernels import ops
-
-        self.ops, self.case = ops, case
+        self.case = case
         flat = (case.batch * case.heads, case.seq_len, case.head_dim)
         self.q, self.k, self.v, self.do = (as_kernel_dtype(a, case.dtype).reshape(flat) for a in inputs)
         self.kw = {"causal": case.causal}
 
     def forward(self):
-        return self.ops.attention_forward(self.q, self.k, self.v, self.case.heads, **self.kw)
+        return attention_kernel.attention_forward(self.q, self.k, self.v, self.case.heads, **self.kw)
 
     def forward_backward(self):
         o, lse = self.forward()
-        return self.ops.attention_backward(self.q, self.k, self.v, o, lse, self.do, self.case.heads, **self.kw)
+        return attention_kernel.attention_backward(self.q, self.k, self.v, o, lse, self.do, self.case.heads, **self.kw)
 
     def output(self):
         o = self.forward()[0]
@@ -499,29 +498,28 @@ def row_inputs(op, rows, cols, dtype, seed):
     (dropout: the forward only)."""
     import cupy
 
-    from tinyformer.engine.kernels import ops
-
     rng = cupy.random.default_rng(seed)
     x = as_kernel_dtype(rng.standard_normal((rows, cols), dtype=cupy.float32), dtype)
     dy = as_kernel_dtype(rng.standard_normal((rows, cols), dtype=cupy.float32), dtype)
     if op == "softmax":
-        y = ops.softmax_forward(x)
-        return (lambda: ops.softmax_forward(x)), (lambda: ops.softmax_backward(y, dy))
+        y = softmax_kernel.softmax_forward(x)
+        return (lambda: softmax_kernel.softmax_forward(x)), (lambda: softmax_kernel.softmax_backward(y, dy))
     if op == "layer_norm":
         weight = as_kernel_dtype(cupy.ones(cols, dtype=cupy.float32), dtype)
         bias = as_kernel_dtype(cupy.zeros(cols, dtype=cupy.float32), dtype)
-        _, mean, rstd = ops.layer_norm_forward(x, weight, bias)
-        return ((lambda: ops.layer_norm_forward(x, weight, bias)),
-                (lambda: ops.layer_norm_backward(x, weight, dy, mean, rstd)))
+        _, mean, rstd = layer_norm_kernel.layer_norm_forward(x, weight, bias)
+        return ((lambda: layer_norm_kernel.layer_norm_forward(x, weight, bias)),
+                (lambda: layer_norm_kernel.layer_norm_backward(x, weight, dy, mean, rstd)))
     if op == "cross_entropy":
         target = rng.integers(0, cols, rows, dtype=cupy.int64)
-        _, _, lse = ops.cross_entropy_forward(x, target, smoothing=0.1)
+        _, _, lse = cross_entropy_kernel.cross_entropy_forward(x, target, smoothing=0.1)
         grad_loss = cupy.full(rows, 1.0 / rows, dtype=cupy.float32)
         grad_nll = cupy.zeros(rows, dtype=cupy.float32)
-        return ((lambda: ops.cross_entropy_forward(x, target, smoothing=0.1)),
-                (lambda: ops.cross_entropy_backward(x, target, lse, grad_loss, grad_nll, smoothing=0.1)))
+        return ((lambda: cross_entropy_kernel.cross_entropy_forward(x, target, smoothing=0.1)),
+                (lambda: cross_entropy_kernel.cross_entropy_backward(x, target, lse, grad_loss, grad_nll,
+                                                                     smoothing=0.1)))
     if op == "dropout":  # forward only: the backward is a CuPy multiply by the saved mask
-        return ((lambda: ops.dropout_forward(x, DROPOUT_P, seed)),)
+        return ((lambda: dropout_kernel.dropout_forward(x, DROPOUT_P, seed)),)
     raise ValueError(f"unknown row op {op!r}")
 
 
@@ -530,18 +528,16 @@ def adam_runner(params, seed, tensor_size=2**20):
     float32 values in tensors of ``tensor_size``."""
     import cupy
 
-    from tinyformer.engine.kernels import ops
-
     rng = cupy.random.default_rng(seed)
     sizes = [min(tensor_size, params - start) for start in range(0, params, tensor_size)]
     p = [rng.standard_normal(n, dtype=cupy.float32) for n in sizes]
     g = [rng.standard_normal(n, dtype=cupy.float32) for n in sizes]
     m = [cupy.zeros(n, dtype=cupy.float32) for n in sizes]
     v = [cupy.zeros(n, dtype=cupy.float32) for n in sizes]
-    plan = ops.AdamPlan(p, g, m, v)
-    hyper = cupy.asarray(numpy.array([1e-4, 1.0 - 0.98, 1.0, 0.0, 1.0], dtype=numpy.float32))  # ops.ADAM_HYPER
+    plan = adam_kernel.AdamPlan(p, g, m, v)
+    hyper = cupy.asarray(numpy.array([1e-4, 1.0 - 0.98, 1.0, 0.0, 1.0], dtype=numpy.float32))  # adam_kernel.ADAM_HYPER
     result = cupy.zeros(2, dtype=cupy.float32)
-    return lambda: ops.grad_norm_adam_update(plan, hyper, result, 0.9, 0.98, 1e-9)
+    return lambda: adam_kernel.grad_norm_adam_update(plan, hyper, result, 0.9, 0.98, 1e-9)
 
 
 def copy_runner(nbytes):
@@ -682,8 +678,9 @@ def run_attention(args, torch_ok, failures):
     for case in attention_cases(args):
         table.add(measure_attention(case, args, torch_ok, failures))
     print()
-    print("kernel: fp16/bf16 kernels.ops.attention_mma_forward/backward (tensor cores, q/k/v as (B, S, H, D) "
-          "views), fp32 kernels.ops.attention_forward/backward (CUDA cores, (B·H, S, D)); bf16 as ml_dtypes bfloat16 arrays. "
+    print("kernel: fp16/bf16 kernels.attention.attention_mma_forward/backward (tensor cores, q/k/v as (B, S, H, D) "
+          "views), fp32 kernels.attention.attention_forward/backward (CUDA cores, (B·H, S, D)); bf16 as ml_dtypes "
+          "bfloat16 arrays. "
           "cuda-core: the CUDA-core kernel in the 16-bit types. unfused: functional.scaled_dot_product_attention "
           "with TINYFORMER_KERNELS=0 (CuPy ops through the autograd engine; n/a for bf16, which CuPy lacks). "
           "flash, cudnn, efficient: torch.nn.functional.scaled_dot_product_attention with that backend forced "

@@ -329,7 +329,7 @@ def test_attention_with_a_key_length_mask_equals_the_boolean_mask_and_skips_the_
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
     # the kernels take the lengths as they are, not recomputed from (and checked against) the mask
-    fits, found = attention_module._key_lengths(mask, 3, 5)
+    fits, found = attention_module._key_lengths_of_mask(mask, 3, 5)
     assert fits and found is mask.lengths
     with pytest.raises(ValueError, match="does not broadcast to the scores' shape"):
         F.scaled_dot_product_attention(q, k, v, mask=F.KeyLengthMask(lengths, 6))

@@ -2,7 +2,7 @@
 every fused op and Adam's fused step (``tinyformer/engine/functional/_dispatch.py``).
 
 NumPy arrays stand in for CuPy ones (``kernels.on_gpu``, the rule's array check, patched to say
-so), and the kernel entry points of ``kernels.ops`` are replaced by recording stand-ins that
+so), and the kernel launchers (``kernels.softmax``, ...) are replaced by recording stand-ins that
 compute the NumPy reference: no GPU and no compiler needed. Each op must call its kernels exactly
 when the rule and the op's own condition say so, its backward must follow the forward's choice
 even when the rule would now answer otherwise, and the kernel path's wiring (reshapes, seeds,
@@ -17,7 +17,6 @@ import pytest
 import tinyformer as tf
 from tinyformer import Tensor
 from tinyformer.engine import functional as F, kernels
-from tinyformer.engine.kernels import ops
 from tinyformer.engine.kernels.philox import philox_uniform
 from tinyformer.model.optim import Adam
 from tinyformer.model.optim.adam import device_update_reference
@@ -34,7 +33,7 @@ def philox_keep(seed, offset, shape, p):
     return (philox_uniform(seed, offset, np.arange(int(np.prod(shape)))) >= np.float32(p)).reshape(shape)
 
 
-# ------------------------------------------------------------------ reference stand-ins for kernels.ops
+# ------------------------------------------------------------------ reference stand-ins for the kernel launchers
 def softmax_forward(x, log=False, dtype=None):
     z = x.astype(np.float64)
     shifted = z - z.max(axis=-1, keepdims=True)
@@ -194,11 +193,16 @@ def grad_norm_adam_update(plan, hyper, result, beta1, beta2, eps, weight_decay=0
     device_update_reference(params, grads, m, v, hyper, result, (beta1, beta2), eps, weight_decay, loss, copies)
 
 
-STAND_INS = [softmax_forward, softmax_backward, layer_norm_forward, layer_norm_backward, cross_entropy_forward,
-             cross_entropy_backward, dropout_forward, residual_layer_norm_forward, residual_layer_norm_backward,
-             bias_relu_dropout_forward, bias_relu_dropout_backward,
-             attention_forward, attention_backward, attention_mma_forward,
-             attention_mma_backward, grad_norm_adam_update]
+STAND_INS = {  # launcher module (tinyformer.engine.kernels.<name>): the stand-ins of its launchers
+    "softmax": [softmax_forward, softmax_backward],
+    "layer_norm": [layer_norm_forward, layer_norm_backward],
+    "cross_entropy": [cross_entropy_forward, cross_entropy_backward],
+    "dropout": [dropout_forward],
+    "residual_layer_norm": [residual_layer_norm_forward, residual_layer_norm_backward],
+    "bias_relu_dropout": [bias_relu_dropout_forward, bias_relu_dropout_backward],
+    "attention": [attention_forward, attention_backward, attention_mma_forward, attention_mma_backward],
+    "adam": [grad_norm_adam_update],
+}
 
 
 @pytest.fixture
@@ -215,8 +219,10 @@ def calls(monkeypatch):
             return stand_in(*args, **kwargs)
         return kernel
 
-    for stand_in in STAND_INS:
-        monkeypatch.setattr(ops, stand_in.__name__, recording(stand_in))
+    for module, stand_ins in STAND_INS.items():
+        for stand_in in stand_ins:
+            monkeypatch.setattr(importlib.import_module(f"tinyformer.engine.kernels.{module}"), stand_in.__name__,
+                                recording(stand_in))
     def philox_keep(generator, p, keep, fn=None):
         keep[...] = philox_uniform(KERNEL_SEED, 0, np.arange(keep.size)) >= p
         if fn is not None:
@@ -389,6 +395,6 @@ def test_every_op_with_a_kernel_follows_the_pattern():
                     F.ResidualDropoutLayerNorm, F.LinearReluDropout}
     for op in with_kernels:
         assert issubclass(op, F.KernelFunction), op
-        for path in ("kernel_applies", "forward_cpu", "forward_gpu", "backward_cpu", "backward_gpu"):
+        for path in ("kernel_applies", "forward_reference", "forward_kernel", "backward_reference", "backward_kernel"):
             assert getattr(op, path) is not getattr(F.KernelFunction, path), (op, path)
     assert not issubclass(F.Linear, F.KernelFunction) and not issubclass(F.Embedding, F.KernelFunction)

@@ -8,7 +8,7 @@ import pytest
 
 from tinyformer.engine import functional as F
 from tinyformer.study import gradcheck_suite as suite
-from tinyformer.engine.kernels import ops
+from tinyformer.engine.kernels import softmax as softmax_kernel
 
 
 @pytest.mark.parametrize("name", list(suite.CASES))
@@ -98,8 +98,8 @@ def _exact_softmax(x, log=False, dtype=None):
 
 def test_a_wrong_kernel_gradient_is_flagged_with_the_place(monkeypatch):
     """Kernels replaced by Python stand-ins (no compiler needed): the forward exact, the backward 1% off."""
-    monkeypatch.setattr(ops, "softmax_forward", _exact_softmax)
-    monkeypatch.setattr(ops, "softmax_backward",
+    monkeypatch.setattr(softmax_kernel, "softmax_forward", _exact_softmax)
+    monkeypatch.setattr(softmax_kernel, "softmax_backward",
                         lambda y, g, log=False, dtype=None: (y * (g - (g * y).sum(-1, keepdims=True)) * 1.01))
     (row,) = suite.run(["kernel_softmax"], device="cpu")
     assert not row.passed
@@ -108,8 +108,8 @@ def test_a_wrong_kernel_gradient_is_flagged_with_the_place(monkeypatch):
 
 
 def test_exact_stand_ins_pass_the_kernel_comparison(monkeypatch):
-    monkeypatch.setattr(ops, "softmax_forward", _exact_softmax)
-    monkeypatch.setattr(ops, "softmax_backward",
+    monkeypatch.setattr(softmax_kernel, "softmax_forward", _exact_softmax)
+    monkeypatch.setattr(softmax_kernel, "softmax_backward",
                         lambda y, g, log=False, dtype=None: y * (g - (g * y).sum(-1, keepdims=True)))
     (row,) = suite.run(["kernel_softmax"], device="cpu")
     assert row.passed, row.detail

@@ -237,7 +237,7 @@ def test_each_layer_imports_only_itself_and_the_layers_below(package_edges):
 
 
 def _part(module):
-    """A part of the engine (``tinyformer.engine.kernels.ops`` → ``kernels``, ``tinyformer.engine.tensor`` →
+    """A part of the engine (``tinyformer.engine.kernels.softmax`` → ``kernels``, ``tinyformer.engine.tensor`` →
     ``tensor``); None outside the engine."""
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[1] == "engine" else None

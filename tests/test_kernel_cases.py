@@ -1,4 +1,4 @@
-"""The kernel harness itself (tinyformer/study/kernel_cases.py): a comparison fails where it should and
+"""The kernel harness itself (tinyformer/study/kernel_cases/): a comparison fails where it should and
 says where; no compiler needed (the cases run the kernels in test_kernels_emulation.py)."""
 
 import math

@@ -1,4 +1,4 @@
-"""Dropout seeds read from device memory (``kernels.ops.DeviceSeed``), through the CPU emulation:
+"""Dropout seeds read from device memory (``kernels.arguments.DeviceSeed``), through the CPU emulation:
 every kernel that draws Philox dropout gives, for a seed s read from a table, bit for bit what it
 gives for ``seed=s``, and another value in the table changes its mask (the pointer is read); the
 functional layer hands a DeviceSeed from ``random.kernel_seed`` through to forward and backward."""
@@ -13,7 +13,9 @@ from tinyformer import Tensor
 from tinyformer.engine import functional as F, kernels
 from tinyformer.engine import random as tf_random
 from tinyformer.study.kernel_cases import rand
-from tinyformer.engine.kernels import ops
+from tinyformer.engine.kernels import arguments, attention as attention_kernel, dropout as dropout_kernel
+from tinyformer.engine.kernels import bias_relu_dropout as bias_relu_dropout_kernel
+from tinyformer.engine.kernels import residual_layer_norm as residual_layer_norm_kernel
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")
@@ -25,7 +27,7 @@ def device_seed(value, index=2):
     """``value`` as entry ``index`` of a table whose other entries are other seeds."""
     table = np.array([SEED + 1, OTHER + 1, SEED + 2, OTHER + 2], dtype=np.uint64)
     table[index] = value
-    return ops.DeviceSeed(table, index)
+    return arguments.DeviceSeed(table, index)
 
 
 RNG = np.random.default_rng(0)
@@ -36,20 +38,21 @@ Q16, K16, V16, DO16 = (rand(RNG, 1, 2, 17, 32).astype(np.float16) for _ in range
 
 
 def attention(seed):
-    o, lse = ops.attention_forward(Q, K, V, 2, causal=True, dropout_p=0.3, seed=seed)
-    return (o, lse, *ops.attention_backward(Q, K, V, o, lse, DO, 2, causal=True, dropout_p=0.3, seed=seed))
+    o, lse = attention_kernel.attention_forward(Q, K, V, 2, causal=True, dropout_p=0.3, seed=seed)
+    return (o, lse, *attention_kernel.attention_backward(Q, K, V, o, lse, DO, 2, causal=True, dropout_p=0.3, seed=seed))
 
 
 def attention_mma(seed):
-    o, lse = ops.attention_mma_forward(Q16, K16, V16, dropout_p=0.3, seed=seed)
-    return (o, lse, *ops.attention_mma_backward(Q16, K16, V16, o, lse, DO16, dropout_p=0.3, seed=seed))
+    o, lse = attention_kernel.attention_mma_forward(Q16, K16, V16, dropout_p=0.3, seed=seed)
+    return (o, lse, *attention_kernel.attention_mma_backward(Q16, K16, V16, o, lse, DO16, dropout_p=0.3, seed=seed))
 
 
 #: kernel -> (run(seed) -> its results, the index of the result that holds its mask or shows it)
 KERNELS = {
-    "dropout": (lambda seed: ops.dropout_forward(X, 0.3, seed, offset=1), 1),
-    "bias_relu_dropout": (lambda seed: ops.bias_relu_dropout_forward(Y.copy(), B, 0.3, seed), 1),
-    "residual_layer_norm": (lambda seed: ops.residual_layer_norm_forward(X, Y, W, B, 0.3, seed), 2),
+    "dropout": (lambda seed: dropout_kernel.dropout_forward(X, 0.3, seed, offset=1), 1),
+    "bias_relu_dropout": (lambda seed: bias_relu_dropout_kernel.bias_relu_dropout_forward(Y.copy(), B, 0.3, seed), 1),
+    "residual_layer_norm": (lambda seed: residual_layer_norm_kernel.residual_layer_norm_forward(X, Y, W, B, 0.3, seed),
+                            2),
     "attention": (attention, 0),
     "attention_mma": (attention_mma, 0),
 }
@@ -69,24 +72,26 @@ def test_a_seed_read_from_the_table_gives_the_kernel_of_that_seed(kernel):
 def test_the_table_entry_is_read_at_each_launch():
     """A refilled table gives the new seed's mask (what a replayed graph relies on)."""
     seed = device_seed(SEED)
-    first = ops.dropout_forward(X, 0.5, seed)[1]
+    first = dropout_kernel.dropout_forward(X, 0.5, seed)[1]
     seed.table[seed.index] = OTHER
-    assert np.array_equal(ops.dropout_forward(X, 0.5, seed)[1], ops.dropout_forward(X, 0.5, OTHER)[1])
-    assert not np.array_equal(first, ops.dropout_forward(X, 0.5, seed)[1])
+    assert np.array_equal(dropout_kernel.dropout_forward(X, 0.5, seed)[1],
+                          dropout_kernel.dropout_forward(X, 0.5, OTHER)[1])
+    assert not np.array_equal(first, dropout_kernel.dropout_forward(X, 0.5, seed)[1])
 
 
 def test_device_seed_points_at_its_entry_and_refuses_bad_tables():
     table = np.arange(6, dtype=np.uint64)
-    assert ops.DeviceSeed(table, 4).pointer == table.ctypes.data + 4 * 8
+    assert arguments.DeviceSeed(table, 4).pointer == table.ctypes.data + 4 * 8
     strided = table[::2]
-    assert ops.DeviceSeed(strided, 2).pointer == table.ctypes.data + 4 * 8
+    assert arguments.DeviceSeed(strided, 2).pointer == table.ctypes.data + 4 * 8
     with pytest.raises(TypeError, match="1-D uint64"):
-        ops.DeviceSeed(table.astype(np.int64), 0)
+        arguments.DeviceSeed(table.astype(np.int64), 0)
     with pytest.raises(TypeError, match="1-D uint64"):
-        ops.DeviceSeed(table.reshape(2, 3), 0)
+        arguments.DeviceSeed(table.reshape(2, 3), 0)
     with pytest.raises(IndexError, match="index 6 outside a table of 6"):
-        ops.DeviceSeed(table, 6)
-    assert ops._seed_args(7, X) == (7, 0) and ops._seed_args(ops.DeviceSeed(table, 1), X)[0] == 0
+        arguments.DeviceSeed(table, 6)
+    assert arguments.seed_arguments(7, X) == (7, 0)
+    assert arguments.seed_arguments(arguments.DeviceSeed(table, 1), X)[0] == 0
 
 
 # ------------------------------------------------------------------------ through functional
@@ -130,7 +135,7 @@ def test_functional_ops_hand_a_device_seed_to_forward_and_backward(op, emulated_
     table, handed = np.zeros(3, dtype=np.uint64), []
 
     def recorder(generator):
-        handed.append(ops.DeviceSeed(table, 1))
+        handed.append(arguments.DeviceSeed(table, 1))
         return handed[-1]
 
     table[1] = _drawn_seed(5)

@@ -1,5 +1,5 @@
 """The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
-the NumPy references in functional/optim (the cases of tinyformer/study/kernel_cases.py). These
+the NumPy references in functional/optim (the cases of tinyformer/study/kernel_cases/). These
 run in CI, where there is no GPU.
 
 The emulation runs a block's CUDA threads as fibers on one OS thread, so shapes are small. Most
@@ -20,7 +20,8 @@ from tinyformer import Tensor
 from tinyformer.engine import backend, functional as F, kernels
 from tinyformer.study import kernel_cases as cases
 from tinyformer.study.kernel_cases import Device, rand
-from tinyformer.engine.kernels import launch, ops, registry
+from tinyformer.engine.kernels import adam as adam_kernel, attention as attention_kernel, dropout as dropout_kernel
+from tinyformer.engine.kernels import launch, registry
 from tinyformer.engine.kernels.philox import philox4x32_10, philox_uniform
 from tinyformer.model.optim import Adam
 from tinyformer.model.optim.adam import device_update_reference
@@ -117,7 +118,7 @@ def test_fused_adam_kernel_refreshes_the_compute_copies_and_unscales(copy_dtype)
     scaled by 2^10 by it."""
     plan = cases.adam(CPU, [(3, 5), (300,), (7,)], chunk_size=128, copy_dtype=copy_dtype,
                       grad_scale=1024.0).check()["plan"]
-    assert plan.copy_type == ops.AdamPlan.COPY_TYPES[copy_dtype]
+    assert plan.copy_type == adam_kernel.AdamPlan.COPY_TYPES[copy_dtype]
 
 
 @pytest.mark.parametrize("max_grad_norm", [1.0, 1e6])
@@ -162,8 +163,8 @@ def test_fused_adam_kernel_without_the_skip_flag_applies_a_non_finite_update():
         device_update_reference(expected[0], grads, expected[1], expected[2], _hyper(skip_nonfinite=0.0),
                                 expected_result, (0.9, 0.98), 1e-9, 0.0)
     result = np.zeros(2, np.float32)
-    ops.grad_norm_adam_update(ops.AdamPlan(params, grads, m, v, chunk_size=64), _hyper(skip_nonfinite=0.0), result,
-                              0.9, 0.98, 1e-9)
+    adam_kernel.grad_norm_adam_update(adam_kernel.AdamPlan(params, grads, m, v, chunk_size=64),
+                                      _hyper(skip_nonfinite=0.0), result, 0.9, 0.98, 1e-9)
     assert np.isnan(result[0]) and result[1] == 1.0 and np.isnan(expected_result[0]) and expected_result[1] == 1.0
     for got, want in zip(params + m + v, expected[0] + expected[1] + expected[2]):
         assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got).any() == np.isnan(want).any()
@@ -177,8 +178,8 @@ def test_fused_adam_kernel_is_deterministic():
     for _ in range(2):
         params, grads, m, v = _adam_state(seed=3, shapes=((2000,), (33,), (700,)))
         result = np.zeros(2, np.float32)
-        ops.grad_norm_adam_update(ops.AdamPlan(params, grads, m, v, chunk_size=100), _hyper(max_grad_norm=2.0), result,
-                                  0.9, 0.98, 1e-9, weight_decay=0.01)
+        adam_kernel.grad_norm_adam_update(adam_kernel.AdamPlan(params, grads, m, v, chunk_size=100),
+                                          _hyper(max_grad_norm=2.0), result, 0.9, 0.98, 1e-9, weight_decay=0.01)
         runs.append([result] + params + m + v)
     for a, b in zip(*runs):
         assert np.array_equal(a, b)
@@ -187,35 +188,35 @@ def test_fused_adam_kernel_is_deterministic():
 def test_fused_adam_kernel_with_nothing_to_update_still_writes_the_result():
     empty = [np.zeros((0, 3), np.float32)]
     result = np.full(2, 7.0, np.float32)
-    plan = ops.AdamPlan(empty, empty, empty, empty)
+    plan = adam_kernel.AdamPlan(empty, empty, empty, empty)
     assert plan.chunks == 0
-    ops.grad_norm_adam_update(plan, _hyper(), result, 0.9, 0.98, 1e-9)
+    adam_kernel.grad_norm_adam_update(plan, _hyper(), result, 0.9, 0.98, 1e-9)
     assert result.tolist() == [0.0, 1.0]
 
 
 def test_fused_adam_kernel_checks_its_device_buffers():
     params, grads, m, v = _adam_state()
-    plan = ops.AdamPlan(params, grads, m, v)
+    plan = adam_kernel.AdamPlan(params, grads, m, v)
     result = np.zeros(2, np.float32)
     with pytest.raises(ValueError, match=r"hyper must be a contiguous float32 array of at least 5 elements"):
-        ops.grad_norm_adam_update(plan, _hyper().astype(np.float64), result, 0.9, 0.98, 1e-9)
+        adam_kernel.grad_norm_adam_update(plan, _hyper().astype(np.float64), result, 0.9, 0.98, 1e-9)
     with pytest.raises(ValueError, match=r"result must be a contiguous float32 array of at least 2"):
-        ops.grad_norm_adam_update(plan, _hyper(), np.zeros(1, np.float32), 0.9, 0.98, 1e-9)
+        adam_kernel.grad_norm_adam_update(plan, _hyper(), np.zeros(1, np.float32), 0.9, 0.98, 1e-9)
     with pytest.raises(ValueError, match=r"loss must be a contiguous float32 array of at least 1"):
-        ops.grad_norm_adam_update(plan, _hyper(), result, 0.9, 0.98, 1e-9, loss=np.zeros(1, np.float64))
+        adam_kernel.grad_norm_adam_update(plan, _hyper(), result, 0.9, 0.98, 1e-9, loss=np.zeros(1, np.float64))
 
 
 def test_adam_hyper_names_follow_the_kernels_enum():
     enum = re.search(r"enum Hyper \{([^}]*)\}", registry.read_source("adam.cu")).group(1)
     names = [re.sub(r"(?<!^)([A-Z])", r"_\1", name.strip()[1:]).lower() for name in enum.split(",")]
-    assert names == list(ops.ADAM_HYPER)
+    assert names == list(adam_kernel.ADAM_HYPER)
 
 
 def test_adam_plan_refuses_compute_copies_of_two_dtypes():
     p = [np.zeros(3, np.float32), np.zeros(3, np.float32)]
     zeros = [np.zeros_like(a) for a in p]
     with pytest.raises(TypeError, match="compute copies must share one dtype"):
-        ops.AdamPlan(p, zeros, zeros, zeros, copies=[np.zeros(3, np.float16), p[0].astype(backend.bfloat16)])
+        adam_kernel.AdamPlan(p, zeros, zeros, zeros, copies=[np.zeros(3, np.float16), p[0].astype(backend.bfloat16)])
 
 
 # Other block sizes than the registry's, for the row kernels, the attention kernels and the
@@ -286,7 +287,7 @@ def test_kernels_follow_a_changed_registry_geometry(monkeypatch, request):
 def test_adam_plan_refuses_mismatched_arrays():
     p = [np.zeros((2, 3), np.float32)]
     with pytest.raises(ValueError, match=r"grads\[0\].*\(2, 3\)"):
-        ops.AdamPlan(p, [np.zeros((3, 2), np.float32)], [np.zeros_like(p[0])], [np.zeros_like(p[0])])
+        adam_kernel.AdamPlan(p, [np.zeros((3, 2), np.float32)], [np.zeros_like(p[0])], [np.zeros_like(p[0])])
 
 
 @pytest.mark.parametrize("length", [1, 7, 64, 129])
@@ -322,8 +323,8 @@ def test_attention_kernel_is_deterministic():
     q, k, v, g = (rand(rng, 2, 33, 32) for _ in range(4))
     runs = []
     for _ in range(2):
-        o, lse = ops.attention_forward(q, k, v, 1, dropout_p=0.2, seed=9)
-        runs.append((o, lse) + ops.attention_backward(q, k, v, o, lse, g, 1, dropout_p=0.2, seed=9))
+        o, lse = attention_kernel.attention_forward(q, k, v, 1, dropout_p=0.2, seed=9)
+        runs.append((o, lse) + attention_kernel.attention_backward(q, k, v, o, lse, g, 1, dropout_p=0.2, seed=9))
     for a, b in zip(*runs):
         assert np.array_equal(a, b)
 
@@ -331,10 +332,10 @@ def test_attention_kernel_is_deterministic():
 def test_attention_kernel_refuses_unsupported_head_dim_and_dtype():
     x = np.zeros((1, 4, 48), np.float32)
     with pytest.raises(ValueError, match="head dimension 48"):
-        ops.attention_forward(x, x, x, 1)
+        attention_kernel.attention_forward(x, x, x, 1)
     y = np.zeros((1, 4, 32), np.float64)
     with pytest.raises(TypeError, match="float64"):
-        ops.attention_forward(y, y, y, 1)
+        attention_kernel.attention_forward(y, y, y, 1)
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 1000, 4099])
@@ -356,20 +357,20 @@ def test_dropout_kernel_grid_stride(monkeypatch):
 
 def test_dropout_kernel_keeps_everything_at_p_zero():
     x = rand(np.random.default_rng(0), 37)
-    y, keep = ops.dropout_forward(x, 0.0, seed=5)
+    y, keep = dropout_kernel.dropout_forward(x, 0.0, seed=5)
     assert keep.all() and np.array_equal(y, x)
 
 
 def test_dropout_kernel_gives_nan_for_a_dropped_non_finite_value_like_the_reference():
     x = np.array([np.nan, np.inf, -np.inf, 1.0, -2.0] * 20, np.float32)
-    y, keep = ops.dropout_forward(x, 0.5, seed=1)
+    y, keep = dropout_kernel.dropout_forward(x, 0.5, seed=1)
     assert 0 < keep.sum() < keep.size
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(y, x * keep * np.float32(2.0))
 
 
 def test_dropout_kernel_on_an_empty_array():
-    y, keep = ops.dropout_forward(np.zeros((0, 4), np.float32), 0.5, seed=1)
+    y, keep = dropout_kernel.dropout_forward(np.zeros((0, 4), np.float32), 0.5, seed=1)
     assert y.shape == keep.shape == (0, 4) and keep.dtype == np.bool_
 
 

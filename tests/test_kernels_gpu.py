@@ -1,8 +1,9 @@
 """The CUDA kernels on a GPU against their NumPy references (skipped without a usable GPU).
 
-The same cases (tinyformer/study/kernel_cases.py) run on the CPU through the emulation in
+The same cases (tinyformer/study/kernel_cases/) run on the CPU through the emulation in
 test_kernels_emulation.py; here they run on the real device, in float32, float16 and bfloat16
-(tolerances in tinyformer/study/kernel_cases.py), at the lengths where tiling goes wrong first: 1, 7, 64, 129, 1000.
+(tolerances in tinyformer/study/kernel_cases/harness.py), at the lengths where tiling goes wrong
+first: 1, 7, 64, 129, 1000.
 """
 
 import mma_probes
@@ -14,7 +15,8 @@ from tinyformer import Tensor
 from tinyformer.engine import backend, functional as F
 from tinyformer.study import kernel_cases as cases
 from tinyformer.study.kernel_cases import Device, rand
-from tinyformer.engine.kernels import cublas, ops, registry
+from tinyformer.engine.kernels import arguments, attention as attention_kernel, cublas, registry
+from tinyformer.engine.kernels import dropout as dropout_kernel
 from tinyformer.engine.kernels.philox import philox_uniform
 from tinyformer.model.optim import Adam
 
@@ -191,18 +193,18 @@ def test_a_device_seed_on_the_gpu_gives_the_mask_of_its_value():
     rng = np.random.default_rng(2)
     x = cupy.asarray(rand(rng, 1000, 33))
     table = cupy.asarray(np.array([5, 2 ** 62 + 9, 11], dtype=np.uint64))
-    y, keep = ops.dropout_forward(x, 0.3, ops.DeviceSeed(table, 1))
-    y_value, keep_value = ops.dropout_forward(x, 0.3, 2 ** 62 + 9)
+    y, keep = dropout_kernel.dropout_forward(x, 0.3, arguments.DeviceSeed(table, 1))
+    y_value, keep_value = dropout_kernel.dropout_forward(x, 0.3, 2 ** 62 + 9)
     assert bool((keep == keep_value).all()) and bool((y == y_value).all())
     q, k, v, g = (cupy.asarray(rand(rng, 2, 3, 70, 64).astype(np.float16)) for _ in range(4))
-    by_value = ops.attention_mma_forward(q, k, v, dropout_p=0.2, seed=11)
-    from_table = ops.attention_mma_forward(q, k, v, dropout_p=0.2, seed=ops.DeviceSeed(table, 2))
+    by_value = attention_kernel.attention_mma_forward(q, k, v, dropout_p=0.2, seed=11)
+    from_table = attention_kernel.attention_mma_forward(q, k, v, dropout_p=0.2, seed=arguments.DeviceSeed(table, 2))
     assert all(bool((a == b).all()) for a, b in zip(by_value, from_table))
-    grads = [ops.attention_mma_backward(q, k, v, *by_value, g, dropout_p=0.2, seed=s)
-             for s in (11, ops.DeviceSeed(table, 2))]
+    grads = [attention_kernel.attention_mma_backward(q, k, v, *by_value, g, dropout_p=0.2, seed=s)
+             for s in (11, arguments.DeviceSeed(table, 2))]
     assert all(bool((a == b).all()) for a, b in zip(*grads))
     with pytest.raises(ValueError, match="must live on the device of the kernel's arrays"):
-        ops.dropout_forward(x, 0.3, ops.DeviceSeed(np.zeros(2, np.uint64), 0))
+        dropout_kernel.dropout_forward(x, 0.3, arguments.DeviceSeed(np.zeros(2, np.uint64), 0))
 
 
 def test_global_gradient_norm_and_clipping_on_the_gpu_equal_the_cpu():
@@ -254,8 +256,9 @@ def test_attention_kernel_repeated_runs_are_identical():
     q, k, v, g = (cupy.asarray(rand(rng, 6, 1000, 64)) for _ in range(4))
     runs = []
     for _ in range(2):
-        o, lse = ops.attention_forward(q, k, v, 3, causal=True, dropout_p=0.1, seed=7)
-        runs.append((o, lse) + ops.attention_backward(q, k, v, o, lse, g, 3, causal=True, dropout_p=0.1, seed=7))
+        o, lse = attention_kernel.attention_forward(q, k, v, 3, causal=True, dropout_p=0.1, seed=7)
+        runs.append((o, lse) + attention_kernel.attention_backward(q, k, v, o, lse, g, 3, causal=True, dropout_p=0.1,
+                                                                   seed=7))
     for a, b in zip(*runs):
         assert bool((a == b).all())
 
@@ -324,8 +327,9 @@ def test_tensor_core_attention_repeated_runs_are_identical():
     q, k, v, g = (cupy.asarray(rand(rng, 2, 1000, 3, 64).astype(np.float16)).transpose(0, 2, 1, 3) for _ in range(4))
     runs = []
     for _ in range(2):
-        o, lse = ops.attention_mma_forward(q, k, v, causal=True, dropout_p=0.1, seed=7)
-        runs.append((o, lse) + ops.attention_mma_backward(q, k, v, o, lse, g, causal=True, dropout_p=0.1, seed=7))
+        o, lse = attention_kernel.attention_mma_forward(q, k, v, causal=True, dropout_p=0.1, seed=7)
+        runs.append((o, lse) + attention_kernel.attention_mma_backward(q, k, v, o, lse, g, causal=True, dropout_p=0.1,
+                                                                       seed=7))
     for a, b in zip(*runs):
         assert bool((a == b).all())
 
@@ -334,8 +338,9 @@ def test_functional_attention_in_float16_runs_on_tensor_cores(monkeypatch):
     import cupy
 
     called = []
-    original = ops.attention_mma_forward
-    monkeypatch.setattr(ops, "attention_mma_forward", lambda *a, **kw: called.append(1) or original(*a, **kw))
+    original = attention_kernel.attention_mma_forward
+    monkeypatch.setattr(attention_kernel, "attention_mma_forward",
+                        lambda *a, **kw: called.append(1) or original(*a, **kw))
     rng = np.random.default_rng(1)
     q, k, v = (Tensor(cupy.asarray(rand(rng, 2, 3, 50, 64).astype(np.float16)), requires_grad=True) for _ in range(3))
     out = F.scaled_dot_product_attention(q, k, v, causal=True)
@@ -354,10 +359,10 @@ def test_unsupported_head_dim_falls_back_to_the_reference_and_ops_refuse_it():
     out = F.scaled_dot_product_attention(q, q, q, causal=True)
     assert not out.grad_fn.uses_kernel
     with pytest.raises(ValueError, match="head dimension 48"):
-        ops.attention_forward(q.data.reshape(4, 5, 48), q.data.reshape(4, 5, 48), q.data.reshape(4, 5, 48), 2)
+        attention_kernel.attention_forward(*(q.data.reshape(4, 5, 48),) * 3, 2)
     with pytest.raises(TypeError, match="float64"):
         x = cupy.zeros((1, 4, 64))
-        ops.attention_forward(x, x, x, 1)
+        attention_kernel.attention_forward(x, x, x, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

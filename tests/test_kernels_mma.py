@@ -22,7 +22,8 @@ from tinyformer import Tensor
 from tinyformer.engine import functional as F, kernels
 from tinyformer.study import kernel_cases as cases
 from tinyformer.study.kernel_cases import Device, rand
-from tinyformer.engine.kernels import ops, registry
+from tinyformer.engine import backend
+from tinyformer.engine.kernels import attention as attention_kernel, registry
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
                                 reason="no C++ compiler for the CPU emulation")
@@ -166,34 +167,34 @@ def test_attention_is_deterministic():
     q, k, v, g = (rand(rng, 2, 2, 70, 32).astype(np.float16) for _ in range(4))
     runs = []
     for _ in range(2):
-        o, lse = ops.attention_mma_forward(q, k, v, dropout_p=0.2, seed=9)
-        runs.append((o, lse) + ops.attention_mma_backward(q, k, v, o, lse, g, dropout_p=0.2, seed=9))
+        o, lse = attention_kernel.attention_mma_forward(q, k, v, dropout_p=0.2, seed=9)
+        runs.append((o, lse) + attention_kernel.attention_mma_backward(q, k, v, o, lse, g, dropout_p=0.2, seed=9))
     for a, b in zip(*runs):
         assert np.array_equal(a, b)
 
 
 def test_projection_layout_is_read_in_place_and_other_layouts_are_copied(monkeypatch):
     copies = []
-    original = ops.projection_layout
+    original = attention_kernel.projection_layout
 
     def recording(array):
         out = original(array)
         copies.append(out is not array)
         return out
 
-    monkeypatch.setattr(ops, "projection_layout", recording)
+    monkeypatch.setattr(attention_kernel, "projection_layout", recording)
     rng = np.random.default_rng(0)
     q, k, v = (rand(rng, 2, 9, 3, 32).astype(np.float16).transpose(0, 2, 1, 3) for _ in range(3))
-    o, lse = ops.attention_mma_forward(q, k, v)
-    ops.attention_mma_backward(q, k, v, o, lse, o)
+    o, lse = attention_kernel.attention_mma_forward(q, k, v)
+    attention_kernel.attention_mma_backward(q, k, v, o, lse, o)
     assert copies and not any(copies)  # q, k, v, o, grad_o all read where they are
     assert o.transpose(0, 2, 1, 3).flags.c_contiguous  # o in the layout the output projection reads
     # an operand off the 16-byte grid is copied, with the same result
     wide = rand(rng, 2, 3, 9, 40).astype(np.float16)
     shifted = wide[..., 4:36]  # 8 bytes off alignment
     copies.clear()
-    o_shifted, _ = ops.attention_mma_forward(shifted, k, v)
-    o_copied, _ = ops.attention_mma_forward(np.ascontiguousarray(shifted), k, v)
+    o_shifted, _ = attention_kernel.attention_mma_forward(shifted, k, v)
+    o_copied, _ = attention_kernel.attention_mma_forward(np.ascontiguousarray(shifted), k, v)
     assert copies[0] and np.array_equal(o_shifted, o_copied)
 
 
@@ -210,13 +211,13 @@ def test_attention_follows_a_changed_registry_geometry(monkeypatch, request):
 def test_attention_refuses_what_it_has_no_kernel_for():
     x = np.zeros((1, 1, 4, 32), np.float16)
     with pytest.raises(TypeError, match="float32"):
-        ops.attention_mma_forward(x.astype(np.float32), x.astype(np.float32), x.astype(np.float32))
+        attention_kernel.attention_mma_forward(x.astype(np.float32), x.astype(np.float32), x.astype(np.float32))
     with pytest.raises(ValueError, match="head dimension 48"):
-        ops.attention_mma_forward(*(np.zeros((1, 1, 4, 48), np.float16),) * 3)
+        attention_kernel.attention_mma_forward(*(np.zeros((1, 1, 4, 48), np.float16),) * 3)
     with pytest.raises(TypeError, match="share a dtype"):
-        ops.attention_mma_forward(x, x, x.astype(np.float32))
+        attention_kernel.attention_mma_forward(x, x, x.astype(np.float32))
     with pytest.raises(ValueError, match=r"\(batch, heads, len, head_dim\)"):
-        ops.attention_mma_forward(x[0], x[0], x[0])
+        attention_kernel.attention_mma_forward(x[0], x[0], x[0])
 
 
 # ------------------------------------------------------------------------ through functional
@@ -235,14 +236,14 @@ def test_bfloat16_is_the_ml_dtypes_dtype_and_uint16_storage_is_refused():
     that dtype; uint16 storage, the old way, is refused naming the dtype."""
     bfloat16 = _bfloat16()
     rng = np.random.default_rng(2)
-    q, k, v, g = (ops.to_bfloat16(rand(rng, 2, 3, 21, 32)) for _ in range(4))
+    q, k, v, g = (backend.to_bfloat16(rand(rng, 2, 3, 21, 32)) for _ in range(4))
     assert q.dtype == bfloat16
-    o, lse = ops.attention_mma_forward(q, k, v, causal=True)
-    grads = ops.attention_mma_backward(q, k, v, o, lse, g, causal=True)
+    o, lse = attention_kernel.attention_mma_forward(q, k, v, causal=True)
+    grads = attention_kernel.attention_mma_backward(q, k, v, o, lse, g, causal=True)
     assert o.dtype == bfloat16 and all(a.dtype == bfloat16 for a in grads)
     bits = [a.view(np.uint16) for a in (q, k, v)]
     with pytest.raises(TypeError, match="uint16"):
-        ops.attention_mma_forward(*bits, causal=True, dtype="bfloat16")
+        attention_kernel.attention_mma_forward(*bits, causal=True, dtype="bfloat16")
 
 
 def test_the_dispatch_rule_takes_float16_float32_and_a_bfloat16_dtype(monkeypatch):
@@ -252,11 +253,12 @@ def test_the_dispatch_rule_takes_float16_float32_and_a_bfloat16_dtype(monkeypatc
 
 
 def test_functional_attention_takes_the_tensor_core_kernel_for_float16(emulated_kernels, monkeypatch):
-    """(A Tensor holds no bfloat16 yet: bfloat16 reaches the kernel through kernels.ops, tested above.)"""
+    """(A Tensor holds no bfloat16 yet: bfloat16 reaches the kernel through kernels.attention, tested above.)"""
     called = []
     for name in ("attention_mma_forward", "attention_forward"):
-        original = getattr(ops, name)
-        monkeypatch.setattr(ops, name, lambda *a, _f=original, _n=name, **kw: called.append(_n) or _f(*a, **kw))
+        original = getattr(attention_kernel, name)
+        monkeypatch.setattr(attention_kernel, name,
+                            lambda *a, _f=original, _n=name, **kw: called.append(_n) or _f(*a, **kw))
     rng = np.random.default_rng(1)
     arrays = [rand(rng, 2, 7, 2, 32) for _ in range(4)]  # (batch, len, heads, d): the projections' layout
     mask = F.padding_mask(np.array([[4, 5, 6, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]]), 0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
+from tinyformer.engine.kernels import adam as adam_kernel
 from tinyformer.model import optim
 from tinyformer.model.nn import Parameter
 
@@ -363,8 +364,8 @@ def test_write_step_scalars_fills_one_persistent_buffer():
     assert adam.hyper is hyper and adam.result is result
     np.testing.assert_array_equal(hyper, np.array([adam.current_lr(7) / (1 - 0.9 ** 7), 1 - 0.98 ** 7, 1.0, 2.0, 0.0],
                                                   np.float32))
-    assert [name for name in optim.adam.kernel_ops.ADAM_HYPER] == ["step_size", "bias2", "grad_scale", "max_grad_norm",
-                                                                   "skip_nonfinite"]
+    assert [name for name in adam_kernel.ADAM_HYPER] == ["step_size", "bias2", "grad_scale", "max_grad_norm",
+                                                         "skip_nonfinite"]
 
 
 def test_device_step_calls_in_the_wrong_order_say_what_is_missing():

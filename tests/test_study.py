@@ -187,8 +187,8 @@ def _swapped_classes():
     from tinyformer.engine.functional import CrossEntropy, LayerNorm, ScaledDotProductAttention
 
     return {(c.__name__, n): c.__dict__.get(n) for c in (ScaledDotProductAttention, LayerNorm, CrossEntropy)
-            for n in ("forward_cpu", "backward_cpu")} | {("MultiHeadAttention", "forward"):
-                                                         nn.MultiHeadAttention.__dict__["forward"]}
+            for n in ("forward_reference", "backward_reference")} | {("MultiHeadAttention", "forward"):
+                                                                     nn.MultiHeadAttention.__dict__["forward"]}
 
 
 def _model_gradients():
@@ -340,6 +340,6 @@ def test_check_passes_with_exit_0_and_trains_unless_told_not_to(tmp_path, capsys
     assert code == 0 and "right." in out and "--no-train" in out and "step" not in out
     code, out, _ = run(["study", "check", str(solution(tmp_path, "05_cross_entropy.py")), "--steps", "12"], capsys)
     assert code == 0, out
-    assert "CrossEntropy.backward_cpu runs your backward while `tiny` trains 12 steps" in out
+    assert "CrossEntropy.backward_reference runs your backward while `tiny` trains 12 steps" in out
     assert "step  1: loss" in out and "step 12: loss" in out
     assert ", falling, with your backward called 12 times; tinyformer's own backward is back in place." in out

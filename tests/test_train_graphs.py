@@ -13,7 +13,7 @@ from tinyformer.engine import backend, kernels
 from tinyformer.translation import checkpoint, train
 from tinyformer.engine import random as tf_random
 from tinyformer.engine.kernels import cublas
-from tinyformer.engine.kernels.ops import DeviceSeed
+from tinyformer.engine.kernels.arguments import DeviceSeed
 from tinyformer.translation.train import Trainer, graphs
 from tinyformer.translation.train import trainer as trainer_module
 from tinyformer.translation.train.emulated_capture import DeviceArray

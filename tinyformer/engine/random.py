@@ -118,7 +118,7 @@ def kernel_seed(generator=None):
     """The seed of one kernel's Philox stream, drawn from ``generator`` (None: the default one).
 
     While a CUDA graph is captured (``recording_kernel_seeds``) nothing is drawn: the recorder
-    returns a slot of the graph's seed table (a ``kernels.ops.DeviceSeed``), which the kernel
+    returns a slot of the graph's seed table (a ``kernels.arguments.DeviceSeed``), which the kernel
     reads on the device and the graph's owner fills before every replay with the draws this call
     would have made, in the same order: a replayed step uses the masks of the eager step.
     """

@@ -13,7 +13,7 @@ the gain would pass.
 
 The ``kernel_*`` cases (``KERNEL_CASES``) run cases of the kernel harness,
 ``tinyformer.study.kernel_cases``, in float32 (the tensor-core attention in bfloat16, the type it
-exists for): a CUDA kernel of ``tinyformer.engine.kernels.ops``
+exists for): a CUDA kernel through its launcher (``tinyformer.engine.kernels.softmax``, ...)
 against the NumPy reference of ``functional`` (or ``optim.Adam``) in float64 on the
 same values, outputs and gradients for a random upstream gradient. On "cuda" the
 compiled kernel runs; on "cpu" its very source runs through the C++ emulation
@@ -300,7 +300,7 @@ def _kernel_tolerance_note():
     rtol, atol = kernel_cases.TOLERANCE["float32"]
     rtol16, atol16 = kernel_cases.TOLERANCE["bfloat16"]
     return (f"kernel_* rows: the float32 kernel against the float64 NumPy reference on the same values "
-            f"(kernel_cases.py), pass when |kernel - reference| <= atol + rtol * |reference|: outputs rtol {rtol:g}, "
+            f"(kernel_cases), pass when |kernel - reference| <= atol + rtol * |reference|: outputs rtol {rtol:g}, "
             f"atol {atol:g}, gradients both x{kernel_cases.GRAD_FACTOR['float32']:g}; some comparisons have their own "
             f"(a failure names it); kernel_attention_tensor_cores in bfloat16: rtol {rtol16:g}, atol {atol16:g}, "
             f"gradients x{kernel_cases.GRAD_FACTOR['bfloat16']:g}")

@@ -18,10 +18,10 @@ family per module, each beside its CUDA twin in ``kernels/``:
 **Kernel dispatch: one rule, one pattern.** The rule is ``kernels.use_kernels(*arrays)``:
 CuPy arrays of float32/float16/bfloat16, unless ``TINYFORMER_KERNELS=0`` (float64, as in gradient
 checks, always takes the reference); Adam's fused step asks the same question. Every op with a
-kernel subclasses ``KernelFunction`` (``_dispatch.py``) and writes ``forward_cpu`` /
-``backward_cpu`` (the NumPy reference, which is the kernel's specification and also runs on
-CuPy arrays when the kernel does not apply) and ``forward_gpu`` / ``backward_gpu`` (the call
-into the kernel), as Chainer names them. ``forward`` picks the path once, from
+kernel subclasses ``KernelFunction`` (``_dispatch.py``) and writes ``forward_reference`` /
+``backward_reference`` (the NumPy reference, which is the kernel's specification and also runs
+on CuPy arrays when the kernel does not apply) and ``forward_kernel`` / ``backward_kernel`` (the
+call into the kernel's launcher, the module beside its .cu). ``forward`` picks the path once, from
 ``kernel_applies``: the rule on the op's arrays plus the op's own condition (softmax: the last
 axis; attention: no mask or a padding mask, a head dim the kernel has, no returned weights);
 the backward follows the forward's choice, recorded as ``uses_kernel``.

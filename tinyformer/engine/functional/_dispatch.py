@@ -7,9 +7,9 @@ from ..tensor import Function
 
 
 class KernelFunction(Function):
-    """A fused op with two paths: ``forward_cpu``/``backward_cpu``, the NumPy reference (written on
-    the arrays' own module, so it also runs on CuPy arrays when the kernel does not apply), and
-    ``forward_gpu``/``backward_gpu``, the call into the op's CUDA kernel (Chainer's names).
+    """A fused op with two paths: ``forward_reference``/``backward_reference``, the NumPy
+    reference (written on the arrays' own module, so it also runs on CuPy arrays when the kernel
+    does not apply), and ``forward_kernel``/``backward_kernel``, the call into the op's CUDA kernel.
 
     ``forward`` checks the inputs (``check_forward``), then picks the path once:
     ``uses_kernel = kernel_applies(...)``, which is ``kernels.use_kernels`` on the op's arrays
@@ -27,12 +27,12 @@ class KernelFunction(Function):
         self.check_forward(*args, **params)
         self.uses_kernel = bool(self.kernel_applies(*args, **params))
         if self.uses_kernel:
-            return self.forward_gpu(*args, **params)
+            return self.forward_kernel(*args, **params)
         self.device_type = _emulated_device_type(args)
         half = next((a.dtype for a in args if hasattr(a, "dtype") and backend.is_half(a.dtype)), None)
         if half is None:
-            return _on_device(self.forward_cpu(*args, **params), self.device_type)
-        out = self.forward_cpu(*(_float32(a) for a in args), **params)
+            return _on_device(self.forward_reference(*args, **params), self.device_type)
+        out = self.forward_reference(*(_float32(a) for a in args), **params)
         if type(out) is tuple:
             out = tuple(o if i in self.float32_outputs else _round(o, half) for i, o in enumerate(out))
         else:
@@ -41,8 +41,8 @@ class KernelFunction(Function):
 
     def backward(self, *grad_outputs):
         if self.uses_kernel:
-            return self.backward_gpu(*grad_outputs)
-        return _on_device(self.backward_cpu(*(_float32(g) for g in grad_outputs)), self.device_type)
+            return self.backward_kernel(*grad_outputs)
+        return _on_device(self.backward_reference(*(_float32(g) for g in grad_outputs)), self.device_type)
 
     def check_forward(self, *args, **params):
         """Raise on inputs that neither path takes (Chainer's ``check_type_forward``); none by default."""
@@ -52,16 +52,16 @@ class KernelFunction(Function):
         What it works out for the kernel on the way (attention: the key lengths) it may keep on ``self``."""
         raise NotImplementedError
 
-    def forward_cpu(self, *args, **params):
+    def forward_reference(self, *args, **params):
         raise NotImplementedError
 
-    def forward_gpu(self, *args, **params):
+    def forward_kernel(self, *args, **params):
         raise NotImplementedError
 
-    def backward_cpu(self, *grad_outputs):
+    def backward_reference(self, *grad_outputs):
         raise NotImplementedError
 
-    def backward_gpu(self, *grad_outputs):
+    def backward_kernel(self, *grad_outputs):
         raise NotImplementedError
 
 

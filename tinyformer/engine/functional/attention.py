@@ -6,9 +6,9 @@ import math
 import numpy
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import attention as attention_kernel
 from ..kernels.cublas import matmul
-from ..kernels.registry import HEAD_DIMS, MMA_DTYPES
+from ..kernels.registry import MMA_DTYPES
 from ..ops._helpers import sum_to_shape
 from ..tensor import Tensor
 from ...common.validation import check_probability, rectangular_array
@@ -45,20 +45,19 @@ class ScaledDotProductAttention(KernelFunction):
     materialize_grads = False
 
     def kernel_applies(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
-        """The kernel takes (batch, heads, len, d_k) arrays of one dtype, d_k in HEAD_DIMS, no
-        mask or one that only hides trailing padded keys (``padding_mask``'s (batch, 1, 1, len_k)),
-        and returns no weights; anything else takes the reference."""
+        """The kernel takes what its launcher takes (``kernels.attention.input_problem``:
+        (batch, heads, len, d_k) arrays of one dtype, d_k one it has), no mask or one that only
+        hides trailing padded keys (``padding_mask``'s (batch, 1, 1, len_k)), and returns no
+        weights; anything else takes the reference."""
         if return_weights or not kernels.use_kernels(q, k, v):
             return False
-        if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] not in HEAD_DIMS:
+        if attention_kernel.input_problem(q, k, v) is not None:
             return False
-        if len({q.dtype, k.dtype, v.dtype}) != 1:
-            return False
-        fits, self.key_lengths = _key_lengths(mask, q.shape[0], k.shape[2])  # forward_gpu passes them on
+        fits, self.key_lengths = _key_lengths_of_mask(mask, q.shape[0], k.shape[2])  # forward_kernel passes them on
         return fits
 
     # ---------------------------------------------------------------- the NumPy reference
-    def forward_cpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         xp = _xp(q, k, v)
         mask = mask.mask if isinstance(mask, KeyLengthMask) else mask
         if causal:
@@ -121,7 +120,7 @@ class ScaledDotProductAttention(KernelFunction):
         backend.map_row_blocks(rows, batch, p, row_size=p[0].size)
         return out, p
 
-    def backward_cpu(self, g_out, g_weights=None):
+    def backward_reference(self, g_out, g_weights=None):
         q, k, v, p = self.q, self.k, self.v, self.p
         xp = _xp(p)
         if g_out is None:
@@ -170,7 +169,7 @@ class ScaledDotProductAttention(KernelFunction):
         return grad_q, grad_k, grad_v
 
     # ---------------------------------------------------------------- the CUDA kernel
-    def forward_gpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+    def forward_kernel(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         batch, heads, len_q, dim = q.shape
         len_k = k.shape[2]
         self.seed = kernel_seed(generator) if dropout_p else 0
@@ -178,26 +177,27 @@ class ScaledDotProductAttention(KernelFunction):
         if self.tensor_cores:
             self.q, self.k, self.v = q, k, v
             self.args = dict(key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p, seed=self.seed)
-            self.o, self.lse = kernel_ops.attention_mma_forward(q, k, v, **self.args)
+            self.o, self.lse = attention_kernel.attention_mma_forward(q, k, v, **self.args)
             return self.o
         self.q, self.k, self.v = (a.reshape(batch * heads, -1, dim) for a in (q, k, v))
         self.args = dict(heads=heads, key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p,
                          seed=self.seed)
-        self.o, self.lse = kernel_ops.attention_forward(self.q, self.k, self.v, **self.args)
+        self.o, self.lse = attention_kernel.attention_forward(self.q, self.k, self.v, **self.args)
         self.shapes = (q.shape, (batch, heads, len_k, dim))
         return self.o.reshape(batch, heads, len_q, dim)
 
-    def backward_gpu(self, g):
+    def backward_kernel(self, g):
         if self.tensor_cores:
-            return (*kernel_ops.attention_mma_backward(self.q, self.k, self.v, self.o, self.lse, g, **self.args), None)
+            grads = attention_kernel.attention_mma_backward(self.q, self.k, self.v, self.o, self.lse, g, **self.args)
+            return (*grads, None)
         g = g.reshape(self.o.shape).astype(self.o.dtype, copy=False)
-        grad_q, grad_k, grad_v = kernel_ops.attention_backward(self.q, self.k, self.v, self.o, self.lse, g,
-                                                               **self.args)
+        grad_q, grad_k, grad_v = attention_kernel.attention_backward(self.q, self.k, self.v, self.o, self.lse, g,
+                                                                     **self.args)
         q_shape, kv_shape = self.shapes
         return grad_q.reshape(q_shape), grad_k.reshape(kv_shape), grad_v.reshape(kv_shape), None
 
 
-def _key_lengths(mask, batch, len_k):
+def _key_lengths_of_mask(mask, batch, len_k):
     """``(True, per-sequence key counts or None)`` when ``mask`` is none or only hides trailing
     keys (shape (batch, 1, 1, len_k), as ``padding_mask`` builds), else ``(False, None)``."""
     if mask is None:

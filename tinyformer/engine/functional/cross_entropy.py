@@ -3,7 +3,7 @@
 import numpy
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import cross_entropy as cross_entropy_kernel
 from ..tensor import Tensor
 from ...common.validation import check_real, rectangular_array
 from ._dispatch import KernelFunction
@@ -36,7 +36,7 @@ class CrossEntropy(KernelFunction):
         keep = _xp(logits).ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
         return logits.reshape(-1, logits.shape[-1]), t, keep
 
-    def forward_cpu(self, logits, target, smoothing, ignore_index, reduction):
+    def forward_reference(self, logits, target, smoothing, ignore_index, reduction):
         xp = _xp(logits)
         vocab = logits.shape[-1]
         flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
@@ -70,7 +70,7 @@ class CrossEntropy(KernelFunction):
         self.p, self.t_safe, self.rows = p, t_safe, rows
         return self._reduce(loss, nll, keep, target.shape, logits.dtype)
 
-    def backward_cpu(self, g_loss, g_nll):
+    def backward_reference(self, g_loss, g_nll):
         xp = _xp(self.p)
         p = self.p
         vocab = p.shape[-1]
@@ -98,15 +98,15 @@ class CrossEntropy(KernelFunction):
         backend.map_row_blocks(gradient_rows, len(grad), grad, row_size=vocab)
         return grad.reshape(self.shape), None
 
-    def forward_gpu(self, logits, target, smoothing, ignore_index, reduction):
+    def forward_kernel(self, logits, target, smoothing, ignore_index, reduction):
         """kernels/cross_entropy.cu: per-row loss and NLL; only the row's log-sum-exp is kept."""
         flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
-        loss, nll, self.lse = kernel_ops.cross_entropy_forward(flat, t, smoothing, ignore_index)
+        loss, nll, self.lse = cross_entropy_kernel.cross_entropy_forward(flat, t, smoothing, ignore_index)
         self.flat, self.t, self.ignore_index = flat, t, ignore_index
         out_dtype = numpy.float32 if backend.is_half(flat.dtype) else flat.dtype  # as float32_outputs
         return self._reduce(loss, nll, keep, target.shape, out_dtype, weight_dtype=numpy.float32)
 
-    def backward_gpu(self, g_loss, g_nll):
+    def backward_kernel(self, g_loss, g_nll):
         xp, rows = _xp(self.flat), len(self.t)
 
         def per_row(g):
@@ -115,8 +115,8 @@ class CrossEntropy(KernelFunction):
             g = g.reshape(-1) if self.reduction == "none" else xp.broadcast_to(g, (rows,))
             return g.astype(numpy.float32) * self.weight
 
-        grad = kernel_ops.cross_entropy_backward(self.flat, self.t, self.lse, per_row(g_loss), per_row(g_nll),
-                                                 self.smoothing, self.ignore_index)
+        grad = cross_entropy_kernel.cross_entropy_backward(self.flat, self.t, self.lse, per_row(g_loss),
+                                                           per_row(g_nll), self.smoothing, self.ignore_index)
         return grad.reshape(self.shape), None
 
     def _reduce(self, loss, nll, keep, target_shape, dtype, weight_dtype=None):

@@ -3,7 +3,7 @@
 import numpy
 
 from .. import backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import dropout as dropout_kernel
 from ..random import fill_keep_mask, kernel_seed
 from ...common.validation import check_probability
 from ._dispatch import KernelFunction
@@ -24,20 +24,20 @@ class Dropout(KernelFunction):
     def kernel_applies(self, x, p, generator):
         return kernels.use_kernels(x)
 
-    def forward_cpu(self, x, p, generator):
+    def forward_reference(self, x, p, generator):
         self.scale = _scale(x, p)
         y, self.keep = _dropped(x, p, generator)
         return y
 
-    def forward_gpu(self, x, p, generator):
+    def forward_kernel(self, x, p, generator):
         self.scale = _scale(x, p)
-        y, self.keep = kernel_ops.dropout_forward(x, p, kernel_seed(generator), scale=float(self.scale))
+        y, self.keep = dropout_kernel.dropout_forward(x, p, kernel_seed(generator), scale=float(self.scale))
         return y
 
-    def backward_cpu(self, g):
+    def backward_reference(self, g):
         return _scaled_by_mask(g, self.keep, self.scale)
 
-    backward_gpu = backward_cpu
+    backward_kernel = backward_reference
 
 
 def _scale(x, p):

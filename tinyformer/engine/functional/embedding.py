@@ -1,7 +1,7 @@
 """Embedding lookup: rows of a (vocab, d) matrix picked by integer ids (§3.4)."""
 
 from .. import backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import embedding as embedding_kernel
 from ..tensor import Function, Tensor
 from ...common.validation import rectangular_array
 
@@ -21,7 +21,7 @@ class Embedding(Function):
 
     def backward(self, g):
         if kernels.use_kernels(g):
-            return kernel_ops.embedding_backward(self.ids, g.reshape(-1, self.vocab[1]), self.vocab[0]), None
+            return embedding_kernel.embedding_backward(self.ids, g.reshape(-1, self.vocab[1]), self.vocab[0]), None
         grad = _xp(g).zeros(self.vocab, dtype=g.dtype)
         backend.scatter_add_rows(grad, self.ids.reshape(-1), g.reshape(-1, self.vocab[1]))
         return grad, None

@@ -3,7 +3,7 @@
 import numpy
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import layer_norm as layer_norm_kernel
 from ...common.validation import check_real
 from ._dispatch import KernelFunction
 
@@ -29,7 +29,7 @@ class LayerNorm(KernelFunction):
     def kernel_applies(self, x, weight, bias, eps):
         return kernels.use_kernels(x, weight, bias) and x.dtype == weight.dtype == bias.dtype
 
-    def forward_cpu(self, x, weight, bias, eps):
+    def forward_reference(self, x, weight, bias, eps):
         self.weight = weight
         n = x.shape[-1]
         xp = _xp(x)
@@ -55,7 +55,7 @@ class LayerNorm(KernelFunction):
         self.xhat, self.rstd = xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
         return y.reshape(x.shape)
 
-    def backward_cpu(self, g):
+    def backward_reference(self, g):
         xp, xhat = _xp(g), self.xhat
         n = xhat.shape[-1]
         rows_g, rows_xhat, rstd = g.reshape(-1, n), xhat.reshape(-1, n), self.rstd.reshape(-1, 1)
@@ -79,14 +79,14 @@ class LayerNorm(KernelFunction):
         grad_b = sum((part[1] for part in parts[1:]), parts[0][1]) if need_b else None
         return (None if grad_x is None else grad_x.reshape(g.shape)), grad_w, grad_b, None
 
-    def forward_gpu(self, x, weight, bias, eps):
+    def forward_kernel(self, x, weight, bias, eps):
         """kernels/layer_norm.cu keeps μ and r per row instead of x̂."""
         self.x, self.weight = x, weight
-        y, self.mean, self.rstd = kernel_ops.layer_norm_forward(x, weight, bias, eps)
+        y, self.mean, self.rstd = layer_norm_kernel.layer_norm_forward(x, weight, bias, eps)
         return y
 
-    def backward_gpu(self, g):
-        grad_x, grad_w, grad_b = kernel_ops.layer_norm_backward(
+    def backward_kernel(self, g):
+        grad_x, grad_w, grad_b = layer_norm_kernel.layer_norm_backward(
             self.x, self.weight, g.astype(self.x.dtype, copy=False), self.mean, self.rstd,
             need_input=self.needs_input_grad[0], need_params=any(self.needs_input_grad[1:3]))
         return grad_x, grad_w, grad_b, None

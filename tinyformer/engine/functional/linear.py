@@ -4,7 +4,7 @@
 import numpy
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import bias_relu_dropout as bias_relu_dropout_kernel
 from ..kernels.cublas import matmul
 from ..tensor import Function
 from ...common.validation import check_probability
@@ -114,7 +114,7 @@ class LinearReluDropout(KernelFunction):
         return (bias is not None and kernels.use_kernels(x, weight, bias)
                 and len({x.dtype, weight.dtype, bias.dtype}) == 1)
 
-    def forward_cpu(self, x, weight, bias, p, generator):
+    def forward_reference(self, x, weight, bias, p, generator):
         self.relu = LinearRelu()
         self.relu.needs_input_grad = self.needs_input_grad[:3]
         z = self.relu.forward(x, weight, bias)
@@ -126,24 +126,24 @@ class LinearReluDropout(KernelFunction):
             _xp(z).logical_and(positive, keep.reshape(positive.shape), out=positive)
         return z
 
-    def backward_cpu(self, g):
+    def backward_reference(self, g):
         if not self.p:
             return (*self.relu.backward(g), None, None)
         # one pass for both masks: dz ∘ [z > 0] ∘ keep / (1 − p), then Linear's backward
         g = _scaled_by_mask(g, self.relu.positive.reshape(g.shape), self.scale)
         return (*Linear.backward(self.relu, g), None, None)
 
-    def forward_gpu(self, x, weight, bias, p, generator):
+    def forward_kernel(self, x, weight, bias, p, generator):
         self.x, self.weight = x, weight
         self.scale = float(_scale(x, p)) if p else 1.0
         y = matmul(x.reshape(-1, x.shape[-1]), weight.T)
-        z, self.mask = kernel_ops.bias_relu_dropout_forward(y, bias, p, kernel_seed(generator) if p else 0,
-                                                            scale=self.scale)
+        z, self.mask = bias_relu_dropout_kernel.bias_relu_dropout_forward(
+            y, bias, p, kernel_seed(generator) if p else 0, scale=self.scale)
         return z.reshape(x.shape[:-1] + (weight.shape[0],))
 
-    def backward_gpu(self, g):
-        grad_y = kernel_ops.bias_relu_dropout_backward(g.astype(self.x.dtype, copy=False), self.mask.reshape(g.shape),
-                                                       self.scale)
+    def backward_kernel(self, g):
+        grad_y = bias_relu_dropout_kernel.bias_relu_dropout_backward(
+            g.astype(self.x.dtype, copy=False), self.mask.reshape(g.shape), self.scale)
         return (*_linear_grads(grad_y, self.x, self.weight, self.needs_input_grad), None, None)
 
 

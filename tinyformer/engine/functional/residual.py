@@ -2,7 +2,7 @@
 kernels/residual_layer_norm.cu on the GPU."""
 
 from .. import amp, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import residual_layer_norm as residual_layer_norm_kernel
 from ...common.validation import check_probability, check_real
 from ._dispatch import KernelFunction
 from ..random import kernel_seed
@@ -29,31 +29,31 @@ class ResidualDropoutLayerNorm(KernelFunction):
     def kernel_applies(self, x, y, weight, bias, p, generator, eps):
         return kernels.use_kernels(x, y, weight, bias) and len({x.dtype, y.dtype, weight.dtype, bias.dtype}) == 1
 
-    def forward_cpu(self, x, y, weight, bias, p, generator, eps):
+    def forward_reference(self, x, y, weight, bias, p, generator, eps):
         self.p = p
         if p:
             self.scale = _scale(y, p)
             y, self.keep = _dropped(y, p, generator)
         self.norm = LayerNorm()
         self.norm.needs_input_grad = (any(self.needs_input_grad[:2]),) + tuple(self.needs_input_grad[2:4]) + (False,)
-        return self.norm.forward_cpu(x + y, weight, bias, eps)
+        return self.norm.forward_reference(x + y, weight, bias, eps)
 
-    def backward_cpu(self, g):
-        grad_h, grad_w, grad_b, _ = self.norm.backward_cpu(g)
+    def backward_reference(self, g):
+        grad_h, grad_w, grad_b, _ = self.norm.backward_reference(g)
         grad_y = None
         if self.needs_input_grad[1] and grad_h is not None:
             grad_y = _scaled_by_mask(grad_h, self.keep, self.scale) if self.p else grad_h
         return (grad_h if self.needs_input_grad[0] else None), grad_y, grad_w, grad_b, None, None, None
 
-    def forward_gpu(self, x, y, weight, bias, p, generator, eps):
+    def forward_kernel(self, x, y, weight, bias, p, generator, eps):
         self.weight = weight
         self.scale = float(_scale(y, p)) if p else 1.0
-        out, self.h, self.keep, self.mean, self.rstd = kernel_ops.residual_layer_norm_forward(
+        out, self.h, self.keep, self.mean, self.rstd = residual_layer_norm_kernel.residual_layer_norm_forward(
             x, y, weight, bias, p, kernel_seed(generator) if p else 0, scale=self.scale, eps=eps)
         return out
 
-    def backward_gpu(self, g):
-        grad_x, grad_y, grad_w, grad_b = kernel_ops.residual_layer_norm_backward(
+    def backward_kernel(self, g):
+        grad_x, grad_y, grad_w, grad_b = residual_layer_norm_kernel.residual_layer_norm_backward(
             self.h, self.weight, g.astype(self.h.dtype, copy=False), self.mean, self.rstd, self.keep, self.scale,
             need_params=any(self.needs_input_grad[2:4]))
         return grad_x, grad_y, grad_w, grad_b, None, None, None

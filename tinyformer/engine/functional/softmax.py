@@ -1,7 +1,7 @@
 """Softmax and log-softmax along one axis; the last axis runs through kernels/softmax.cu on the GPU."""
 
 from .. import amp, backend, kernels
-from ..kernels import ops as kernel_ops
+from ..kernels import softmax as softmax_kernel
 from ..ops._helpers import normalize_axes
 from ...common.validation import is_integer
 from ._dispatch import KernelFunction
@@ -40,40 +40,40 @@ class _RowSoftmax(KernelFunction):
 class Softmax(_RowSoftmax):
     """pᵢ = exp(xᵢ) / Σⱼ exp(xⱼ);  dx = p ∘ (dp − Σⱼ dpⱼ pⱼ)."""
 
-    def forward_cpu(self, x, axis):
+    def forward_reference(self, x, axis):
         self.p = _stable_softmax(x, self.axis)
         return self.p
 
-    def backward_cpu(self, g):
+    def backward_reference(self, g):
         p = self.p
         return p * (g - (g * p).sum(axis=self.axis, keepdims=True))
 
-    def forward_gpu(self, x, axis):
-        self.p = kernel_ops.softmax_forward(x)
+    def forward_kernel(self, x, axis):
+        self.p = softmax_kernel.softmax_forward(x)
         return self.p
 
-    def backward_gpu(self, g):
-        return kernel_ops.softmax_backward(self.p, g.astype(self.p.dtype, copy=False))
+    def backward_kernel(self, g):
+        return softmax_kernel.softmax_backward(self.p, g.astype(self.p.dtype, copy=False))
 
 
 class LogSoftmax(_RowSoftmax):
     """yᵢ = xᵢ − max − log Σⱼ exp(xⱼ − max);  dx = dy − softmax(x) · Σⱼ dyⱼ."""
 
-    def forward_cpu(self, x, axis):
+    def forward_reference(self, x, axis):
         xp, axis = _xp(x), self.axis
         shifted = x - x.max(axis=axis, keepdims=True)
         self.y = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
         return self.y
 
-    def backward_cpu(self, g):
+    def backward_reference(self, g):
         return g - _xp(g).exp(self.y) * g.sum(axis=self.axis, keepdims=True)
 
-    def forward_gpu(self, x, axis):
-        self.y = kernel_ops.softmax_forward(x, log=True)
+    def forward_kernel(self, x, axis):
+        self.y = softmax_kernel.softmax_forward(x, log=True)
         return self.y
 
-    def backward_gpu(self, g):
-        return kernel_ops.softmax_backward(self.y, g.astype(self.y.dtype, copy=False), log=True)
+    def backward_kernel(self, g):
+        return softmax_kernel.softmax_backward(self.y, g.astype(self.y.dtype, copy=False), log=True)
 
 
 def softmax(x, axis=-1):

@@ -10,7 +10,7 @@
 //   adam_norm_partials: partials[c] = Σ g² over chunk c, in double (one block per chunk, no
 //     atomics: the same sums in the same order every time).
 //   adam_update: every block sums the partials in one fixed order, so all agree on ‖g‖², and
-//     reads the step's scalars from `hyper` (float32; ops.ADAM_HYPER): step_size = lr / (1 − β₁ᵗ),
+//     reads the step's scalars from `hyper` (float32; kernels/adam.py: ADAM_HYPER): step_size = lr / (1 − β₁ᵗ),
 //     bias2 = 1 − β₂ᵗ, the loss scale s (1 without), max_grad_norm (≤ 0: no clipping) and
 //     skip_nonfinite (0: update whatever the norm, as Adam.step without it). Then
 //       norm = √‖g‖² / s;  applied = !skip_nonfinite || (float(norm) finite && (loss null or finite))
@@ -26,7 +26,7 @@
 
 namespace tf_adam {
 
-// Entries of `hyper` (ops.ADAM_HYPER names them in the same order).
+// Entries of `hyper` (kernels/adam.py: ADAM_HYPER names them in the same order).
 enum Hyper { kStepSize, kBias2, kGradScale, kMaxGradNorm, kSkipNonfinite };
 
 struct Chunk {

@@ -1,6 +1,6 @@
 """Launching a kernel: on CuPy arrays through ``cupy.RawModule``, on NumPy arrays through
-the CPU emulation. The Python wrappers in ``kernels/ops.py`` are therefore the same code on
-both, and CI exercises them (and the kernels) without a GPU.
+the CPU emulation. The launchers beside the sources (``softmax.py``, ...) are therefore the same
+code on both, and CI exercises them (and the kernels) without a GPU.
 """
 
 import functools

@@ -10,9 +10,15 @@ kernel, and the 16-bit kernels of the tensor-core attention with the delta kerne
 This module is the one home of the launch geometry. The sources get it at compile time, as
 the ``ROWS_PER_WARP`` template argument and as the preprocessor definitions of
 ``compile_options()`` (the same for NVRTC and the g++ emulation) and the ``TILE`` template argument;
-``ops.py`` computes its grids and dynamic shared memory
-from the same names, read at launch time. No kernel source restates a block size
+each kernel's launcher (``softmax.py`` beside ``softmax.cu``, ...) computes its grids and dynamic
+shared memory from the same names, read at launch time. No kernel source restates a block size
 (tests/test_kernels_registry.py checks).
+
+It is also the one home of the element types (``CUDA_TYPES``, narrowed per source by
+``SOURCE_DTYPES``) and of the table of kernels and their template parameters (``KERNELS``):
+NVRTC, the emulation, compile_check and the launchers all read the same table; a table split
+among the launchers would leave the tools that need every kernel to gather it back. What is one kernel's alone (Adam's scalar buffer, the attention
+kernels' shape rules) sits with its launcher.
 """
 
 import itertools

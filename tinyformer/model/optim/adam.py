@@ -5,7 +5,8 @@ import math
 import numpy
 
 from ...engine import amp, backend, kernels
-from ...engine.kernels import ops as kernel_ops
+from ...engine.kernels import adam as adam_kernel
+from ...engine.kernels.arguments import pointer
 from ...engine.tensor import Tensor
 
 __all__ = ["Adam", "clip_grad_norm", "device_update_reference"]
@@ -101,9 +102,9 @@ def _plain(array):
 
 
 def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weight_decay, loss=None, copies=None):
-    """What ``kernels.ops.grad_norm_adam_update`` does, on arrays (NumPy; CuPy works too, reading
+    """What ``kernels.adam.grad_norm_adam_update`` does, on arrays (NumPy; CuPy works too, reading
     the scalars back): the device-side step's specification, and its path where the kernels do not
-    run. ``hyper`` holds ``kernels.ops.ADAM_HYPER`` (step_size, bias2, loss scale s, max_grad_norm
+    run. ``hyper`` holds ``kernels.adam.ADAM_HYPER`` (step_size, bias2, loss scale s, max_grad_norm
     with ≤ 0 for none, skip_nonfinite); ``params``, ``m``, ``v`` (and the ``copies``, None or
     per parameter a half copy or None) are updated in place, ``result`` gets [norm, applied].
 
@@ -179,8 +180,8 @@ class Adam:
         self.v = [None] * len(self.params)
         self.last_grad_norm = None
         self._buffers = {}
-        self.hyper = self.result = None  # the device step's scalars (ops.ADAM_HYPER) and [norm, applied]
-        self._device_plan = None  # (key of the arrays' addresses, kernel_ops.AdamPlan)
+        self.hyper = self.result = None  # the device step's scalars (kernels.adam.ADAM_HYPER) and [norm, applied]
+        self._device_plan = None  # (key of the arrays' addresses, adam_kernel.AdamPlan)
 
     def current_lr(self, step=None):
         """The learning rate used at ``step`` (default: the next step)."""
@@ -259,7 +260,7 @@ class Adam:
 
     # ---------------------------------------------------------------- the step on the device
     def write_step_scalars(self, grad_scale=1.0, skip_nonfinite=True):
-        """Write the next step's scalars (``kernels.ops.ADAM_HYPER``: lr(t)/(1 − β₁ᵗ), 1 − β₂ᵗ for
+        """Write the next step's scalars (``kernels.adam.ADAM_HYPER``: lr(t)/(1 − β₁ᵗ), 1 − β₂ᵗ for
         t = step_count + 1, the loss scale, max_grad_norm or 0, the skip flag) into the persistent
         buffer ``hyper`` on the parameters' device, allocated on the first call with ``result``.
         The one host-to-device copy of a step: outside any capture, before the step or replay."""
@@ -279,7 +280,7 @@ class Adam:
 
     def prepare_device_step(self):
         """Outside any capture: zero moments where missing, contiguous parameters and gradients,
-        and, where the kernel runs, its pointer tables (``kernel_ops.AdamPlan``) for the current
+        and, where the kernel runs, its pointer tables (``adam_kernel.AdamPlan``) for the current
         arrays, cached while their addresses stay the same (persistent gradient buffers keep them).
         Returns True when it built new tables: a graph captured with the old ones is stale."""
         active = self._active()
@@ -291,9 +292,9 @@ class Adam:
         key = self._plan_key(active, copies)
         if self._device_plan is not None and self._device_plan[0] == key:
             return False
-        plan = kernel_ops.AdamPlan([self.params[i].data for i in active], [self.params[i].grad for i in active],
-                                   [self.m[i] for i in active], [self.v[i] for i in active],
-                                   copies=[copies[i] for i in active])
+        plan = adam_kernel.AdamPlan([self.params[i].data for i in active], [self.params[i].grad for i in active],
+                                    [self.m[i] for i in active], [self.v[i] for i in active],
+                                    copies=[copies[i] for i in active])
         self._device_plan = (key, plan)
         return True
 
@@ -322,8 +323,8 @@ class Adam:
                                    "and keep the gradients in place (zero them, do not replace them)")
             self.prepare_device_step()
         beta1, beta2 = self.betas
-        kernel_ops.grad_norm_adam_update(self._device_plan[1], self.hyper, self.result, beta1, beta2, self.eps,
-                                         self.weight_decay, loss=loss)
+        adam_kernel.grad_norm_adam_update(self._device_plan[1], self.hyper, self.result, beta1, beta2, self.eps,
+                                          self.weight_decay, loss=loss)
 
     def finish_device_step(self):
         """Read ``result`` (the step's one synchronisation): sets ``last_grad_norm`` and counts the
@@ -364,7 +365,7 @@ class Adam:
     def _plan_key(self, active, copies):
         """What a plan's pointer tables depend on: the addresses, sizes and dtypes of the arrays."""
         def address(a):
-            return (0, "") if a is None else (kernel_ops.pointer(a), a.dtype.str)
+            return (0, "") if a is None else (pointer(a), a.dtype.str)
 
         return tuple((self.params[i].data.size, *address(self.params[i].data), *address(self.params[i].grad),
                       *address(self.m[i]), *address(self.v[i]), *address(copies[i])) for i in active)

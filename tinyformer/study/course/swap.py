@@ -3,8 +3,8 @@
 ``swapped_in(number, module)`` is a with-block during which the tinyformer op of exercise
 ``number`` runs the reader's ``backward`` (from ``module``, their checked file) in place of its
 own; on the way out, whatever ends the block (an error, Ctrl-C), every replaced method is put
-back. The replacements are methods of the op classes (Chainer-style ``forward_cpu`` /
-``backward_cpu``, the NumPy path every CPU run takes), so every instance in the model uses them:
+back. The replacements are methods of the op classes (``forward_reference`` /
+``backward_reference``, the NumPy path every CPU run takes), so every instance in the model uses them:
 
 ==============  =====================================================================================
 2 softmax       ``ScaledDotProductAttention``: its backward as tinyformer writes it (dV = Pᵀ·dO,
@@ -12,15 +12,15 @@ back. The replacements are methods of the op classes (Chainer-style ``forward_cp
                 backward, handed the masked scores S (rebuilt from Q, K and the mask its forward
                 kept) and dP. The model has no stand-alone softmax: attention's is the one that
                 trains (F.softmax's own op, ``Softmax``, runs nowhere in a training step).
-3 layer norm    ``LayerNorm``: forward_cpu also keeps its input x, backward_cpu calls the reader's.
-                Every post-LN sublayer connection (``ResidualDropoutLayerNorm``) runs a LayerNorm
-                inside, so every layer norm of the model uses it.
-4 attention     ``ScaledDotProductAttention``: forward_cpu also keeps the mask and the causal flag,
-                backward_cpu hands the reader (batch·heads, len, d_k) arrays and the mask broadcast
-                to (batch·heads, len_q, len_k).
-5 cross entropy ``CrossEntropy``: forward_cpu keeps logits, targets and the settings; backward_cpu
-                calls the reader's mean-reduction backward and scales it to the reduction asked
-                for (training sums over tokens: N times the mean's gradient).
+3 layer norm    ``LayerNorm``: forward_reference also keeps its input x, backward_reference calls
+                the reader's. Every post-LN sublayer connection (``ResidualDropoutLayerNorm``)
+                runs a LayerNorm inside, so every layer norm of the model uses it.
+4 attention     ``ScaledDotProductAttention``: forward_reference also keeps the mask and the causal
+                flag, backward_reference hands the reader (batch·heads, len, d_k) arrays and the
+                mask broadcast to (batch·heads, len_q, len_k).
+5 cross entropy ``CrossEntropy``: forward_reference keeps logits, targets and the settings;
+                backward_reference calls the reader's mean-reduction backward and scales it to
+                the reduction asked for (training sums over tokens: N times the mean's gradient).
 6 multi-head    ``nn.MultiHeadAttention.forward``: a module is no single op, so its forward becomes
   attention     one autograd node, ``ReaderMultiHeadAttention`` (a ``Function`` whose forward is the
                 exercise's given forward and whose backward is the reader's, its inputs the three
@@ -102,13 +102,13 @@ def _no_extras(op, g_weights, what):
 
 # ---------------------------------------------------------------------------- 2: softmax, inside attention
 def _softmax_replacements(module, swap):
-    own_forward = ScaledDotProductAttention.forward_cpu
+    own_forward = ScaledDotProductAttention.forward_reference
 
-    def forward_cpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         self.study_keep = _keep(mask, causal, q.shape[-2], k.shape[-2])
         return own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
 
-    def backward_cpu(self, g_out, g_weights=None):
+    def backward_reference(self, g_out, g_weights=None):
         """ScaledDotProductAttention's backward with dS from the reader's softmax backward."""
         _no_extras(self, g_weights, "exercise 2's swap")
         q, k, v, p = self.q, self.k, self.v, self.p
@@ -125,38 +125,38 @@ def _softmax_replacements(module, swap):
         return (sum_to_shape(ds @ k, q.shape), sum_to_shape(ds.swapaxes(-1, -2) @ q, k.shape),
                 sum_to_shape(p.swapaxes(-1, -2) @ g_out, v.shape), None)
 
-    return [(ScaledDotProductAttention, "forward_cpu", forward_cpu),
-            (ScaledDotProductAttention, "backward_cpu", backward_cpu)]
+    return [(ScaledDotProductAttention, "forward_reference", forward_reference),
+            (ScaledDotProductAttention, "backward_reference", backward_reference)]
 
 
 # ---------------------------------------------------------------------------- 3: layer norm
 def _layer_norm_replacements(module, swap):
-    own_forward = LayerNorm.forward_cpu
+    own_forward = LayerNorm.forward_reference
 
-    def forward_cpu(self, x, weight, bias, eps):
+    def forward_reference(self, x, weight, bias, eps):
         if eps != module.EPS:
             raise ValueError(f"exercise 3's backward uses ε = {module.EPS}; this model's LayerNorm has ε = {eps}")
         self.study_x, self.study_bias = x, bias
         return own_forward(self, x, weight, bias, eps)
 
-    def backward_cpu(self, g):
+    def backward_reference(self, g):
         n = g.shape[-1]
         dx, dgain, dbias = module.backward(self.study_x.reshape(-1, n), self.weight, self.study_bias, g.reshape(-1, n))
         swap.calls += 1
         return numpy.asarray(dx).reshape(g.shape), numpy.asarray(dgain), numpy.asarray(dbias), None
 
-    return [(LayerNorm, "forward_cpu", forward_cpu), (LayerNorm, "backward_cpu", backward_cpu)]
+    return [(LayerNorm, "forward_reference", forward_reference), (LayerNorm, "backward_reference", backward_reference)]
 
 
 # ---------------------------------------------------------------------------- 4: attention
 def _attention_replacements(module, swap):
-    own_forward = ScaledDotProductAttention.forward_cpu
+    own_forward = ScaledDotProductAttention.forward_reference
 
-    def forward_cpu(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
         self.study_mask, self.study_causal = (mask.mask if isinstance(mask, KeyLengthMask) else mask), causal
         return own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
 
-    def backward_cpu(self, g_out, g_weights=None):
+    def backward_reference(self, g_out, g_weights=None):
         """The reader's attention backward on the heads flattened into the batch axis."""
         _no_extras(self, g_weights, "exercise 4's swap")
         q, k, v = self.q, self.k, self.v
@@ -176,19 +176,19 @@ def _attention_replacements(module, swap):
         return tuple(sum_to_shape(numpy.asarray(d).reshape(lead + a.shape[-2:]), a.shape)
                      for d, a in ((dq, q), (dk, k), (dv, v))) + (None,)
 
-    return [(ScaledDotProductAttention, "forward_cpu", forward_cpu),
-            (ScaledDotProductAttention, "backward_cpu", backward_cpu)]
+    return [(ScaledDotProductAttention, "forward_reference", forward_reference),
+            (ScaledDotProductAttention, "backward_reference", backward_reference)]
 
 
 # ---------------------------------------------------------------------------- 5: cross entropy
 def _cross_entropy_replacements(module, swap):
-    own_forward = CrossEntropy.forward_cpu
+    own_forward = CrossEntropy.forward_reference
 
-    def forward_cpu(self, logits, target, smoothing, ignore_index, reduction):
+    def forward_reference(self, logits, target, smoothing, ignore_index, reduction):
         self.study_inputs = (logits, target, smoothing, -1 if ignore_index is None else ignore_index)
         return own_forward(self, logits, target, smoothing, ignore_index, reduction)
 
-    def backward_cpu(self, g_loss, g_nll):
+    def backward_reference(self, g_loss, g_nll):
         """The reader's gradient of the mean loss, times N for the sum (the loss, and the NLL: the
         loss without smoothing)."""
         if self.reduction == "none":
@@ -202,7 +202,8 @@ def _cross_entropy_replacements(module, swap):
                 swap.calls += 1
         return grad, None
 
-    return [(CrossEntropy, "forward_cpu", forward_cpu), (CrossEntropy, "backward_cpu", backward_cpu)]
+    return [(CrossEntropy, "forward_reference", forward_reference),
+            (CrossEntropy, "backward_reference", backward_reference)]
 
 
 # ---------------------------------------------------------------------------- 6: multi-head attention

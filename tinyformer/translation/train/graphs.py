@@ -27,7 +27,7 @@ from ...engine import amp, backend, kernels
 from ...engine import random as tf_random
 from ..data.batching import ShapeBuckets
 from ...engine.functional import KeyLengthMask
-from ...engine.kernels.ops import DeviceSeed
+from ...engine.kernels.arguments import DeviceSeed
 from ...engine.tensor import Tensor
 from .emulated_capture import EmulatedCapture
 from .evaluation import batch_loss

@@ -1,0 +1,209 @@
+"""The launchers of attention.cu (CUDA cores, float32) and attention_mma.cu (tensor cores,
+float16 and bfloat16): fused scaled dot-product attention, forward and backward, keeping the row
+log-sum-exp instead of the probabilities (FlashAttention-2).
+
+Reference: ``functional.ScaledDotProductAttention``. What the kernels take is stated once,
+here (``input_problem``): the launchers raise it and the functional op asks it before it picks
+its kernel path. Block sizes, tiles and dynamic shared memory come from ``registry``
+(``attention_rows_per_block``, ``mma_attention_*``); the kernels, their template parameters
+and element types (``registry.MMA_DTYPES`` for attention_mma.cu) are registered in
+``registry.KERNELS``.
+"""
+
+import math
+
+import numpy
+
+from . import launch, registry
+from .arguments import array_module, contiguous, element_dtype, f32, i32, pointer, seed_arguments
+
+
+def input_problem(q, k, v, split_heads=True):
+    """Why the attention kernels cannot take q, k, v, as the exception to raise; None when they can.
+
+    They take arrays of one dtype shaped (batch, heads, len, head_dim) (``split_heads``: the
+    tensor-core kernels, and the functional op's arrays) or (batch·heads, len, head_dim) (the
+    CUDA-core kernels), k and v of one shape, q sharing their leading axes and their head_dim,
+    which must be one of ``registry.HEAD_DIMS``.
+    """
+    layout = "(batch, heads, len, head_dim)" if split_heads else "(batch·heads, len, head_dim)"
+    if not q.ndim == k.ndim == v.ndim == (4 if split_heads else 3):
+        return ValueError(f"attention kernel: q, k, v must be {layout}, got {q.shape}, {k.shape}, {v.shape}")
+    if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        return ValueError(f"attention kernel: shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[-1] not in registry.HEAD_DIMS:
+        return ValueError(f"attention kernel: head dimension {q.shape[-1]} is not supported "
+                          f"(supported: {registry.HEAD_DIMS})")
+    if not q.dtype == k.dtype == v.dtype:
+        return TypeError(f"attention kernel: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return None
+
+
+def _check_inputs(q, k, v, split_heads):
+    problem = input_problem(q, k, v, split_heads)
+    if problem is not None:
+        raise problem
+
+
+def _key_lengths_argument(key_lengths, batch, xp):
+    """The kernels' ``key_lengths`` argument: an int32 array of per-sequence key counts, or a null
+    pointer (every key visible)."""
+    if key_lengths is None:
+        return numpy.uint64(0)  # NULL for `const int*`
+    lengths = xp.ascontiguousarray(key_lengths, dtype=numpy.int32)
+    if lengths.shape != (batch,):
+        raise ValueError(f"attention kernel: key_lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+    return lengths
+
+
+# ------------------------------------------------------------------------ CUDA cores: attention.cu
+def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                      dtype=None):
+    """Fused attention on (batch·heads, len, head_dim) arrays; returns (o, lse)."""
+    _check_inputs(q, k, v, split_heads=False)
+    q, k, v = contiguous(q, k, v)
+    name = element_dtype(q, dtype)
+    xp = array_module(q)
+    bh, len_q, dim = q.shape
+    len_k = k.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    o = xp.empty_like(q)
+    lse = xp.empty((bh, len_q), dtype=numpy.float32)
+    lengths = _key_lengths_argument(key_lengths, bh // heads, xp)
+    if bh and len_q:
+        rows = registry.attention_rows_per_block(dim)
+        launch.launch("attention_forward", name, (bh, math.ceil(len_q / rows)), (registry.attention_threads(),),
+                      (q, k, v, o, lse, lengths, i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale),
+                       f32(dropout_p), *seed_arguments(seed, q), numpy.uint64(offset)), head_dim=dim)
+    return o, lse
+
+
+def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                       seed=0, offset=0, dtype=None):
+    """Returns (grad_q, grad_k, grad_v), recomputing the probabilities from ``lse``."""
+    _check_inputs(q, k, v, split_heads=False)
+    q, k, v, o, grad_o = contiguous(q, k, v, o, grad_o)
+    name = element_dtype(q, dtype)
+    xp = array_module(q)
+    bh, len_q, dim = q.shape
+    len_k = k.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    lengths = _key_lengths_argument(key_lengths, bh // heads, xp)
+    grad_q, grad_k, grad_v = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    delta = xp.empty((bh, len_q), dtype=numpy.float32)
+    rows, threads = registry.attention_rows_per_block(dim), registry.attention_threads()
+    tail = (lengths, i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale), f32(dropout_p),
+            *seed_arguments(seed, q), numpy.uint64(offset))
+    if bh and len_q:
+        delta_blocks = math.ceil(bh * len_q / registry.ATTENTION_WARPS)  # one warp per row
+        launch.launch("attention_backward_delta", name, (delta_blocks,), (threads,),
+                      (o, grad_o, delta, numpy.int64(bh * len_q)), head_dim=dim)
+        launch.launch("attention_backward_q", name, (bh, math.ceil(len_q / rows)), (threads,),
+                      (q, k, v, grad_o, lse, delta, grad_q, *tail), head_dim=dim)
+    if bh and len_k:
+        launch.launch("attention_backward_kv", name, (bh, math.ceil(len_k / rows)), (threads,),
+                      (q, k, v, grad_o, lse, delta, grad_k, grad_v, *tail), head_dim=dim)
+    return grad_q, grad_k, grad_v
+
+
+# ------------------------------------------------------------------------ tensor cores: attention_mma.cu
+def _readable_in_place(array):
+    """Whether the kernel can read ``array`` (batch, heads, len, d) where it is: the head dimension
+    contiguous, the other strides whole 16-byte chunks, the data 16-byte aligned (cp.async)."""
+    item = array.itemsize
+    strides = array.strides
+    return (strides[3] == item or array.shape[3] == 1) and all(
+        s % 16 == 0 for s, n in zip(strides[:3], array.shape[:3]) if n > 1) and pointer(array) % 16 == 0
+
+
+def projection_layout(array):
+    """``array`` (batch, heads, len, d) as a view of a C-contiguous (batch, len, heads, d) array
+    (the layout the Q/K/V projections produce and the output projection reads): the array itself
+    when it is one, else a copy."""
+    xp = array_module(array)
+    merged = array.transpose(0, 2, 1, 3)
+    return array if merged.flags.c_contiguous else xp.ascontiguousarray(merged).transpose(0, 2, 1, 3)
+
+
+def _strided(array):
+    """(pointer, batch, head, row strides in elements) of a (batch, heads, len, d) operand, copied
+    to the projection layout first when the kernel cannot read it in place."""
+    if not _readable_in_place(array):
+        array = projection_layout(array)
+    strides = [numpy.int64(s // array.itemsize) for s in array.strides[:3]]
+    return array, [numpy.uint64(pointer(array)), *strides]
+
+
+def _projection_empty(xp, batch, heads, length, dim, dtype):
+    return xp.empty((batch, length, heads, dim), dtype=dtype).transpose(0, 2, 1, 3)
+
+
+def attention_mma_forward(q, k, v, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                          dtype=None):
+    """Fused attention on tensor cores (attention_mma.cu) for float16 or bfloat16 q, k, v of shape
+    (batch, heads, len, head_dim) with any strides (read in place when 16-byte aligned, the
+    layout of a head split by reshape and transpose). Returns (o, lse): o (batch, heads, len_q,
+    head_dim) as a view of a (batch, len_q, heads, head_dim) array, lse (batch·heads, len_q) float32."""
+    _check_inputs(q, k, v, split_heads=True)
+    name = element_dtype(q, dtype)
+    registry.name_expression("attention_mma_forward", name, q.shape[3])  # a clear error for float32
+    xp = array_module(q)
+    batch, heads, len_q, dim = q.shape
+    len_k = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    o = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
+    lse = xp.empty((batch * heads, len_q), dtype=numpy.float32)
+    lengths = _key_lengths_argument(key_lengths, batch, xp)
+    if batch * heads and len_q:
+        (q, q_args), (k, k_args), (v, v_args) = _strided(q), _strided(k), _strided(v)
+        kernel = "attention_mma_forward"
+        launch.launch(kernel, name, (batch * heads, math.ceil(len_q / registry.mma_attention_rows_per_block())),
+                      (registry.mma_attention_threads(),),
+                      (q_args[0], k_args[0], v_args[0], o.transpose(0, 2, 1, 3), lse, lengths, *q_args[1:],
+                       *k_args[1:], *v_args[1:], i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale),
+                       f32(dropout_p), *seed_arguments(seed, q), numpy.uint64(offset)),
+                      head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+    return o, lse
+
+
+def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                           seed=0, offset=0, dtype=None):
+    """Returns (grad_q, grad_k, grad_v) of ``attention_mma_forward``, each (batch, heads, len, head_dim)
+    as a view of a (batch, len, heads, head_dim) array; ``grad_o`` is copied to that layout if it is
+    not in it (``o`` is, as the forward returns it)."""
+    _check_inputs(q, k, v, split_heads=True)
+    name = element_dtype(q, dtype)
+    xp = array_module(q)
+    batch, heads, len_q, dim = q.shape
+    len_k = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    lengths = _key_lengths_argument(key_lengths, batch, xp)
+    o, grad_o = projection_layout(o), projection_layout(grad_o.astype(q.dtype, copy=False))
+    grad_q = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
+    grad_k, grad_v = (_projection_empty(xp, batch, heads, len_k, dim, q.dtype) for _ in range(2))
+    if not batch * heads:
+        return grad_q, grad_k, grad_v
+    (q, q_args), (k, k_args), (v, v_args) = _strided(q), _strided(k), _strided(v)
+    strides = (*q_args[1:], *k_args[1:], *v_args[1:])
+    tail = (i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale), f32(dropout_p), *seed_arguments(seed, q),
+            numpy.uint64(offset))
+    rows, threads = registry.mma_attention_rows_per_block(), (registry.mma_attention_threads(),)
+    delta = xp.empty(batch * len_q * heads, dtype=numpy.float32)  # indexed by o's rows: (b·len_q + i)·heads + h
+    grad_rows = grad_o.transpose(0, 2, 1, 3)  # C-contiguous (batch, len_q, heads, d), as o
+    if len_q:
+        o_rows = o.transpose(0, 2, 1, 3)  # C-contiguous (batch, len_q, heads, d): rows of d
+        warps = registry.ATTENTION_WARPS
+        launch.launch("attention_backward_delta", name, (math.ceil(delta.size / warps),),
+                      (registry.attention_threads(),), (o_rows, grad_rows, delta, numpy.int64(delta.size)),
+                      head_dim=dim)
+        kernel = "attention_mma_backward_q"
+        launch.launch(kernel, name, (batch * heads, math.ceil(len_q / rows)), threads,
+                      (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_q.transpose(0, 2, 1, 3), lengths,
+                       *strides, *tail), head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+    if len_k:
+        kernel = "attention_mma_backward_kv"
+        launch.launch(kernel, name, (batch * heads, math.ceil(len_k / rows)), threads,
+                      (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_k.transpose(0, 2, 1, 3),
+                       grad_v.transpose(0, 2, 1, 3), lengths, *strides, *tail),
+                      head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+    return grad_q, grad_k, grad_v
