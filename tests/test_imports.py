@@ -230,6 +230,27 @@ def test_every_module_lives_in_a_layer_and_the_root_holds_at_most_three():
     assert len(list(PACKAGE_DIR.glob("*.py"))) <= 3
 
 
+MAX_LINES = 500  # no file a reader cannot hold
+SOURCE_SUFFIXES = {".py", ".js", ".cu", ".cuh", ".h", ".html", ".css"}
+
+
+def long_files(package_dir, limit=MAX_LINES):
+    """[(relative path, lines)] of the sources under ``package_dir`` longer than ``limit`` lines."""
+    root = Path(package_dir)
+    return [(path.relative_to(root.parent).as_posix(), lines) for path in sorted(root.rglob("*"))
+            if path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts
+            and (lines := len(path.read_text(encoding="utf-8").splitlines())) > limit]
+
+
+def test_no_source_file_in_the_package_is_over_500_lines():
+    assert long_files(PACKAGE_DIR) == []
+
+
+def test_a_long_file_is_found(toy):
+    root = toy({"engine/kernel.cu": "x\n" * 501, "engine/short.py": "x\n" * 500, "notes.txt": "x\n" * 900})
+    assert long_files(root) == [("toy/engine/kernel.cu", 501)]
+
+
 def test_each_layer_imports_only_itself_and_the_layers_below(package_edges):
     upward = [f"{a} (line {line}{', in a function' if late else ''}) -> {b}" for a, b, line, late in package_edges
               if _layer(a) and (_layer(b) is None or LAYERS.index(_layer(b)) > LAYERS.index(_layer(a)))]
