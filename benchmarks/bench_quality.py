@@ -225,7 +225,8 @@ def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None):
         log(f"tinyformer: resumed after step {len(done['losses'])}")
     for step in range(len(done["losses"]) + 1, len(plan) + 1):
         start = time.perf_counter()
-        loss, _, _, grad_norm = trainer.train_step([plan[step - 1]])
+        result = trainer.train_step([plan[step - 1]])
+        loss, grad_norm = result.loss, result.grad_norm
         done["seconds"].append(time.perf_counter() - start)
         done["losses"].append(loss)
         done["skipped_updates"] += bool(grad_norm is None or not numpy.isfinite(grad_norm))

@@ -17,6 +17,7 @@ from scripts import ROOT, load_script
 from test_train import cached_corpus  # noqa: F401 (an autouse fixture: each synthetic split generated once)
 from tinyformer.model import nn
 from tinyformer.translation.train import Trainer, build_parts
+from tinyformer.translation.train.step_result import StepResult
 
 bench = load_script("benchmarks/bench_quality.py")
 QUIET = dict(echo=lambda *a, **k: None)
@@ -123,7 +124,7 @@ def test_both_engines_get_the_same_batches_in_the_trainers_order(prepared, monke
     def record(self, batches):
         taken.extend(batches)
         self.position.advance(len(batches), sum(b.num_tokens for b in batches), applied=True)
-        return 1.0, 1.0, sum(b.num_tokens for b in batches), 1.0
+        return StepResult(1.0, 1.0, sum(b.num_tokens for b in batches), 1.0, applied=True)
 
     monkeypatch.setattr(Trainer, "train_step", record)
     monkeypatch.setattr(Trainer, "_validate_now", lambda self: None)

@@ -203,3 +203,30 @@ def test_what_is_not_a_regular_file_is_never_replaced(tmp_path):
         with pytest.raises(IsADirectoryError, match="is not a regular file"):
             write_atomically(os.devnull, b"data")
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- older metadata (train.migration)
+def test_the_metadata_of_an_older_writer_is_read_with_todays_fields():
+    from tinyformer.translation.train.migration import FORMAT, migrate
+
+    older = {"format": FORMAT, "step": 3, "epoch": 0, "batch_in_epoch": 3, "tokens_seen": 90,
+             "config": {"preset": "tiny", "label_smoothing": 0.1},
+             "model_config": {"d_model": 16, "label_smoothing": 0.1}}
+    today = migrate(older, "c.npz")
+    assert today["model_config"] == {"d_model": 16, "final_norm": None, "init": "xavier"}
+    assert today["config"] == {"paper": True, "preset": "tiny", "label_smoothing": 0.1}
+    assert today["skipped_updates"] == 0
+    assert "label_smoothing" in older["model_config"] and "skipped_updates" not in older  # left as the file holds it
+    newer = {"format": FORMAT, "skipped_updates": 2, "config": {"paper": False},
+             "model_config": {"final_norm": True, "init": "torch"}}
+    assert migrate(newer, "c.npz") == newer  # today's fields are kept as they are
+
+
+def test_a_checkpoint_of_an_unknown_format_is_refused_by_name(tmp_path):
+    from tinyformer.translation.train import load_model
+
+    path = checkpoint.save_checkpoint(tmp_path / "c.npz", _state(0),
+                                      {"format": "tinyformer-checkpoint-9", "model_config": {"d_model": 16}})
+    with pytest.raises(CheckpointError, match=r"c.npz is in format 'tinyformer-checkpoint-9', which this version "
+                                              r"of tinyformer does not read \(it reads 'tinyformer-checkpoint-1'\)"):
+        load_model(path)

@@ -180,3 +180,22 @@ def test_nan_gradient_fails():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="mode"):
         tf.gradcheck(Sin.apply, [leaf(2)], mode="quick")
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_an_output_that_stays_minus_infinity_adds_nothing_to_the_difference(mode):
+    """A masked score filled with −inf does not move when x does: its (−inf) − (−inf) counts as 0,
+    not NaN (the study course's checker relies on it, with the same central differences)."""
+    mask = np.array([[True, False, False], [False, True, True]])
+    x = leaf(2, 3)
+    report = tf.gradcheck(lambda x: tf.masked_fill(x * 2, mask, -np.inf), [x], mode=mode)
+    assert report.passed
+
+
+def test_central_differences_project_each_output_on_its_upstream_gradient():
+    from tinyformer.study.gradcheck import central_differences
+
+    base = np.array([0.5, -1.0, 2.0])
+    upstream = [np.array([1.0, 2.0, -1.0]), np.array([3.0])]
+    numeric = central_differences(lambda x: [x ** 2, np.array([x.sum()])], base, upstream)
+    np.testing.assert_allclose(numeric, 2 * base * upstream[0] + upstream[1], rtol=1e-7)

@@ -245,6 +245,15 @@ def test_hook_on_a_leaf_sees_the_total_gradient_and_can_be_removed():
     assert len(seen) == 1
 
 
+def test_a_hook_may_return_its_replacement_as_a_tensor():
+    x = Tensor(rand(3), requires_grad=True)
+    x.register_hook(lambda g: Tensor(g * 3))  # on the leaf
+    h = x * 2
+    h.register_hook(lambda g: Tensor(g + 1))  # on a non-leaf
+    h.backward(np.ones(3))
+    np.testing.assert_allclose(x.grad, np.full(3, 12.0))
+
+
 def test_hooks_need_a_tensor_that_requires_grad():
     with pytest.raises(RuntimeError):
         Tensor(rand(2)).register_hook(lambda g: g)

@@ -200,7 +200,9 @@ def test_a_non_finite_loss_or_gradient_skips_the_update(tmp_path, monkeypatch, w
     batches = trainer.train_data.batches(256, seed=0, epoch=0)
     before = [p.data.copy() for p in trainer.model.parameters()]
     poison(monkeypatch, lambda n: n == 1, where, value, trainer)
-    loss, _, _, grad_norm = trainer.train_step(batches[:1])
+    result = trainer.train_step(batches[:1])
+    loss, grad_norm = result.loss, result.grad_norm
+    assert not result.applied and not result.overflowed
     if where == "loss":
         assert not np.isfinite(loss) and grad_norm is None
     else:
@@ -209,8 +211,9 @@ def test_a_non_finite_loss_or_gradient_skips_the_update(tmp_path, monkeypatch, w
     assert trainer.adam.step_count == 0 and all(m is None for m in trainer.adam.m)
     for p, b in zip(trainer.model.parameters(), before):
         np.testing.assert_array_equal(p.data, b)
-    loss, _, _, grad_norm = trainer.train_step(batches[1:2])  # the next batch is fine: it is applied
-    assert np.isfinite(grad_norm) and trainer.step == 1 and trainer.batch_in_epoch == 2
+    result = trainer.train_step(batches[1:2])  # the next batch is fine: it is applied
+    loss, grad_norm = result.loss, result.grad_norm
+    assert result.applied and np.isfinite(grad_norm) and trainer.step == 1 and trainer.batch_in_epoch == 2
     assert any(not np.array_equal(p.data, b) for p, b in zip(trainer.model.parameters(), before))
 
 

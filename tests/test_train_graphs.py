@@ -15,7 +15,7 @@ from tinyformer.engine import random as tf_random
 from tinyformer.engine.kernels import cublas
 from tinyformer.engine.kernels.arguments import DeviceSeed
 from tinyformer.translation.train import Trainer, graphs
-from tinyformer.translation.train import trainer as trainer_module
+from tinyformer.translation.train import stopping as stopping_module
 from tinyformer.translation.train.emulated_capture import DeviceArray
 
 from test_train import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
@@ -190,7 +190,9 @@ def test_a_non_finite_update_is_skipped_on_the_device(tmp_path, monkeypatch, whe
     before = [p.data.copy() for p in trainer.model.parameters()]
     moments = [m.copy() for m in trainer.adam.m]
     poison(monkeypatch, lambda n: True, where, value, trainer)
-    loss, _, _, grad_norm = trainer.train_step(batches[:1])
+    result = trainer.train_step(batches[:1])
+    loss, grad_norm = result.loss, result.grad_norm
+    assert not result.applied and not result.overflowed
     if where == "loss":
         assert not np.isfinite(loss) and grad_norm is None
     else:
@@ -234,7 +236,7 @@ def test_time_limit_stops_saves_and_validates(tmp_path, monkeypatch):
     class Clock:
         monotonic = staticmethod(lambda: float(next(clock)))
 
-    monkeypatch.setattr(trainer_module, "time", Clock)
+    monkeypatch.setattr(stopping_module, "time", Clock)
     validated = []
     monkeypatch.setattr(Trainer, "validate", lambda self: validated.append(self.step) or {"bleu_greedy": 1.0})
     trainer = run(small_config(tmp_path, max_steps=50, eval_every=100, save_every=100, time_limit=2.0))

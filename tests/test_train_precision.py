@@ -202,8 +202,9 @@ def test_a_forced_fp16_overflow_skips_the_step_halves_the_scale_and_changes_noth
     params, moments = _arrays(trainer)
     trainer.scaler.scale = 2.0 ** 100  # the scaled loss is finite in float32, its gradients overflow float16
     batches = trainer.train_data.batches(256, seed=0, epoch=0)[:1]
-    loss, _, _, grad_norm = trainer.train_step(batches)
-    assert np.isfinite(loss) and not np.isfinite(grad_norm) and trainer.last_overflow
+    result = trainer.train_step(batches)
+    loss, grad_norm = result.loss, result.grad_norm
+    assert np.isfinite(loss) and not np.isfinite(grad_norm) and result.overflowed and not result.applied
     assert trainer.step == 2 and trainer.adam.step_count == 2
     assert trainer.scaler.scale == 2.0 ** 99 and trainer.scaler.skipped_steps == 1
     after_params, after_moments = _arrays(trainer)

@@ -7,7 +7,9 @@ Function as the creator (``_ctx``) of its outputs; ``Tensor.backward`` then walk
 those creators in reverse topological order, without recursion, and hands each
 one the gradient of its outputs.
 
-This module defines only the machinery. The operators (``+``, ``@``, ``sum`` ...)
+The walk itself is ``autograd.run_backward``; whether calls are recorded, ``grad_mode``
+(``no_grad``, ``enable_grad``, ``is_grad_enabled``: re-exported here). This module defines only
+the machinery. The operators (``+``, ``@``, ``sum`` ...)
 live in ``tinyformer.engine.ops`` and attach themselves to ``Tensor`` on import, as
 Chainer installs its arithmetic onto ``Variable``; that keeps imports one way.
 
@@ -15,70 +17,15 @@ Tensors are immutable from the engine's point of view: changing ``.data`` in
 place after it was used by an op that saved it gives wrong gradients.
 """
 
-import functools
 import weakref
 
 import numpy
 
 from . import backend
+from .autograd import run_backward, store_grad
+from .grad_mode import GradMode, enable_grad, is_grad_enabled, no_grad
 
 __all__ = ["Tensor", "Function", "no_grad", "enable_grad", "is_grad_enabled", "backward", "grad"]
-
-
-class _GradMode:
-    enabled = True
-
-
-def is_grad_enabled():
-    return _GradMode.enabled
-
-
-class _SetGradMode:
-    """Context manager and decorator that sets whether operations are recorded."""
-
-    _value = True
-
-    def __new__(cls, func=None):
-        self = super().__new__(cls)
-        return self(func) if callable(func) else self  # bare @no_grad as well as @no_grad()
-
-    def __init__(self, func=None):
-        pass
-
-    def __enter__(self):
-        self._previous = _GradMode.enabled
-        _GradMode.enabled = self._value
-        return self
-
-    def __exit__(self, *exc_info):
-        _GradMode.enabled = self._previous
-        return False
-
-    def __call__(self, func):
-        mode = type(self)
-
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            with mode():
-                return func(*args, **kwargs)
-
-        return wrapper
-
-
-class no_grad(_SetGradMode):
-    """Record nothing inside: outputs do not require grad and save nothing for backward.
-
-    Use as ``with tinyformer.no_grad(): ...`` or as a decorator, ``@tinyformer.no_grad``
-    or ``@tinyformer.no_grad()``.
-    """
-
-    _value = False
-
-
-class enable_grad(_SetGradMode):
-    """Record operations again, e.g. inside a ``no_grad`` block."""
-
-    _value = True
 
 
 def _as_array(data, dtype=None):
@@ -208,6 +155,7 @@ class Tensor:
             hooks = self._hooks
         else:
             hooks = self._ctx.hooks_for(self._index)
+        hook = _ArrayHook(hook)
         hooks.append(hook)
         return _HookHandle(hooks, hook)
 
@@ -244,6 +192,18 @@ class _HookHandle:
             self._hooks.remove(self._hook)
 
 
+class _ArrayHook:
+    """A hook of ``register_hook`` whose replacement gradient reaches the backward pass as an array
+    (a returned Tensor is unwrapped)."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __call__(self, grad):
+        replaced = self.hook(grad)
+        return replaced.data if isinstance(replaced, Tensor) else replaced
+
+
 class _RetainGrad:
     """A hook that stores the gradient on a non-leaf tensor (held weakly: no cycle)."""
 
@@ -253,15 +213,7 @@ class _RetainGrad:
     def __call__(self, grad):
         tensor = self._ref()
         if tensor is not None:
-            _store_grad(tensor, grad)
-
-
-def _store_grad(tensor, grad):
-    """Add ``grad`` into ``tensor.grad``, which owns its buffer (no aliasing of op arrays)."""
-    if tensor.grad is None:
-        tensor.grad = grad.copy()
-    else:
-        tensor.grad += grad
+            store_grad(tensor, grad)
 
 
 class Function:
@@ -297,7 +249,7 @@ class Function:
             else:
                 arrays.append(x)
                 needs.append(False)
-        record = _GradMode.enabled and True in needs
+        record = GradMode.enabled and True in needs
         fn.needs_input_grad = tuple(needs) if record else (False,) * len(needs)
         try:
             out = fn.forward(*arrays, **params)
@@ -351,45 +303,11 @@ class ToDevice(Function):
         return backend.to_device(x, device)
 
     def backward(self, grad):
+        """d to(x)/dx = I: the gradient, moved back to x's device."""
         return backend.to_device(grad, self.source)
 
 
-# ------------------------------------------------------------------- the backward pass
-def _topological_order(roots):
-    """Functions reachable from ``roots``, each after every Function feeding it.
-
-    Iterative depth-first search, so a chain of any length needs no recursion (the test's is 20
-    times the default recursion limit).
-    """
-    order, seen = [], set()
-    for root in roots:
-        if root in seen:
-            continue
-        seen.add(root)
-        stack = [(root, iter(_inputs_of(root)))]
-        while stack:
-            fn, pending = stack[-1]
-            for tensor in pending:
-                child = getattr(tensor, "_ctx", None)  # inputs may be Python scalars
-                if child is not None and child not in seen:
-                    seen.add(child)
-                    stack.append((child, iter(_inputs_of(child))))
-                    break
-            else:
-                stack.pop()
-                order.append(fn)
-    return order
-
-
-def _inputs_of(fn):
-    if fn.inputs is None:
-        raise RuntimeError(
-            f"backward through {fn.name} whose graph was already freed: a graph can be "
-            "traversed once unless the first backward passes retain_graph=True"
-        )
-    return fn.inputs
-
-
+# ------------------------------------------------------------------- the entry points of the backward pass
 def _as_grad_array(grad, tensor):
     g = grad.data if isinstance(grad, Tensor) else grad
     xp = backend.get_array_module(tensor.data)
@@ -397,135 +315,6 @@ def _as_grad_array(grad, tensor):
     if g.shape != tensor.shape:
         raise ValueError(f"backward: grad has shape {g.shape} but the tensor has shape {tensor.shape}")
     return g
-
-
-def _sum(a, b):
-    """a + b for two gradients of one tensor (a new array; large ones summed on several threads)."""
-    return backend.blockwise(backend.get_array_module(a, b).add, a, b)
-
-
-def _run_backward(roots, root_grads, retain_graph, capture=None):
-    """Propagate ``root_grads`` from ``roots`` through the graph.
-
-    Gradients arriving at non-leaf tensors are kept per (creator Function, output
-    index); those arriving at leaves per tensor. With ``capture`` (tensors), their
-    gradients are returned instead of being accumulated into any ``.grad``.
-    """
-    fn_grads = {}
-    leaf_grads = {}
-
-    def arrive(tensor, g, source):
-        if g.shape != tensor.shape:
-            raise RuntimeError(
-                f"{source}.backward returned a gradient of shape {g.shape} "
-                f"for an input of shape {tensor.shape}"
-            )
-        if g.dtype != tensor.data.dtype:
-            # A float32 gradient too large for a float16 tensor becomes inf, as on a GPU: what the loss
-            # scaler looks for (a skipped step), not a numerical accident to warn about.
-            with numpy.errstate(over="ignore"):
-                g = g.astype(tensor.data.dtype)
-        ctx = tensor._ctx
-        if ctx is None:
-            entry = leaf_grads.get(id(tensor))
-            if entry is None:
-                leaf_grads[id(tensor)] = [tensor, g]
-            else:
-                entry[1] = _sum(entry[1], g)
-            return
-        slots = fn_grads.get(ctx)
-        if slots is None:
-            slots = fn_grads[ctx] = [None] * (len(ctx._out_meta) if ctx._out_meta else 1)
-        i = tensor._index
-        slots[i] = g if slots[i] is None else _sum(slots[i], g)
-
-    for root, g in zip(roots, root_grads):
-        arrive(root, g, "backward")
-
-    captured = {}
-    if capture is not None:
-        wanted = {(t._ctx, t._index): t for t in capture if t._ctx is not None}
-
-    order = list(reversed(_topological_order([r._ctx for r in roots if r._ctx is not None])))
-    # Leaves with post-accumulate hooks are finished as soon as the last Function feeding them ran.
-    consumers = _pending_consumers(order) if capture is None else {}
-
-    def finish_leaf(tensor, g):
-        if tensor._hooks:
-            for hook in list(tensor._hooks):
-                replaced = hook(g)
-                if replaced is not None:
-                    g = _check_hook_result(replaced, g)
-        if capture is None:
-            _store_grad(tensor, g)
-            for hook in list(tensor._post_accumulate_hooks or ()):
-                hook(tensor)
-        else:
-            captured[id(tensor)] = g
-
-    def consumed(fn):
-        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
-            if needs and id(tensor) in consumers:
-                consumers[id(tensor)] -= 1
-                if not consumers[id(tensor)] and id(tensor) in leaf_grads:
-                    finish_leaf(*leaf_grads.pop(id(tensor)))
-
-    for fn in order:
-        grads = fn_grads.pop(fn, None)
-        if grads is None:  # no gradient reached this node
-            if consumers:
-                consumed(fn)
-            continue
-        if fn._hooks:
-            for i, hooks in fn._hooks.items():
-                for hook in list(hooks):
-                    if grads[i] is not None:
-                        replaced = hook(grads[i])
-                        if replaced is not None:
-                            grads[i] = _check_hook_result(replaced, grads[i])
-        if capture is not None:
-            for i, g in enumerate(grads):
-                if (fn, i) in wanted and g is not None:
-                    captured[id(wanted[(fn, i)])] = g
-        if fn._out_meta and fn.materialize_grads:
-            xp = backend.get_array_module(*[g for g in grads if g is not None])
-            grads = [
-                xp.zeros(shape, dtype) if g is None else g
-                for g, (shape, dtype) in zip(grads, fn._out_meta)
-            ]
-        fn.retain_graph = retain_graph
-        input_grads = fn.backward(*grads)
-        if type(input_grads) is not tuple:
-            input_grads = (input_grads,)
-        for tensor, needs, g in zip(fn.inputs, fn.needs_input_grad, input_grads):
-            if needs and g is not None:
-                arrive(tensor, g, fn.name)
-        if consumers:
-            consumed(fn)
-        if not retain_graph:
-            fn.release()
-
-    for tensor, g in leaf_grads.values():
-        finish_leaf(tensor, g)
-    return captured
-
-
-def _pending_consumers(order):
-    """{id(leaf): how many inputs of the Functions in ``order`` it is} for the leaves that have
-    post-accumulate hooks: their gradient is complete once that many inputs have been seen."""
-    counts = {}
-    for fn in order:
-        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
-            if needs and tensor._ctx is None and tensor._post_accumulate_hooks:
-                counts[id(tensor)] = counts.get(id(tensor), 0) + 1
-    return counts
-
-
-def _check_hook_result(new, old):
-    new = new.data if isinstance(new, Tensor) else new
-    if new.shape != old.shape:
-        raise RuntimeError(f"a hook returned a gradient of shape {new.shape}, expected {old.shape}")
-    return new
 
 
 def _prepare_roots(tensors, grads):
@@ -559,7 +348,7 @@ def _prepare_roots(tensors, grads):
 def backward(tensors, grads=None, retain_graph=False):
     """Backpropagate from several tensors at once, accumulating into leaves' ``.grad``."""
     tensors, arrays = _prepare_roots(tensors, grads)
-    _run_backward(tensors, arrays, retain_graph)
+    run_backward(tensors, arrays, retain_graph)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=False):
@@ -577,7 +366,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=False):
         if not isinstance(t, Tensor) or not t.requires_grad:
             raise ValueError("grad: every input must be a Tensor with requires_grad=True")
     outputs, arrays = _prepare_roots(outputs, grad_outputs)
-    captured = _run_backward(outputs, arrays, retain_graph, capture=inputs)
+    captured = run_backward(outputs, arrays, retain_graph, capture=inputs)
     results = []
     for t in inputs:
         g = captured.get(id(t))

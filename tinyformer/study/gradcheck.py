@@ -8,7 +8,8 @@ For a callable ``fn`` of Tensors with outputs y₁..yₖ, gradcheck draws a rand
 whose gradient is exactly what backward computes from those vᵢ. A random v,
 rather than the plain sum of the outputs, is what makes a wrong transpose or a
 wrong axis visible. The numeric side is (f(x + εe) − f(x − εe)) / 2ε, with the outputs differenced
-element by element before they are projected on v:
+element by element before they are projected on v (``central_difference``; the study course's
+checker uses the same, ``central_differences``):
 
 * ``mode="full"``: e runs over every element of every checked input;
 * ``mode="fast"``: e is a random unit direction u per input, comparing the
@@ -26,7 +27,8 @@ import numpy
 from ..engine import backend
 from ..engine.tensor import Tensor, grad, no_grad
 
-__all__ = ["gradcheck", "GradcheckError", "GradcheckReport", "InputResult", "compare", "EPS", "ATOL", "RTOL"]
+__all__ = ["gradcheck", "GradcheckError", "GradcheckReport", "InputResult", "compare", "central_difference",
+           "central_differences", "EPS", "ATOL", "RTOL"]
 
 EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
 """The defaults: the central-difference step and the tolerances of the pass rule (``compare``)."""
@@ -120,6 +122,38 @@ def compare(analytic, numeric, atol=ATOL, rtol=RTOL):
     return error, error / (numpy.abs(numeric) + atol), error <= atol + rtol * numpy.abs(numeric)
 
 
+def central_difference(plus, minus, upstream, eps=EPS):
+    """(f(x + εe) − f(x − εe)) / 2ε of f = Σᵢ⟨vᵢ, yᵢ⟩, from the outputs yᵢ at x + εe (``plus``) and
+    x − εe (``minus``), float64 arrays, and the upstream gradients vᵢ (``upstream``, flat float64).
+
+    The outputs are differenced element by element before they are projected on v: an output
+    that does not move (a -1e9 mask fill, a −inf one) then adds exactly 0, instead of swamping
+    the difference in rounding error (or making it NaN).
+    """
+    total = 0.0
+    for p, m, v in zip(plus, minus, upstream):
+        with numpy.errstate(invalid="ignore"):  # −inf − (−inf) where an output stays masked
+            change = numpy.where(p == m, 0.0, p - m)
+        total += float(numpy.dot(change.ravel(), v))
+    return total / (2 * eps)
+
+
+def central_differences(outputs_at, base, upstream, eps=EPS):
+    """The numeric gradient of f = Σᵢ⟨vᵢ, yᵢ(x)⟩ at ``base`` (float64), element by element: a flat
+    float64 array of ``base.size``. ``outputs_at(values)`` returns the outputs yᵢ (float64 arrays)
+    with the input set to ``values`` (an array of ``base``'s shape); the caller puts the input back."""
+    numeric = numpy.zeros(base.size)
+    work = base.copy().reshape(-1)
+    for j in range(base.size):
+        work[j] = base.flat[j] + eps
+        plus = outputs_at(work.reshape(base.shape))
+        work[j] = base.flat[j] - eps
+        minus = outputs_at(work.reshape(base.shape))
+        work[j] = base.flat[j]
+        numeric[j] = central_difference(plus, minus, upstream, eps)
+    return numeric
+
+
 def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, mode="full", seed=0,
               nondet_tol=0.0, raise_on_failure=True, allow_float32=False):
     """Compare ``fn``'s backward with central differences; return a ``GradcheckReport``.
@@ -202,16 +236,6 @@ class _Checker:
         with no_grad():
             return [backend.to_numpy(o.data).astype(numpy.float64) for o in self.outputs()]
 
-    def difference(self, plus, minus):
-        """(f(x+) − f(x−)) / 2ε with f = Σᵢ⟨vᵢ, yᵢ⟩, differencing y before projecting.
-
-        Subtracting the outputs element by element first keeps outputs that do not
-        move (a -1e9 mask fill, say) from swamping the difference in rounding error.
-        """
-        return sum(
-            float(numpy.dot((p - m).ravel(), v)) for p, m, v in zip(plus, minus, self.upstream_flat)
-        ) / (2 * self.eps)
-
     def check_contract(self, analytic, nondet_tol):
         for i, g in zip(self.checked, analytic):
             x = self.inputs[i]
@@ -246,16 +270,9 @@ class _Checker:
             x = self.inputs[i]
             original = x.data
             base = backend.to_numpy(original).astype(numpy.float64)
-            numeric = numpy.zeros(base.size)
-            work = base.copy().reshape(-1)
             try:
-                for j in range(base.size):
-                    work[j] = base.flat[j] + self.eps
-                    plus = self._perturbed(x, work.reshape(base.shape))
-                    work[j] = base.flat[j] - self.eps
-                    minus = self._perturbed(x, work.reshape(base.shape))
-                    work[j] = base.flat[j]
-                    numeric[j] = self.difference(plus, minus)
+                numeric = central_differences(lambda values: self._perturbed(x, values), base,
+                                              self.upstream_flat, self.eps)
             finally:
                 x.data = original
             result = self._compare(i, x, numeric, backend.to_numpy(g).astype(numpy.float64).ravel())
@@ -275,7 +292,7 @@ class _Checker:
                 minus = self._perturbed(x, base - self.eps * direction)
             finally:
                 x.data = original
-            numeric = numpy.array([self.difference(plus, minus)])
+            numeric = numpy.array([central_difference(plus, minus, self.upstream_flat, self.eps)])
             along = numpy.array([numpy.sum(backend.to_numpy(g).astype(numpy.float64) * direction)])
             result = self._compare(i, x, numeric, along)
             result.how = "direction"

@@ -1,9 +1,10 @@
 """The model's whole shape as one small frozen dataclass (§3, Table 3): what a Transformer is built from.
 
 Every value is checked once, here, and kept as a plain Python value, so ``to_dict()`` is what a
-checkpoint's ``model_config`` holds and ``from_dict`` reads it back (checkpoints written before
-label smoothing left the model still load; so do those written before ``final_norm`` and ``init``,
-which take their defaults, the models those checkpoints hold).
+checkpoint's ``model_config`` holds and ``from_dict`` reads it back (also the model_config of a
+checkpoint written before label smoothing left the model, or before ``final_norm`` and ``init``,
+which take their defaults; checkpoints themselves are brought to today's fields by
+``tinyformer.translation.train.migration``).
 """
 
 import dataclasses

@@ -12,7 +12,8 @@ factors, e.g. √d_k, that a typical mistake multiplies a gradient by).
   F.softmax, F.layer_norm, F.scaled_dot_product_attention, F.cross_entropy,
   nn.MultiHeadAttention), and ``output``, the op's forward;
 * ``numeric``: float64 central differences of the exercise's given forward,
-  (f(x + εe) − f(x − εe)) / 2ε element by element, projected on the upstream gradient.
+  (f(x + εe) − f(x − εe)) / 2ε element by element, projected on the upstream gradient: the
+  gradient checker's (``tinyformer.study.gradcheck.central_differences``, its step ``EPS``).
 
 The two must agree (else the checker itself is wrong, and says so).
 """
@@ -26,11 +27,11 @@ import numpy
 from ...engine import functional as F
 from ...model import nn
 from ...engine.tensor import Tensor
+from ..gradcheck import central_differences, compare
 from .exercises import exercise, template_module
 
-__all__ = ["Case", "prepared", "differentiated", "EPS", "TOLERANCE"]
+__all__ = ["Case", "prepared", "differentiated", "numeric_gradients", "agrees", "TOLERANCE"]
 
-EPS = 1e-6  # the central-difference step
 TOLERANCE = (1e-5, 1e-4)  # (relative to the array's largest value, relative to the element) for numeric vs exact
 
 
@@ -309,31 +310,31 @@ def _op_answer(number, case):
 
 
 # ---------------------------------------------------------------------------- central differences
-def central_differences(forward, args, wrt, d_out, eps=EPS):
-    """{gradient: Σ d_out ∘ (forward(x + εe) − forward(x − εe)) / 2ε} for every element e of every
-    array in ``wrt`` (which are arrays inside ``args``, moved in place and put back)."""
-    d_out = numpy.asarray(d_out, dtype=numpy.float64)
+def numeric_gradients(forward, args, wrt, d_out):
+    """{gradient: the gradient checker's central differences (``gradcheck.central_differences``) of
+    Σ d_out ∘ forward(*args)} for every array in ``wrt`` (arrays inside ``args``, moved in place
+    and put back)."""
+    upstream = [numpy.asarray(d_out, dtype=numpy.float64).ravel()]
     grads = {}
     for name, array in wrt.items():
-        grad = numpy.zeros(array.shape)
-        for index in numpy.ndindex(*array.shape):
-            old = array[index]
-            array[index] = old + eps
-            plus = numpy.asarray(forward(*args), dtype=numpy.float64)
-            array[index] = old - eps
-            minus = numpy.asarray(forward(*args), dtype=numpy.float64)
-            array[index] = old
-            with numpy.errstate(invalid="ignore"):  # −inf − (−inf) where a masked entry stays masked
-                change = numpy.where(plus == minus, 0.0, plus - minus)
-            grad[index] = float((change * d_out).sum()) / (2 * eps)
-        grads[name] = grad
+        original = array.copy()
+
+        def outputs_at(values, array=array):
+            array[...] = values
+            return [numpy.asarray(forward(*args), dtype=numpy.float64)]
+
+        try:
+            grads[name] = central_differences(outputs_at, original, upstream).reshape(array.shape)
+        finally:
+            array[...] = original
     return grads
 
 
 def agrees(a, b, tolerance=TOLERANCE):
-    """Element by element, whether a ≈ b: |a − b| ≤ t₀·max|b| (floor 1e-3) + t₁·|b|."""
+    """Element by element, whether a ≈ b: the gradient checker's pass rule (``gradcheck.compare``)
+    with atol = t₀·max|b| (floor 1e-3) and rtol = t₁, i.e. |a − b| ≤ t₀·max|b| + t₁·|b|."""
     scale = max(float(numpy.abs(b).max(initial=0.0)), 1e-3)
-    return numpy.abs(a - b) <= tolerance[0] * scale + tolerance[1] * numpy.abs(b)
+    return compare(a, b, atol=tolerance[0] * scale, rtol=tolerance[1])[2]
 
 
 @functools.lru_cache(maxsize=None)
@@ -345,7 +346,7 @@ def prepared(number):
     for case in cases:
         case.output, case.expected = _op_answer(number, case)
         args = copied(case.args)
-        case.numeric = central_differences(forward, args, differentiated(number, args), case.d_out)
+        case.numeric = numeric_gradients(forward, args, differentiated(number, args), case.d_out)
         for name, expected in case.expected.items():
             if not agrees(case.numeric[name], expected).all():
                 raise AssertionError(f"the study checker is wrong: for exercise {number}, case {case.name!r}, "

@@ -296,7 +296,7 @@ def train(number, module, steps=300, max_tokens=1024, echo=print, lines=6):
                 if batches is None or at == len(batches):
                     batches, at = parts.train_data.batches(config.max_tokens, seed=config.seed, epoch=epoch), 0
                     epoch += 1
-                loss, _, _, _ = trainer.train_step(batches[at:at + 1])
+                loss = trainer.train_step(batches[at:at + 1]).loss
                 at += 1
                 if not math.isfinite(loss):
                     raise FloatingPointError(f"the loss is {loss} at step {step}: your backward sends "

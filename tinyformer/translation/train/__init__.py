@@ -3,8 +3,9 @@ Adam with warm-up, periodic validation, atomic checkpoints, exact resume.
 
 ``Trainer(TrainConfig(...)).run()`` is what ``tinyformer train`` calls. ``config`` declares the
 options (and everything derived from them), ``builders`` makes the parts a run needs from a
-config, ``trainer`` runs them; ``interrupts`` (Ctrl-C), ``metrics_log`` (metrics.jsonl),
-``state`` (what a checkpoint holds) and ``evaluation`` (loss and BLEU) are its pieces.
+config, ``trainer`` runs them; ``stopping`` (when a run stops, and why), ``interrupts`` (Ctrl-C),
+``metrics_log`` (metrics.jsonl), ``state`` (what a checkpoint holds), ``migration`` (older
+checkpoints read as today's) and ``evaluation`` (loss and BLEU) are its pieces.
 
 Everything a run needs to continue exactly — parameters, Adam's moments and step, the dropout
 generator's state, the position in the epoch — is in each checkpoint, so ``--resume`` on the
@@ -18,7 +19,8 @@ from .config import DATASETS, ConfigError, TrainConfig
 from .evaluation import evaluate
 from .metrics_log import LOG_FILE
 from .state import TOKENIZER_FILE, load_model
-from .trainer import Trainer, TrainingDiverged, TrainingInterrupted, TrainingOutOfMemory, blas_threads
+from .stopping import TrainingDiverged
+from .trainer import Trainer, TrainingInterrupted, TrainingOutOfMemory, blas_threads
 
 __all__ = ["TrainConfig", "ConfigError", "Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "DATASETS",
            "Parts", "build_parts", "load_corpus", "load_model", "evaluate", "blas_threads", "LOG_FILE",

@@ -18,7 +18,8 @@ from ..distributed import COMMS
 from ..data.corpus import LANGUAGE_CODE
 from ..data.multi30k import LANGUAGES as MULTI30K_LANGUAGES
 from ...model.nn import TransformerConfig
-from ...model.nn.presets import PAPER_CHOICES, PRESETS, check_preset, preset_config
+from ...model.nn.presets import PRESETS, check_preset
+from .migration import migrate_config
 from ...common.validation import check_int, check_probability, check_real
 
 __all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
@@ -277,22 +278,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values, model_config=None):
-        """The config a checkpoint holds. One written before ``paper`` existed trained the paper's
-        model (every preset was it then), which ``paper=True`` keeps building for it. With the
-        checkpoint's ``model_config``, the choices the paper does not make (``nn.PAPER_CHOICES``) are
-        pinned to that model's in ``model_overrides`` where its preset now builds others: a run
-        resumes as the model it trained, whatever a later version made of the preset's defaults."""
+        """The config a checkpoint holds, brought to today's fields by ``migration.migrate_config``
+        (with the checkpoint's ``model_config``: pinned to the model it trained); keys of no field
+        are left out."""
         known = {f.name for f in dataclasses.fields(cls)}
-        config = cls(**{"paper": True, **{k: v for k, v in values.items() if k in known}})
-        if model_config and config.preset in PRESETS:
-            overrides = config.model_overrides or {}
-            trained = TransformerConfig.from_dict(model_config)
-            built = preset_config(config.preset, trained.src_vocab_size or 1, paper=config.paper, **overrides)
-            pinned = {name: getattr(trained, name) for name in PAPER_CHOICES
-                      if getattr(trained, name) != getattr(built, name)}
-            if pinned:
-                config.model_overrides = {**overrides, **pinned}
-        return config
+        return cls(**{k: v for k, v in migrate_config(values, model_config).items() if k in known})
 
 
 OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}

@@ -14,6 +14,7 @@ from .. import checkpoint
 from ...engine import random as tf_random
 from ...model.nn import StateDictError, Transformer, TransformerConfig
 from .config import TRAINING_ONLY
+from .migration import FORMAT, migrate
 
 __all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model"]
 
@@ -43,8 +44,8 @@ class Position:
 
     @classmethod
     def from_metadata(cls, meta):
-        return cls(meta["step"], meta["epoch"], meta["batch_in_epoch"], meta["tokens_seen"],
-                   meta.get("skipped_updates", 0))
+        """The Position of a checkpoint's metadata (``migration.migrate``d)."""
+        return cls(meta["step"], meta["epoch"], meta["batch_in_epoch"], meta["tokens_seen"], meta["skipped_updates"])
 
 
 def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=None):
@@ -52,7 +53,7 @@ def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=Non
     ``rng_states`` holds each rank's dropout generator state (``rng_state`` is rank 0's); an fp16
     run's ``scaler`` (optim.GradScaler) its loss scale and counters as ``grad_scaler``."""
     return {
-        "format": "tinyformer-checkpoint-1",
+        "format": FORMAT,
         "config": config.to_dict(),
         "model_config": model.config,
         **dataclasses.asdict(position),
@@ -68,12 +69,15 @@ def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=Non
 def restore_checkpoint(path, model, adam, tokenizer):
     """Load checkpoint ``path`` into a freshly built ``model`` and ``adam`` and the dropout
     generator; returns (its Position, its metadata). Refuses (CheckpointError, nothing changed on
-    disk) another tokenizer, another architecture and an averaged checkpoint (no optimiser state)."""
+    disk) another tokenizer, another architecture and an averaged checkpoint (no optimiser state).
+    The metadata is read through ``migration.migrate`` and returned so."""
     state, meta, adam_state = checkpoint.load_checkpoint(path)
+    meta = migrate(meta, path)
     if meta.get("tokenizer_sha256") != tokenizer.sha256:
         raise checkpoint.CheckpointError(f"{path} was trained with another tokenizer than "
                                          f"{Path(path).parent / TOKENIZER_FILE}")
-    differences = checkpoint.model_config_mismatch(meta.get("model_config") or {}, model.config, TRAINING_ONLY)
+    saved_model = meta.get("model_config") or {}
+    differences = checkpoint.model_config_mismatch(saved_model, model.config, TRAINING_ONLY)
     if differences:
         raise checkpoint.CheckpointError(
             f"{path} holds another model than this run builds ({'; '.join(differences)}; checkpoint vs "
@@ -82,8 +86,8 @@ def restore_checkpoint(path, model, adam, tokenizer):
     if adam_state is None:
         raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): "
                                          "cannot resume from it")
-    if "init" in (meta.get("model_config") or {}):  # how these weights were first drawn, whatever the preset says now
-        model.config["init"] = meta["model_config"]["init"]
+    if "init" in saved_model:  # how these weights were first drawn, whatever the preset says now
+        model.config["init"] = saved_model["init"]
     schedule = adam.lr
     adam.load_state_dict(adam_state)
     adam.lr = schedule
@@ -92,7 +96,8 @@ def restore_checkpoint(path, model, adam, tokenizer):
 
 
 def load_model(path, device="cpu", tokenizer_path=None):
-    """(model in eval mode, tokenizer, metadata) from a checkpoint.
+    """(model in eval mode, tokenizer, metadata) from a checkpoint; the model is built from the
+    metadata read through ``migration.migrate``, the metadata is returned as the file holds it.
 
     Refuses (CheckpointError naming the file and the mismatch) a file ``load_checkpoint``
     refuses, a tokenizer other than the run's, and parameters that do not fit the checkpoint's
@@ -101,7 +106,7 @@ def load_model(path, device="cpu", tokenizer_path=None):
     from ..data.tokenizer import Tokenizer
 
     state, meta, _ = checkpoint.load_checkpoint(path)
-    model_config = meta.get("model_config")
+    model_config = migrate(meta, path).get("model_config")
     if not isinstance(model_config, dict):
         raise checkpoint.CheckpointError(f"checkpoint {path} has no model_config in its metadata: it was not "
                                          "written by tinyformer train (or averaged from such checkpoints)")

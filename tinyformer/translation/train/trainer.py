@@ -23,7 +23,6 @@ line naming ``--max-tokens`` and the memory asked for and free; the last checkpo
 
 import contextlib
 import math
-import time
 import warnings
 from pathlib import Path
 
@@ -32,22 +31,17 @@ import numpy
 from ...engine import amp, backend
 from .. import checkpoint, distributed
 from ...engine import random as tf_random
-from ...model.optim import LossScaleTooSmall
 from .builders import build_parts
 from .config import ConfigError
 from . import graphs
 from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
-from .interrupts import InterruptGuard
 from .metrics_log import LOG_FILE, MetricsLog, TokenRate
 from .progress import ProgressBar
 from .state import Position, run_metadata
+from .step_result import StepResult
+from .stopping import StoppingRules
 
-__all__ = ["Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "blas_threads"]
-
-
-class TrainingDiverged(FloatingPointError):
-    """``max_bad_steps`` updates in a row had a non-finite loss or gradient, or fp16's loss scale fell
-    below its floor; nothing bad was saved."""
+__all__ = ["Trainer", "TrainingInterrupted", "TrainingOutOfMemory", "blas_threads"]
 
 
 class TrainingOutOfMemory(MemoryError):
@@ -85,7 +79,8 @@ def _position_counter(name):
 
 class Trainer:
     """Runs one training job: ``Trainer(config).run()`` builds the parts (``setup``), trains,
-    validates and checkpoints; ``Trainer(config, parts=build_parts(config))`` runs given parts."""
+    validates and checkpoints; ``Trainer(config, parts=build_parts(config))`` runs given parts.
+    When it stops, and why, is ``stopping`` (``StoppingRules``); each step returns a ``StepResult``."""
 
     step = _position_counter("step")
     epoch = _position_counter("epoch")
@@ -110,17 +105,14 @@ class Trainer:
         self.resume, self.echo, self.progress = resume, echo if self.lead else _silent, progress and self.lead
         self.save_dir = Path(self.config.save_dir)
         self.metrics = MetricsLog(self.save_dir / LOG_FILE)
-        self.model = None
         self.precision = amp.get_precision(c.precision)
-        self.scaler = None            # fp16's loss scale (disabled otherwise), from setup()
-        self.last_overflow = False    # the last step was skipped for an fp16 gradient overflow
-        self.buckets = None           # the gradient all-reduce, with several ranks
+        self.stopping = StoppingRules(c, self.comm.size, self.lead, self._checkpoint_note)
+        # the parts, from setup() (or handed over)
+        self.tokenizer = self.model = self.adam = None
+        self.train_data = self.val_data = self.val_text = None
         self.position = Position()
-        self.bad_in_a_row = 0         # skipped updates since the last applied one
-        self.interrupts = self._new_guard()
-        self._stop_agreed = False     # with several ranks: some rank had a Ctrl-C by the last step
-        self._deadline = None         # time.monotonic() at which time_limit ends this run's training
-        self._time_up = False         # rank 0's clock passed the deadline by the last step (agreed by all)
+        self.scaler = None            # fp16's loss scale (disabled otherwise)
+        self.buckets = None           # the gradient all-reduce, with several ranks
         self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
         self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
         self.graphs = None            # the captured steps (graphs.GraphedStep) with cuda_graphs "on"
@@ -163,15 +155,6 @@ class Trainer:
                                   self.model.config["max_len"], capture, shape_multiple=c.shape_multiple,
                                   quietly=self._overflow_quietly)
 
-    def _new_guard(self):
-        return InterruptGuard(deferred=self.comm.size > 1)
-
-    def _stop_if_asked(self):
-        """A safe point; with several ranks, where all of them agreed to stop."""
-        if self._stop_agreed:
-            raise KeyboardInterrupt
-        self.interrupts.stop_if_asked()
-
     # ------------------------------------------------------------------ the loop
     def run(self):
         """Train until ``max_steps`` (or ``max_epochs``), then save; returns the last validation record.
@@ -179,16 +162,17 @@ class Trainer:
         Raises TrainingDiverged after ``max_bad_steps`` skipped updates in a row (no checkpoint
         written), TrainingInterrupted on Ctrl-C (after checkpointing the last completed step).
         """
-        self.interrupts = self._new_guard()
-        with blas_threads(self.config.threads), self.interrupts.installed():
-            with self.interrupts.cut_short_allowed():
+        self.stopping.new_run()
+        interrupts = self.stopping.interrupts
+        with blas_threads(self.config.threads), interrupts.installed():
+            with interrupts.cut_short_allowed():
                 self.setup()
             bar = ProgressBar(self.progress, self.config.max_steps, self.step, self.echo)
             try:
                 last_val = self._loop(bar)
                 if self._saved_step != self.step:
                     self.save()  # a run that max_epochs ended between two saves
-                self._stop_if_asked()
+                self.stopping.stop_if_asked()
             except KeyboardInterrupt:
                 bar.close()
                 raise self._save_on_interrupt() from None
@@ -197,55 +181,38 @@ class Trainer:
         return last_val
 
     def _loop(self, bar):
-        c, at, last_val, rate = self.config, self.position, None, TokenRate()
+        c, at, last_val, rate, rules = self.config, self.position, None, TokenRate(), self.stopping
         self.model.train()
-        self._early_stop = None  # why training ended before max_steps (time_limit, patience), once it has
-        self._best_bleu, self._without_gain = None, 0
-        self._deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
-        self._time_up = False
-        while at.step < c.max_steps and (c.max_epochs is None or at.epoch < c.max_epochs) and not self._early_stop:
+        rules.start()
+        while not rules.stop_reason(at):
             batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=at.epoch)
-            while at.batch_in_epoch < len(batches) and at.step < c.max_steps and not self._early_stop:
-                self._stop_if_asked()
-                step_before = at.step
-                loss, nll, tokens, grad_norm = self._step_or_stop(batches[at.batch_in_epoch:at.batch_in_epoch + c.accum * self.comm.size])
-                if at.step == step_before:
-                    (self._overflowed if self.last_overflow else self._skipped)(loss, grad_norm, bar)
+            while at.batch_in_epoch < len(batches) and not rules.stop_reason(at):
+                rules.stop_if_asked()
+                result = self._step_or_stop(batches[at.batch_in_epoch:at.batch_in_epoch + c.accum * self.comm.size])
+                rules.step_done(result)
+                if not result.applied:
+                    (self._overflowed if result.overflowed else self._skipped)(result, bar)
                     continue
-                self.bad_in_a_row = 0
                 if self.comm.size > 1 and at.step % c.check_every == 0:
                     distributed.check_same_parameters(self.comm, self.model.named_parameters(), at.step)
-                rate.add(tokens)
+                rate.add(result.tokens)
                 if at.step % c.log_every == 0 or at.step == 1:
-                    self._log_training(loss, nll, grad_norm, rate.take(), bar)
+                    self._log_training(result, rate.take(), bar)
                 bar.advance()
-                if self._time_up:
-                    self._early_stop = f"time limit of {c.time_limit:g} minutes reached"
-                validated = at.step % c.eval_every == 0 or at.step == c.max_steps or bool(self._early_stop)
-                if validated:
+                rules.applied()
+                if at.step % c.eval_every == 0 or at.step == c.max_steps or rules.early_stop:
                     last_val = self._validate_now()
-                    self._note_validation(last_val)
-                if at.step % c.save_every == 0 or at.step == c.max_steps or self._early_stop:
+                    rules.validated(self.comm.broadcast_object(None if last_val is None else last_val["bleu_greedy"]))
+                if at.step % c.save_every == 0 or at.step == c.max_steps or rules.early_stop:
                     self.save()
             at.end_epoch_if_done(len(batches))
-        if self._early_stop:
-            self.echo(f"step {at.step}: training stopped early: {self._early_stop}")
+        if rules.early_stop:
+            self.echo(f"step {at.step}: training stopped early: {rules.early_stop}")
         if self.graphs is not None:
             self.echo(f"CUDA graphs: {self.graphs.num_shapes} batch shapes, {self.graphs.num_graphs} graphs captured, "
                       f"{self.graphs.replays} steps replayed, private pool {self.graphs.pool_bytes() / 2 ** 20:.1f} MiB"
                       + (f"; capture given up: {self.graphs.failed}" if self.graphs.failed else ""))
         return last_val
-
-    def _note_validation(self, record):
-        """``patience``: count validations in a row without a better greedy BLEU (the same on every rank)."""
-        bleu = self.comm.broadcast_object(None if record is None else record["bleu_greedy"])
-        if self._best_bleu is None or bleu > self._best_bleu:
-            self._best_bleu, self._without_gain = bleu, 0
-            return
-        self._without_gain += 1
-        if self.config.patience is not None and self._without_gain >= self.config.patience:
-            self._early_stop = (f"{self._without_gain} validations without a better greedy BLEU than "
-                                f"{self._best_bleu:.2f} (patience {self.config.patience})")
 
     def _step_or_stop(self, batches):
         """``train_step``, turning the allocator's out-of-memory error into one line."""
@@ -257,10 +224,10 @@ class Trainer:
             raise TrainingOutOfMemory(
                 f"out of GPU memory at step {self.step + 1}: a batch of --max-tokens {self.config.max_tokens} "
                 f"asked for {_mib(asked)} with {_mib(free)} free; lower --max-tokens (or raise --accum to keep the "
-                f"tokens per step); {_kept_note(self._newest_checkpoint())}") from None
+                f"tokens per step); {self._checkpoint_note()}") from None
 
     def train_step(self, batches):
-        """One optimiser step over ``batches`` (gradient accumulation); returns (loss, nll, tokens, grad_norm).
+        """One optimiser step over ``batches`` (gradient accumulation); returns its ``StepResult``.
 
         With several ranks ``batches`` are the step's batches of all of them (the same list on
         every rank): rank r takes the r-th of ``nproc`` consecutive parts. The loss of each batch
@@ -270,7 +237,7 @@ class Trainer:
         The position in the data moves past ``batches`` in any case. The update is skipped
         (parameters, Adam's moments and the step count unchanged) when the loss is not finite
         (``grad_norm`` is then None) or the gradient norm is not finite (in fp16: an overflow of the
-        scaled gradients, ``last_overflow``; the loss scale backs off).
+        scaled gradients, ``overflowed``; the loss scale backs off).
         """
         if self.graphs is not None:
             return self._replayed_step(batches)
@@ -279,8 +246,9 @@ class Trainer:
         tokens = sum(b.num_tokens for b in batches)  # every rank's parts together: no collective needed
         total_loss = total_nll = 0.0
         backward_scale = self.scaler.scale if self.scaler.enabled else 1.0
+        interrupts = self.stopping.interrupts
         self._boundary_rng = tf_random.get_rng_state()
-        with self.interrupts.cut_short_allowed():  # nothing of the run's state changes until the update below
+        with interrupts.cut_short_allowed():  # nothing of the run's state changes until the update below
             self.adam.zero_grad()
             for i, batch in enumerate(mine):
                 if self.buckets is not None and i == len(mine) - 1:
@@ -293,17 +261,16 @@ class Trainer:
             if self.buckets is not None:
                 self.buckets.finish()
         self._boundary_rng = None
-        totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(self.interrupts.pending),
-                                                   float(self._lead_out_of_time())]))
-        self._stop_agreed = self.interrupts.deferred and totals[2] > 0
-        self._time_up = totals[3] > 0  # rank 0's clock decides, in the step's one collective
-        loss, nll = float(totals[0]) / tokens, float(totals[1]) / tokens
-        grad_norm, self.last_overflow = None, False
-        if math.isfinite(loss):
-            with self._scale_floor_stops():
-                grad_norm, self.last_overflow = self.scaler.step(self.adam)
-        self.position.advance(len(batches), tokens, applied=grad_norm is not None and math.isfinite(grad_norm))
-        return loss, nll, tokens, grad_norm
+        # the step's one collective: the loss totals, and whether some rank had a Ctrl-C and rank 0's clock ran out
+        totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(interrupts.pending),
+                                                   float(self.stopping.lead_out_of_time())]))
+
+        def update():
+            grad_norm, overflowed = self.scaler.step(self.adam)
+            return grad_norm, overflowed, grad_norm is not None and math.isfinite(grad_norm)
+
+        return self._settle(batches, tokens, float(totals[0]), float(totals[1]), update,
+                            interrupted=totals[2] > 0, time_up=totals[3] > 0)
 
     def _replayed_step(self, batches):
         """``train_step`` with ``cuda_graphs="on"``: the step's device work is one captured graph
@@ -312,32 +279,25 @@ class Trainer:
         tokens = sum(b.num_tokens for b in batches)
         scale = self.scaler.scale if self.scaler.enabled else 1.0
         loss_sum, nll_sum, norm, applied = self.graphs.run(batches, tokens, scale)
-        self._time_up = self._lead_out_of_time()  # one process
-        loss, nll = loss_sum / tokens, nll_sum / tokens
-        grad_norm, self.last_overflow = None, False
-        if math.isfinite(loss):
-            grad_norm = norm
+
+        def update():  # already done on the device (a non-finite loss is never applied there either)
             if self.scaler.enabled:
-                self.last_overflow = not applied
-                with self._scale_floor_stops():
-                    self.scaler.update(not applied)
+                self.scaler.update(not applied)
+            return norm, self.scaler.enabled and not applied, applied
+
+        return self._settle(batches, tokens, loss_sum, nll_sum, update, time_up=self.stopping.lead_out_of_time())
+
+    def _settle(self, batches, tokens, loss_sum, nll_sum, update, interrupted=False, time_up=False):
+        """What both steps share once the passes are done: the loss and NLL per target token; the
+        update (``update()`` → (gradient norm, overflowed, applied)) only where the loss is finite,
+        under fp16's loss-scale floor; the position moved past ``batches``."""
+        loss, nll = loss_sum / tokens, nll_sum / tokens
+        grad_norm, overflowed, applied = None, False, False
+        if math.isfinite(loss):
+            with self.stopping.scale_floor_stops(self.step + 1):
+                grad_norm, overflowed, applied = update()
         self.position.advance(len(batches), tokens, applied=applied)
-        return loss, nll, tokens, grad_norm
-
-    def _lead_out_of_time(self):
-        """Whether this is rank 0 and its clock has passed ``time_limit``'s deadline."""
-        return self.lead and self._deadline is not None and time.monotonic() >= self._deadline
-
-    @contextlib.contextmanager
-    def _scale_floor_stops(self):
-        """fp16's loss scale below its floor stops the run (TrainingDiverged, one line)."""
-        try:
-            yield
-        except LossScaleTooSmall as error:
-            raise TrainingDiverged(f"training stopped at step {self.step + 1}: {error} (--min-loss-scale "
-                                   f"{self.config.min_loss_scale:g}); no such update was applied or saved and "
-                                   f"{_kept_note(self._newest_checkpoint())}; try --precision bf16 or a lower "
-                                   "--lr-factor in a new run") from None
+        return StepResult(loss, nll, tokens, grad_norm, applied, overflowed, bool(interrupted), bool(time_up))
 
     def _overflow_quietly(self):
         """fp16: a scaled gradient that overflows is the scaler's business (the step is skipped and
@@ -348,11 +308,11 @@ class Trainer:
         if self.lead:
             self.metrics.append(record)
 
-    def _log_training(self, loss, nll, grad_norm, tokens_per_s, bar):
-        record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(loss, 5), "nll": round(nll, 5),
-                  "ppl": round(perplexity(nll), 4), "lr": self.adam.current_lr(self.step),
-                  "grad_norm": round(grad_norm, 5), "tokens_per_s": round(tokens_per_s, 1),
-                  "skipped_updates": self.skipped_updates}
+    def _log_training(self, result, tokens_per_s, bar):
+        record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(result.loss, 5),
+                  "nll": round(result.nll, 5), "ppl": round(perplexity(result.nll), 4),
+                  "lr": self.adam.current_lr(self.step), "grad_norm": round(result.grad_norm, 5),
+                  "tokens_per_s": round(tokens_per_s, 1), "skipped_updates": self.skipped_updates}
         if self.scaler.enabled:
             record.update(loss_scale=self.scaler.scale, overflow_skipped=self.scaler.skipped_steps)
         if self.graphs is not None:
@@ -363,28 +323,25 @@ class Trainer:
             if hidden is not None:
                 record.update(allreduce_ms=round(1000 * seconds, 2), allreduce_hidden=round(hidden, 3))
         self.log(record)
-        bar.show(self.skipped_updates, loss=f"{loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}")
+        bar.show(self.skipped_updates, loss=f"{result.loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}")
 
-    def _skipped(self, loss, grad_norm, bar):
-        """Count an update skipped for a non-finite loss or gradient; stop after ``max_bad_steps`` in a row."""
+    def _skipped(self, result, bar):
+        """Log and count an update skipped for a non-finite loss or gradient (``max_bad_steps`` in a row
+        stop the run)."""
         self.position.skipped_updates += 1
-        self.bad_in_a_row += 1
-        reason = (f"non-finite loss ({loss})" if grad_norm is None
-                  else f"non-finite gradient norm ({grad_norm}) at loss {loss:.4g}")
+        reason = (f"non-finite loss ({result.loss})" if result.grad_norm is None
+                  else f"non-finite gradient norm ({result.grad_norm}) at loss {result.loss:.4g}")
+        diverged = self.stopping.skipped(reason, self.step + 1)
+        in_a_row = self.stopping.bad_in_a_row
         self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": reason,
-                  "skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row})
+                  "skipped_updates": self.skipped_updates, "bad_in_a_row": in_a_row})
         bar.show(self.skipped_updates, last=reason.split(" (")[0])
-        bar.note(f"step {self.step + 1}: update skipped, {reason} ({self.bad_in_a_row} in a row, "
+        bar.note(f"step {self.step + 1}: update skipped, {reason} ({in_a_row} in a row, "
                  f"{self.skipped_updates} in all)")
-        if self.bad_in_a_row >= self.config.max_bad_steps:
-            raise TrainingDiverged(
-                f"training stopped: {self.bad_in_a_row} updates in a row were skipped for a non-finite loss "
-                f"or gradient (max_bad_steps={self.config.max_bad_steps}; the last: {reason} at step "
-                f"{self.step + 1}); none was applied or saved and {_kept_note(self._newest_checkpoint())}; "
-                "try a lower --lr-factor or a --max-grad-norm in a new run"
-            )
+        if diverged is not None:
+            raise diverged
 
-    def _overflowed(self, loss, grad_norm, bar):
+    def _overflowed(self, result, bar):
         """Log an fp16 update skipped because the scaled gradients overflowed (the scale has halved);
         not a bad step: the next one runs at the lower scale."""
         note = f"fp16 gradient overflow, loss scale now {self.scaler.scale:g}"
@@ -395,10 +352,10 @@ class Trainer:
     # ------------------------------------------------------------------ validation
     def _validate_now(self):
         """Validation on rank 0, while the other ranks wait (as long as it takes)."""
-        self._stop_if_asked()
+        self.stopping.stop_if_asked()
         record = None
         if self.lead:
-            with self.interrupts.cut_short_allowed():
+            with self.stopping.interrupts.cut_short_allowed():
                 record = self.validate()
         self.comm.barrier(timeout=None)
         self.model.train()
@@ -440,9 +397,13 @@ class Trainer:
         newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
         return newest[0] if newest else None
 
+    def _checkpoint_note(self):
+        """What a stop leaves behind: the newest checkpoint, intact, or none."""
+        return _kept_note(self._newest_checkpoint())
+
     def _save_on_interrupt(self):
         """A TrainingInterrupted naming the checkpoint of the last completed step, saved if need be."""
-        forced = self.interrupts.stopping()  # a further Ctrl-C stops at once, saving nothing
+        forced = self.stopping.interrupts.stopping()  # a further Ctrl-C stops at once, saving nothing
         newest = self._newest_checkpoint()
         if forced:
             return self._interrupted(f"interrupted at step {self.step} before a checkpoint could be saved; "

@@ -1,0 +1,187 @@
+"""The backward pass: the recorded Functions walked in reverse topological order, without recursion.
+
+``run_backward`` hands each Function the gradients of its outputs and passes what its
+``backward`` returns on to its inputs: gradients of non-leaf tensors are kept per (creator
+Function, output index), those of leaves per tensor, and added into each leaf's ``.grad``
+(``store_grad``) once complete, after the tensor's hooks. It works on the graph's attributes
+alone (``Tensor._ctx``, ``Function.inputs`` ...); ``tensor.backward`` and ``tensor.grad`` are its
+entry points.
+"""
+
+import numpy
+
+from . import backend
+
+__all__ = ["run_backward", "store_grad"]
+
+
+def store_grad(tensor, grad):
+    """Add ``grad`` into ``tensor.grad``, which owns its buffer (no aliasing of op arrays)."""
+    if tensor.grad is None:
+        tensor.grad = grad.copy()
+    else:
+        tensor.grad += grad
+
+
+def _topological_order(roots):
+    """Functions reachable from ``roots``, each after every Function feeding it.
+
+    Iterative depth-first search, so a chain of any length needs no recursion (the test's is 20
+    times the default recursion limit).
+    """
+    order, seen = [], set()
+    for root in roots:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, iter(_inputs_of(root)))]
+        while stack:
+            fn, pending = stack[-1]
+            for tensor in pending:
+                child = getattr(tensor, "_ctx", None)  # inputs may be Python scalars
+                if child is not None and child not in seen:
+                    seen.add(child)
+                    stack.append((child, iter(_inputs_of(child))))
+                    break
+            else:
+                stack.pop()
+                order.append(fn)
+    return order
+
+
+def _inputs_of(fn):
+    if fn.inputs is None:
+        raise RuntimeError(
+            f"backward through {fn.name} whose graph was already freed: a graph can be "
+            "traversed once unless the first backward passes retain_graph=True"
+        )
+    return fn.inputs
+
+
+def _sum(a, b):
+    """a + b for two gradients of one tensor (a new array; large ones summed on several threads)."""
+    return backend.blockwise(backend.get_array_module(a, b).add, a, b)
+
+
+def run_backward(roots, root_grads, retain_graph, capture=None):
+    """Propagate ``root_grads`` from ``roots`` through the graph.
+
+    Gradients arriving at non-leaf tensors are kept per (creator Function, output
+    index); those arriving at leaves per tensor. With ``capture`` (tensors), their
+    gradients are returned instead of being accumulated into any ``.grad``.
+    """
+    fn_grads = {}
+    leaf_grads = {}
+
+    def arrive(tensor, g, source):
+        if g.shape != tensor.shape:
+            raise RuntimeError(
+                f"{source}.backward returned a gradient of shape {g.shape} "
+                f"for an input of shape {tensor.shape}"
+            )
+        if g.dtype != tensor.data.dtype:
+            # A float32 gradient too large for a float16 tensor becomes inf, as on a GPU: what the loss
+            # scaler looks for (a skipped step), not a numerical accident to warn about.
+            with numpy.errstate(over="ignore"):
+                g = g.astype(tensor.data.dtype)
+        ctx = tensor._ctx
+        if ctx is None:
+            entry = leaf_grads.get(id(tensor))
+            if entry is None:
+                leaf_grads[id(tensor)] = [tensor, g]
+            else:
+                entry[1] = _sum(entry[1], g)
+            return
+        slots = fn_grads.get(ctx)
+        if slots is None:
+            slots = fn_grads[ctx] = [None] * (len(ctx._out_meta) if ctx._out_meta else 1)
+        i = tensor._index
+        slots[i] = g if slots[i] is None else _sum(slots[i], g)
+
+    for root, g in zip(roots, root_grads):
+        arrive(root, g, "backward")
+
+    captured = {}
+    if capture is not None:
+        wanted = {(t._ctx, t._index): t for t in capture if t._ctx is not None}
+
+    order = list(reversed(_topological_order([r._ctx for r in roots if r._ctx is not None])))
+    # Leaves with post-accumulate hooks are finished as soon as the last Function feeding them ran.
+    consumers = _pending_consumers(order) if capture is None else {}
+
+    def finish_leaf(tensor, g):
+        if tensor._hooks:
+            for hook in list(tensor._hooks):
+                replaced = hook(g)
+                if replaced is not None:
+                    g = _check_hook_result(replaced, g)
+        if capture is None:
+            store_grad(tensor, g)
+            for hook in list(tensor._post_accumulate_hooks or ()):
+                hook(tensor)
+        else:
+            captured[id(tensor)] = g
+
+    def consumed(fn):
+        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
+            if needs and id(tensor) in consumers:
+                consumers[id(tensor)] -= 1
+                if not consumers[id(tensor)] and id(tensor) in leaf_grads:
+                    finish_leaf(*leaf_grads.pop(id(tensor)))
+
+    for fn in order:
+        grads = fn_grads.pop(fn, None)
+        if grads is None:  # no gradient reached this node
+            if consumers:
+                consumed(fn)
+            continue
+        if fn._hooks:
+            for i, hooks in fn._hooks.items():
+                for hook in list(hooks):
+                    if grads[i] is not None:
+                        replaced = hook(grads[i])
+                        if replaced is not None:
+                            grads[i] = _check_hook_result(replaced, grads[i])
+        if capture is not None:
+            for i, g in enumerate(grads):
+                if (fn, i) in wanted and g is not None:
+                    captured[id(wanted[(fn, i)])] = g
+        if fn._out_meta and fn.materialize_grads:
+            xp = backend.get_array_module(*[g for g in grads if g is not None])
+            grads = [
+                xp.zeros(shape, dtype) if g is None else g
+                for g, (shape, dtype) in zip(grads, fn._out_meta)
+            ]
+        fn.retain_graph = retain_graph
+        input_grads = fn.backward(*grads)
+        if type(input_grads) is not tuple:
+            input_grads = (input_grads,)
+        for tensor, needs, g in zip(fn.inputs, fn.needs_input_grad, input_grads):
+            if needs and g is not None:
+                arrive(tensor, g, fn.name)
+        if consumers:
+            consumed(fn)
+        if not retain_graph:
+            fn.release()
+
+    for tensor, g in leaf_grads.values():
+        finish_leaf(tensor, g)
+    return captured
+
+
+def _pending_consumers(order):
+    """{id(leaf): how many inputs of the Functions in ``order`` it is} for the leaves that have
+    post-accumulate hooks: their gradient is complete once that many inputs have been seen."""
+    counts = {}
+    for fn in order:
+        for tensor, needs in zip(fn.inputs, fn.needs_input_grad):
+            if needs and tensor._ctx is None and tensor._post_accumulate_hooks:
+                counts[id(tensor)] = counts.get(id(tensor), 0) + 1
+    return counts
+
+
+def _check_hook_result(new, old):
+    """A hook's replacement gradient (an array: ``Tensor.register_hook`` unwraps a Tensor), checked."""
+    if new.shape != old.shape:
+        raise RuntimeError(f"a hook returned a gradient of shape {new.shape}, expected {old.shape}")
+    return new
