@@ -10,6 +10,7 @@ import pytest
 
 from tinyformer.translation import checkpoint
 from tinyformer.translation.checkpoint import CheckpointError
+from tinyformer.translation.train.averaging import average_checkpoints
 
 
 def _state(seed):
@@ -100,7 +101,7 @@ def test_list_and_prune_keep_the_newest(tmp_path):
 def test_averaging_identical_checkpoints_is_the_identity(tmp_path):
     paths = [checkpoint.save_checkpoint(tmp_path / f"c{i}.npz", _state(0),
                                         {"step": i, "tokenizer_sha256": "abc"}) for i in range(5)]
-    out = checkpoint.average_checkpoints(paths, tmp_path / "avg.npz")
+    out = average_checkpoints(paths, tmp_path / "avg.npz")
     state, meta, adam = checkpoint.load_checkpoint(out)
     for k, v in _state(0).items():
         np.testing.assert_array_equal(state[k], v)
@@ -109,7 +110,7 @@ def test_averaging_identical_checkpoints_is_the_identity(tmp_path):
 
 def test_averaging_takes_the_mean(tmp_path):
     paths = [checkpoint.save_checkpoint(tmp_path / f"c{i}.npz", _state(i), {"step": i}) for i in range(3)]
-    state, _, _ = checkpoint.load_checkpoint(checkpoint.average_checkpoints(paths, tmp_path / "avg.npz"))
+    state, _, _ = checkpoint.load_checkpoint(average_checkpoints(paths, tmp_path / "avg.npz"))
     expected = np.mean([_state(i)["encoder.w"].astype(np.float64) for i in range(3)], axis=0)
     np.testing.assert_allclose(state["encoder.w"], expected, rtol=1e-6)
 
@@ -120,11 +121,11 @@ def test_averaging_refuses_mismatched_checkpoints(tmp_path):
     b = checkpoint.save_checkpoint(tmp_path / "b.npz", other, {"step": 2, "tokenizer_sha256": "x"})
     c = checkpoint.save_checkpoint(tmp_path / "c.npz", _state(0), {"step": 3, "tokenizer_sha256": "y"})
     with pytest.raises(CheckpointError, match="b.npz"):
-        checkpoint.average_checkpoints([a, b], tmp_path / "out.npz")
+        average_checkpoints([a, b], tmp_path / "out.npz")
     with pytest.raises(CheckpointError, match="different tokenizer"):
-        checkpoint.average_checkpoints([a, c], tmp_path / "out.npz")
+        average_checkpoints([a, c], tmp_path / "out.npz")
     with pytest.raises(CheckpointError, match="no checkpoints"):
-        checkpoint.average_checkpoints([], tmp_path / "out.npz")
+        average_checkpoints([], tmp_path / "out.npz")
     assert not (tmp_path / "out.npz").exists()
 
 
@@ -161,7 +162,7 @@ def test_averaging_refuses_another_architecture_with_the_same_shapes(tmp_path):
     a = checkpoint.save_checkpoint(tmp_path / "a.npz", _state(0), {"step": 1, "model_config": {"heads": 4}})
     b = checkpoint.save_checkpoint(tmp_path / "b.npz", _state(1), {"step": 2, "model_config": {"heads": 8}})
     with pytest.raises(CheckpointError, match=r"b.npz is another model than .*a.npz \(heads: 8 vs 4\)"):
-        checkpoint.average_checkpoints([a, b], tmp_path / "out.npz")
+        average_checkpoints([a, b], tmp_path / "out.npz")
 
 
 def test_partial_files_of_a_killed_save_are_recognised_and_removed(tmp_path):
@@ -230,3 +231,18 @@ def test_a_checkpoint_of_an_unknown_format_is_refused_by_name(tmp_path):
     with pytest.raises(CheckpointError, match=r"c.npz is in format 'tinyformer-checkpoint-9', which this version "
                                               r"of tinyformer does not read \(it reads 'tinyformer-checkpoint-1'\)"):
         load_model(path)
+
+
+def test_averaging_reads_each_checkpoint_through_the_migration(tmp_path):
+    """A run resumed by a later version holds checkpoints whose metadata differ only in what that version
+    added (here ``init`` and ``final_norm``, absent from the older one): they are one model, and average."""
+    state = {"w": np.ones((2, 2), np.float32)}
+    newer = {"model_config": {"d_model": 4, "init": "xavier", "final_norm": None}, "step": 2}
+    older = {"model_config": {"d_model": 4, "label_smoothing": 0.1}, "step": 1}
+    a = checkpoint.save_checkpoint(tmp_path / "checkpoint_0000001.npz", state, older)
+    b = checkpoint.save_checkpoint(tmp_path / "checkpoint_0000002.npz", state, newer)
+    average_checkpoints([a, b], tmp_path / "avg.npz")
+    other = checkpoint.save_checkpoint(tmp_path / "checkpoint_0000003.npz", state,
+                                       {"model_config": {"d_model": 4, "init": "torch"}, "step": 3})
+    with pytest.raises(CheckpointError, match="another model"):
+        average_checkpoints([a, other], tmp_path / "avg2.npz")

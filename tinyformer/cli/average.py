@@ -17,6 +17,7 @@ def register(commands):
 
 def run(args):
     from ..translation import checkpoint
+    from ..translation.train.averaging import average_checkpoints
     from ..translation.train.config import TRAINING_ONLY
 
     if args.checkpoints and args.dir:
@@ -29,6 +30,6 @@ def run(args):
         paths = args.checkpoints
     else:
         raise UsageError("give checkpoint files or --dir DIR")
-    out = checkpoint.average_checkpoints(paths, args.output, ignore=TRAINING_ONLY)
+    out = average_checkpoints(paths, args.output, ignore=TRAINING_ONLY)
     print(f"averaged {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)}) into {out}")
     return 0

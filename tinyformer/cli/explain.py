@@ -103,6 +103,7 @@ def _run_checkpoints(args, load_model):
     """[(step, file name, model)] of --checkpoints RUN_DIR (all, --every K or --steps a,b,c) and the
     run's tokenizer; checkpoints of another run (another tokenizer or model) are refused by name."""
     from ..translation.checkpoint import CheckpointError, list_checkpoints, step_of
+    from ..translation.train.migration import migrate
 
     directory = Path(args.checkpoints)
     if args.every is not None and args.steps is not None:
@@ -137,7 +138,7 @@ def _run_checkpoints(args, load_model):
         elif meta.get("tokenizer_sha256") != reference[1].get("tokenizer_sha256"):
             raise CheckpointError(f"--checkpoints {directory}: {path.name} was trained with another tokenizer than "
                                   f"{reference[0].name}: not one run")
-        elif meta.get("model_config") != reference[1].get("model_config"):
+        elif migrate(meta, path)["model_config"] != migrate(reference[1], reference[0])["model_config"]:
             raise CheckpointError(f"--checkpoints {directory}: {path.name} has another model than "
                                   f"{reference[0].name}: not one run")
         steps.append((step, path.name, model))

@@ -2,7 +2,8 @@
 
 A checkpoint holds the model's parameters (``model/<dotted name>``), Adam's
 moments (``adam/m/<i>``, ``adam/v/<i>``) and a JSON document (``metadata``:
-config, step, optimiser and schedule state, RNG state, tokenizer hash, ...).
+config, step, optimiser and schedule state, RNG state, tokenizer hash, ...); what the metadata
+means, whichever version wrote it, is ``train.migration``'s, and averaging is ``train.averaging``.
 It is written to a temporary file in the same directory and renamed into
 place, so a save killed half-way leaves the previous checkpoint untouched; it
 is read with ``allow_pickle=False``, so loading one never runs code. A state
@@ -21,7 +22,7 @@ import numpy
 
 from ..common.atomic import replacing
 
-__all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of", "average_checkpoints",
+__all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of",
            "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "CheckpointError"]
 
 _NAME = re.compile(r"checkpoint_(\d+)\.npz$")
@@ -182,42 +183,3 @@ def prune_checkpoints(directory, keep_last):
     for p in doomed:
         p.unlink()
     return doomed
-
-
-def average_checkpoints(paths, output, ignore=()):
-    """Average the parameters of ``paths`` element-wise (§6.1) into ``output``.
-
-    All must have the same parameter names and shapes, the same tokenizer and the same
-    ``model_config`` but for the settings in ``ignore`` (see ``model_config_mismatch``).
-    The result carries the newest checkpoint's metadata (without optimiser state,
-    which has no meaning for an average) and lists its sources.
-    """
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise CheckpointError("average_checkpoints: no checkpoints given")
-    states, metas = [], []
-    for p in paths:
-        state, meta, _ = load_checkpoint(p)
-        states.append(state)
-        metas.append(meta)
-    reference = states[0]
-    for p, state, meta in zip(paths, states, metas):
-        if state.keys() != reference.keys() or any(state[k].shape != reference[k].shape for k in state):
-            raise CheckpointError(f"average_checkpoints: {p} does not have the parameters of {paths[0]}")
-        if meta.get("tokenizer_sha256") != metas[0].get("tokenizer_sha256"):
-            raise CheckpointError(f"average_checkpoints: {p} was trained with a different tokenizer than {paths[0]}")
-        differences = model_config_mismatch(meta.get("model_config") or {}, metas[0].get("model_config") or {},
-                                            ignore)
-        if differences:
-            raise CheckpointError(f"average_checkpoints: {p} is another model than {paths[0]} "
-                                  f"({'; '.join(differences)})")
-    averaged = {}
-    for name, first in reference.items():
-        total = numpy.zeros(first.shape, dtype=numpy.float64)
-        for state in states:
-            total += state[name]
-        averaged[name] = (total / len(states)).astype(first.dtype)
-    newest = max(zip(metas, paths), key=lambda mp: mp[0].get("step", 0))[0]
-    meta = {k: v for k, v in newest.items() if k not in ("adam", "rng_state")}
-    meta["averaged_from"] = [p.name for p in paths]
-    return save_checkpoint(output, averaged, meta)
