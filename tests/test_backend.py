@@ -46,6 +46,21 @@ def test_gpu_availability_comes_from_cupy_is_available(monkeypatch):
         backend.check_device("cuda")
 
 
+def test_captured_memory_is_the_memory_function_of_the_capture_in_progress():
+    """``captured_memory`` hands the NumPy arrays among an op's outputs to the ``memory`` of the
+    enclosing ``capturing(memory=...)``, and returns them as they are elsewhere."""
+    a, handed = np.zeros(2), []
+    assert backend.captured_memory(a) is a
+    with backend.capturing(memory=lambda array: handed.append(array) or array[:1]):
+        first, second = backend.captured_memory((a, None))
+        assert first.shape == (1,) and second is None and handed == [a]
+        assert backend.captured_memory(a).shape == (1,) and backend.captured_memory(None) is None
+        with backend.capturing():  # a capture without a memory of its own (CuPy's): as they are
+            assert backend.captured_memory(a) is a
+        assert backend.captured_memory(a).shape == (1,)
+    assert backend.captured_memory(a) is a and not backend.is_capturing()
+
+
 def test_scatter_add_accumulates_repeated_indices():
     target = np.zeros(3)
     backend.scatter_add(target, np.array([0, 0, 2]), np.array([1.0, 2.0, 5.0]))
