@@ -217,7 +217,8 @@ class TinyformerGraphedRunner(TinyformerRunner):
     over the bench's batch as a ``data.Batch`` (its shape is its own bucket: the rows fill the
     token budget and 32 is a multiple of 8). Its first step runs eagerly, the second captures the
     graph, later ones copy the batch into the static inputs and replay. ``capture``: a
-    ``backend.GraphCapture`` (made here on the GPU) or, in tests, ``graphs.EmulatedCapture``."""
+    ``backend.GraphCapture`` (made here on the GPU) or, in tests, ``EmulatedCapture``
+    (tests/emulated_capture.py)."""
 
     def __init__(self, preset, vocab, batch, device, seed, precision="fp32", capture=None):
         super().__init__(preset, vocab, batch, device, seed, precision)

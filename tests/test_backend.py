@@ -39,11 +39,26 @@ class _FakeCupy:
 
 
 def test_gpu_availability_comes_from_cupy_is_available(monkeypatch):
-    monkeypatch.setattr(backend, "_cupy", _FakeCupy)
-    monkeypatch.setattr(backend, "_gpu_available", None)
+    monkeypatch.setattr(backend.devices, "cupy", _FakeCupy)
+    monkeypatch.setattr(backend.devices, "_gpu_available", None)
     assert backend.is_gpu_available() is False
     with pytest.raises(RuntimeError, match="GPU"):
         backend.check_device("cuda")
+
+
+def test_captured_memory_is_the_memory_function_of_the_capture_in_progress():
+    """``captured_memory`` hands the NumPy arrays among an op's outputs to the ``memory`` of the
+    enclosing ``capturing(memory=...)``, and returns them as they are elsewhere."""
+    a, handed = np.zeros(2), []
+    assert backend.captured_memory(a) is a
+    with backend.capturing(memory=lambda array: handed.append(array) or array[:1]):
+        first, second = backend.captured_memory((a, None))
+        assert first.shape == (1,) and second is None and handed == [a]
+        assert backend.captured_memory(a).shape == (1,) and backend.captured_memory(None) is None
+        with backend.capturing():  # a capture without a memory of its own (CuPy's): as they are
+            assert backend.captured_memory(a) is a
+        assert backend.captured_memory(a).shape == (1,)
+    assert backend.captured_memory(a) is a and not backend.is_capturing()
 
 
 def test_scatter_add_accumulates_repeated_indices():
@@ -92,7 +107,7 @@ def test_numpy_masks_and_indices_follow_a_gpu_tensor():
 
 
 def test_map_row_blocks_covers_every_row_once_in_order(monkeypatch, set_threads):
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
     set_threads(3)
     blocks = backend.map_row_blocks(lambda a, b: (a, b), 10, np.zeros(1))
     set_threads(None)  # the default count below
@@ -107,7 +122,7 @@ def test_set_num_threads_refuses_nonsense():
 
 
 def test_blockwise_ufuncs_equal_the_plain_ones(monkeypatch, set_threads):
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
     set_threads(3)
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
@@ -165,7 +180,7 @@ def test_a_nan_activation_stays_nan_through_the_bfloat16_cast_on_the_gpu(monkeyp
     NaN, the canonical CUDA NaN 0x7FFFFFFF included, and equals ml_dtypes' bits."""
     import cupy
     if not native:
-        monkeypatch.setattr(backend, "has_native_bfloat16_cast", lambda: False)
+        monkeypatch.setattr(backend.half_precision, "has_native_bfloat16_cast", lambda: False)
     bits = _special_float32_bits()
     with np.errstate(invalid="ignore", over="ignore"):
         expected = bits.view(np.float32).astype(backend.bfloat16).view(np.uint16)

@@ -134,9 +134,9 @@ def test_graphed_runner_times_replayed_steps_with_the_emulated_capture():
     method of Adam's device step or of GraphedStep fails here: no skip)."""
     from types import SimpleNamespace
 
-    from tinyformer.translation.train import graphs
+    from emulated_capture import EmulatedCapture
 
-    class CountingCapture(graphs.EmulatedCapture):
+    class CountingCapture(EmulatedCapture):
         replays = 0
 
         def replay(self, graph):

@@ -161,7 +161,7 @@ def test_threads_limits_decoding_and_is_given_back(trained_run, tmp_path, monkey
 
     from threadpoolctl import threadpool_limits
 
-    monkeypatch.setattr(backend, "_num_threads", 3)  # a setting of neither the default nor --threads
+    monkeypatch.setattr(backend.threads, "_num_threads", 3)  # a setting of neither the default nor --threads
     limits = threadpool_limits(limits=3, user_api="blas")
     seen, before = [], _thread_counts()
     assert before == (3, {3})

@@ -169,7 +169,7 @@ def test_attention_in_batch_blocks_equals_the_whole_batch_bit_for_bit(mask_kind,
                                                                      set_threads):
     """The threaded batch-block path gives exactly the one-piece path's outputs and gradients,
     and keeps a head-split q's (batch, len, heads, d) layout for the output and dQ."""
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 8)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 8)
     set_threads(3)
     rng = np.random.default_rng(2)
     batch, heads, length, dim = 5, 2, 6, 4

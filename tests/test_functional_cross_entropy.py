@@ -180,6 +180,6 @@ def test_cross_entropy_in_parallel_row_blocks_equals_one_block(reduction, monkey
         (loss * Tensor(upstream) + nll * Tensor(upstream * 0.5)).sum().backward()
         return loss.data, nll.data, x.grad
 
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
     for one, many in zip(run(1), run(4)):
         np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-15)

@@ -84,7 +84,7 @@ def test_dropout_accepts_numpy_float32_probability():
 
 
 def test_dropout_in_parallel_blocks_equals_one_block(monkeypatch, set_threads):
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
     x = np.random.default_rng(2).standard_normal((4, 5, 3))
     results = []
     for threads in (1, 3):

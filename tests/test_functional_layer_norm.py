@@ -76,7 +76,7 @@ def test_layer_norm_in_parallel_row_blocks_equals_one_block(monkeypatch, set_thr
         y.backward(Tensor(upstream))
         return [y.data] + [t.grad for t in tensors]
 
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
     for one, many in zip(run(1), run(4)):
         np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-14)
 

@@ -38,7 +38,7 @@ def test_linear_matches_numpy_and_gradchecks(op, activation, batch, n_in, n_out,
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_linear_relu_is_linear_then_relu_bit_for_bit(threads, monkeypatch, set_threads):
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 16)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 16)
     set_threads(threads)
     rng = np.random.default_rng(3)
     x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((5, 7, 6), (9, 6), (9,)))

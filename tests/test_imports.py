@@ -18,6 +18,7 @@ functions, where a cycle means two modules that need each other and hide it with
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -284,6 +285,37 @@ def test_the_layer_rule_finds_an_upward_import(toy):
     with pytest.raises(AssertionError, match=r"tinyformer.engine.tensor \(line 2, in a function\) -> "
                                              r"tinyformer.model"):
         test_each_layer_imports_only_itself_and_the_layers_below(edges)
+
+# The CUDA graph capture emulated on NumPy arrays and its device memory are test machinery
+# (tests/emulated_capture.py): they reach the library through one seam, the capture that
+# ``translation.train.graphs.open_capture`` returns and its ``backend.capturing(memory=...)``, and
+# no op, optimiser or backend function looks for them. (The C++ emulation of the CUDA kernels,
+# ``engine/kernels/emulation.py``, is the kernels' CPU build, not test machinery.)
+TEST_MACHINERY = re.compile(r"EmulatedCapture|emulated_capture|DeviceArray|emulated[ _-]?(device|capture)", re.I)
+
+
+def names_of_test_machinery(directory):
+    """['path:line: text'] of every line under ``directory`` naming the emulated capture or its memory."""
+    return [f"{path.relative_to(directory.parent)}:{number}: {line.strip()}"
+            for path in sorted(directory.rglob("*")) if path.is_file() and "__pycache__" not in path.parts
+            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+            if TEST_MACHINERY.search(line)]
+
+
+@pytest.mark.parametrize("layer", ["engine", "model"])
+def test_the_engine_and_the_model_name_no_emulated_capture(layer):
+    assert names_of_test_machinery(PACKAGE_DIR / layer) == []
+
+
+def test_the_check_for_test_machinery_finds_its_names(tmp_path):
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "a.py").write_text("x = 1\nkind = type(first)  # the emulated device memory\n")
+    (tmp_path / "b.py").write_text("from tests.emulated_capture import DeviceArray\n")
+    assert names_of_test_machinery(tmp_path) == [
+        f"{tmp_path.name}/b.py:1: from tests.emulated_capture import DeviceArray",
+        f"{tmp_path.name}/ops/a.py:2: kind = type(first)  # the emulated device memory"]
+    assert not TEST_MACHINERY.search("registry.emulated_instantiations(): the kernels' CPU emulation")
+
 
 # ---------------------------------------------------------------------------- the walk itself
 def write_package(root, files):

@@ -247,7 +247,7 @@ def test_adam_trains_a_linear_regression():
 def test_adam_in_parallel_blocks_equals_one_block(monkeypatch, set_threads):
     from tinyformer.engine import backend
 
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
     rng = np.random.default_rng(3)
     start = [rng.standard_normal((4, 5)).astype(np.float32), rng.standard_normal(7).astype(np.float32)]
     grads = [[rng.standard_normal(a.shape).astype(np.float32) for a in start] for _ in range(3)]

@@ -9,7 +9,7 @@ from tinyformer.engine import backend, functional as F, random
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-threads")
 def threads(request, monkeypatch, set_threads):
-    monkeypatch.setattr(backend, "ROW_BLOCK_MIN_ELEMENTS", 64)  # split even small draws
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 64)  # split even small draws
     monkeypatch.setattr(random, "KEEP_BLOCK", 48)  # several blocks per thread
     set_threads(request.param)
     return request.param

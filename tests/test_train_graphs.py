@@ -1,8 +1,9 @@
-"""--cuda-graphs: the graph step's logic on NumPy arrays (``graphs.EmulatedCapture`` stands in for
-the CUDA capture: a replay runs the captured step again), the fallback, the seed slots (the tests
+"""--cuda-graphs: the graph step's logic on NumPy arrays (``emulated_capture.EmulatedCapture``
+stands in for the CUDA capture: a replay runs the captured step again), the fallback, the seed slots (the tests
 with dropout run the step through the emulated CUDA kernels: ``emulated_kernels``), the bounded
 shapes, --patience and --time-limit. The GPU checks are in test_train_graphs_gpu.py."""
 
+import contextlib
 import operator
 
 import numpy as np
@@ -10,14 +11,15 @@ import pytest
 
 from tinyformer import Tensor
 from tinyformer.engine import backend, kernels
+from tinyformer.engine import functional as F
 from tinyformer.translation import checkpoint, train
 from tinyformer.engine import random as tf_random
 from tinyformer.engine.kernels import cublas
 from tinyformer.engine.kernels.arguments import DeviceSeed
 from tinyformer.translation.train import Trainer, graphs
 from tinyformer.translation.train import stopping as stopping_module
-from tinyformer.translation.train.emulated_capture import DeviceArray
 
+from emulated_capture import DeviceArray, EmulatedCapture, installed
 from test_train import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
                         six_steps, small_config, small_load_corpus)  # (fixtures)
 
@@ -32,7 +34,7 @@ def graph_tests_corpus(cached_corpus, monkeypatch):
     monkeypatch.setattr(train.builders, "load_corpus", few_validation_pairs)
 
 
-class CountingCapture(graphs.EmulatedCapture):
+class CountingCapture(EmulatedCapture):
     def __init__(self, fail=None):
         self.captured = self.replayed = 0
         self.fail = fail
@@ -81,8 +83,18 @@ def graph_config(save_dir, **overrides):
 
 
 def run(config, capture=None, resume=False):
-    trainer = Trainer(config, resume=resume, graph_capture=capture, **QUIET)
-    trainer.run()
+    """A trainer of ``config`` run, on ``capture`` (installed) if one is given."""
+    with installed(capture) if capture is not None else contextlib.nullcontext():
+        trainer = Trainer(config, resume=resume, **QUIET)
+        trainer.run()
+    return trainer
+
+
+def set_up(config, capture):
+    """A trainer of ``config`` set up on ``capture`` (installed while it builds its graphed step)."""
+    with installed(capture):
+        trainer = Trainer(config, **QUIET)
+        trainer.setup()
     return trainer
 
 
@@ -181,8 +193,7 @@ def test_a_failed_capture_warns_once_and_changes_no_result(tmp_path, graphed_thr
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow:RuntimeWarning")
 @pytest.mark.parametrize("where, value", [("loss", np.nan), ("gradient", np.inf)])
 def test_a_non_finite_update_is_skipped_on_the_device(tmp_path, monkeypatch, where, value):
-    trainer = Trainer(graph_config(tmp_path), graph_capture=CountingCapture(), **QUIET)
-    trainer.setup()
+    trainer = set_up(graph_config(tmp_path), CountingCapture())
     batches = trainer.train_data.batches(256, seed=0, epoch=0)
     for batch in batches[:2]:  # a warm-up and a capture of this shape first
         trainer.train_step([batch])
@@ -211,7 +222,7 @@ def test_the_seed_slots_replay_the_eager_draws():
     eager = [tf_random.kernel_seed(None), tf_random.kernel_seed(own), tf_random.kernel_seed(None)]
     own = np.random.default_rng(7)
     tf_random.manual_seed(3)
-    table, generators = graphs._SeedTable(np.zeros(1, dtype=np.float32)), []
+    table, generators = graphs._SeedTable(lambda host: host), []
     before = (tf_random.get_rng_state(), own.bit_generator.state)
     with tf_random.recording_kernel_seeds(table.recorder(generators)):
         slots = [tf_random.kernel_seed(None), tf_random.kernel_seed(own), tf_random.kernel_seed(None)]
@@ -273,7 +284,7 @@ HOST_READS = {"float": float, "int": int, "bool": bool, "operator.index": operat
 def test_emulated_device_arrays_refuse_what_cupy_refuses_while_capturing():
     """CuPy's ``@`` (cuBLAS, which CuPy will not call during a capture) and boolean-mask indexing (a
     count read to the host) are refused inside a capture; kernels.cublas.matmul and copyto are not."""
-    x = graphs.EmulatedCapture.adopt(np.arange(6, dtype=np.float32).reshape(2, 3))
+    x = EmulatedCapture.adopt(np.arange(6, dtype=np.float32).reshape(2, 3))
     with backend.capturing():
         with pytest.raises(NotImplementedError, match="cuBLAS API during stream capture"):
             x @ x.T
@@ -288,11 +299,27 @@ def test_emulated_device_arrays_refuse_what_cupy_refuses_while_capturing():
     assert type(product) is DeviceArray and (x @ x.T).shape == (2, 2)  # outside a capture: allowed
 
 
+def test_the_fused_ops_reference_outputs_become_the_captures_memory():
+    """Inside the emulated capture (``backend.capturing(memory=adopt)``, the seam), what a fused
+    op's NumPy reference makes on the host, forward and backward, is emulated device memory, as a
+    CuPy op's output is: reading it is refused. In a capture without a memory (CuPy's), as made."""
+    x, weight, bias = (Tensor(EmulatedCapture.adopt(a), requires_grad=True) for a in
+                       (np.arange(8, dtype=np.float32).reshape(2, 4), np.ones(4, np.float32), np.zeros(4, np.float32)))
+    with backend.capturing(memory=EmulatedCapture.adopt):
+        y = F.layer_norm(x, weight, bias)
+        y.backward(Tensor(EmulatedCapture.adopt(np.ones((2, 4), np.float32))))
+        assert all(type(a) is DeviceArray for a in (y.data, x.grad, weight.grad, bias.grad))
+        with pytest.raises(backend.CaptureUnavailable, match="inside a captured step"):
+            float(y.data[0, 0])
+    with backend.capturing():
+        assert type(F.layer_norm(x, weight, bias).data) is np.ndarray
+
+
 @pytest.mark.parametrize("read", HOST_READS)
 def test_emulated_device_arrays_refuse_host_reads_while_capturing(read):
     """As a CuPy array: indexing, iteration, reductions and ufuncs give device arrays, and reading
     one's value to the host inside a capture is refused (outside, it is the value)."""
-    x = graphs.EmulatedCapture.adopt(np.arange(1, 7, dtype=np.int64))
+    x = EmulatedCapture.adopt(np.arange(1, 7, dtype=np.int64))
     derived = [x[2], next(iter(x)), x.sum(), x.max(), (x * 2)[1], np.add(x, 1)[0], x.astype(np.float32)[0]]
     assert all(type(d) is DeviceArray and d.ndim == 0 for d in derived)
     with backend.capturing():
@@ -314,8 +341,7 @@ def test_a_host_read_in_the_step_refuses_the_capture(tmp_path, monkeypatch):
     loss_of_batch = graphs.batch_loss
     monkeypatch.setattr(graphs, "batch_loss", batch_loss_read_back)
     warned = []
-    trainer = Trainer(graph_config(tmp_path), graph_capture=CountingCapture(), **QUIET)
-    trainer.setup()
+    trainer = set_up(graph_config(tmp_path), CountingCapture())
     trainer.graphs.warn = lambda message, category: warned.append(message)
     batch = trainer.train_data.batches(256, seed=0, epoch=0)[0]
     for _ in range(3):  # a warm-up, the capture given up, an eager step
@@ -328,7 +354,7 @@ def test_a_host_read_in_the_step_refuses_the_capture(tmp_path, monkeypatch):
 def test_the_emulated_capture_executes_nothing_and_replays_with_the_recorded_seeds():
     """Capturing runs the step under the capture guard, hands its kernel seeds from the recorder
     (the slots) and leaves the device memory as it was; a replay runs it again with those seeds."""
-    capture = graphs.EmulatedCapture()
+    capture = EmulatedCapture()
     state = capture.adopt(np.zeros(3))
     table = capture.adopt(np.array([11, 22], dtype=np.uint64))
     handed = []

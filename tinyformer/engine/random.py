@@ -67,7 +67,7 @@ def fill_keep_mask(generator, p, keep, fn=None):
     bit_generator = generator.bit_generator
     size = keep.size
     threshold = numpy.uint16(drop_threshold(p))
-    threads = min(backend.get_num_threads(), size // backend.ROW_BLOCK_MIN_ELEMENTS)
+    threads = min(backend.get_num_threads(), size // backend.threads.ROW_BLOCK_MIN_ELEMENTS)
     if threads <= 1 or type(bit_generator) is not numpy.random.PCG64:
         _fill_keep_range(bit_generator, threshold, keep, 0, size, fn)
         return

@@ -19,6 +19,10 @@ class KernelFunction(Function):
     round every partial sum; the kernels accumulate in float): half inputs are cast up, and the
     outputs rounded to the half type, except those listed in ``float32_outputs`` (the loss).
     The gradients reach the inputs in their own dtypes (the engine casts them).
+
+    The reference's outputs pass through ``backend.captured_memory``: inside a CUDA graph capture
+    whose memory is not CuPy's they become memory of the captured step (``backend.capturing``'s
+    ``memory``); otherwise they are returned as they are.
     """
 
     float32_outputs = ()
@@ -28,21 +32,20 @@ class KernelFunction(Function):
         self.uses_kernel = bool(self.kernel_applies(*args, **params))
         if self.uses_kernel:
             return self.forward_kernel(*args, **params)
-        self.device_type = _emulated_device_type(args)
         half = next((a.dtype for a in args if hasattr(a, "dtype") and backend.is_half(a.dtype)), None)
         if half is None:
-            return _on_device(self.forward_reference(*args, **params), self.device_type)
+            return backend.captured_memory(self.forward_reference(*args, **params))
         out = self.forward_reference(*(_float32(a) for a in args), **params)
         if type(out) is tuple:
             out = tuple(o if i in self.float32_outputs else _round(o, half) for i, o in enumerate(out))
         else:
             out = out if 0 in self.float32_outputs else _round(out, half)
-        return _on_device(out, self.device_type)
+        return backend.captured_memory(out)
 
     def backward(self, *grad_outputs):
         if self.uses_kernel:
             return self.backward_kernel(*grad_outputs)
-        return _on_device(self.backward_reference(*(_float32(g) for g in grad_outputs)), self.device_type)
+        return backend.captured_memory(self.backward_reference(*(_float32(g) for g in grad_outputs)))
 
     def check_forward(self, *args, **params):
         """Raise on inputs that neither path takes (Chainer's ``check_type_forward``); none by default."""
@@ -63,24 +66,6 @@ class KernelFunction(Function):
 
     def backward_kernel(self, *grad_outputs):
         raise NotImplementedError
-
-
-def _emulated_device_type(args):
-    """The NumPy array subclass of the first array among ``args`` (the emulated device memory of
-    ``train.graphs.EmulatedCapture``), or None (plain NumPy, CuPy)."""
-    first = next((a for a in args if hasattr(a, "dtype")), None)
-    return type(first) if isinstance(first, numpy.ndarray) and type(first) is not numpy.ndarray else None
-
-
-def _on_device(out, device_type):
-    """The reference's outputs (an array, None or a tuple of them) where its inputs live: plain
-    NumPy arrays it made become views of ``device_type`` (emulated device memory); without one,
-    as they are."""
-    if device_type is None:
-        return out
-    if type(out) is tuple:
-        return tuple(o.view(device_type) if type(o) is numpy.ndarray else o for o in out)
-    return out.view(device_type) if type(out) is numpy.ndarray else out
 
 
 def _float32(array):

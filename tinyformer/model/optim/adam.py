@@ -90,9 +90,9 @@ def _effective_gradient(g, theta, multiplier, weight_decay):
 
 
 def _on_host(array):
-    """A NumPy array as a plain ndarray (the reference's "device" buffers are host memory, the
-    emulated device's of ``train.graphs.EmulatedCapture`` too: no read-back); a CuPy array read
-    back (not capturable)."""
+    """A NumPy array as a plain ndarray (the reference runs on the host: its "device" buffers are
+    host memory, whatever ndarray subclass holds them, and reading them is no read-back); a CuPy
+    array read back (not capturable)."""
     return backend.to_numpy(array) if backend.is_cupy_array(array) else numpy.asarray(array)
 
 

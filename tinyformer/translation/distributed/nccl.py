@@ -6,7 +6,7 @@ barrier and the failure checks. A GPU collective runs on a stream of its own, af
 already queued on the current stream (an event), and its wait polls a completion event, so that
 a hang times out (the NCCL communicator is then aborted) instead of blocking forever.
 
-This is the one module besides ``backend.py`` that imports CuPy: ``cupy.cuda.nccl`` is the NCCL
+This is the one module besides ``engine/backend/devices.py`` that imports CuPy: ``cupy.cuda.nccl`` is the NCCL
 binding. It is imported only when a run asks for NCCL.
 """
 

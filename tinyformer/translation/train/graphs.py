@@ -29,10 +29,9 @@ from ..data.batching import ShapeBuckets
 from ...engine.functional import KeyLengthMask
 from ...engine.kernels.arguments import DeviceSeed
 from ...engine.tensor import Tensor
-from .emulated_capture import EmulatedCapture
 from .evaluation import batch_loss
 
-__all__ = ["GraphedStep", "EmulatedCapture", "graphs_unavailable_reason"]
+__all__ = ["GraphedStep", "graphs_unavailable_reason", "open_capture"]
 
 #: dropout calls one captured step may hold (a base model has 6 per encoder and 9 per decoder layer, plus 2)
 SEED_SLOTS = 4096
@@ -49,13 +48,30 @@ def graphs_unavailable_reason(config, comm_size, device_array):
     return None
 
 
+def open_capture(config, comm_size, device_array):
+    """The capture the graphed step of this run records and replays its steps with: a
+    ``backend.GraphCapture``; raises ``backend.CaptureUnavailable`` naming why CUDA graphs cannot
+    be honoured here (``graphs_unavailable_reason``, or none the GPU or CuPy can take).
+
+    The seam through which any other capture reaches training: one with ``GraphCapture``'s
+    methods (``begin``, ``end``, ``on_stream``, ``capture``, ``replay``, ``adopt``, ``pool_bytes``,
+    ``kernel_nodes``) returned here is the one ``GraphedStep`` uses; if its device memory is not
+    CuPy's, it says through ``backend.capturing(memory=...)`` how the ops' NumPy reference outputs
+    become that memory. The tests replace this function to test the graph step without a GPU on a
+    capture emulated on NumPy arrays (tests/emulated_capture.py; docs/cuda-graphs.md)."""
+    reason = graphs_unavailable_reason(config, comm_size, device_array)
+    if reason is not None:
+        raise backend.CaptureUnavailable(reason)
+    return backend.GraphCapture()
+
+
 class _SeedTable:
     """The dropout seeds of captured graphs: during a capture each ``kernel_seed(generator)`` gets
     the next slot; before a replay the slots of that graph are filled with one draw each from their
     generators, in order (the draws the eager step would make)."""
 
-    def __init__(self, like):
-        self.table = backend.like(numpy.zeros(SEED_SLOTS, dtype=numpy.uint64), like)
+    def __init__(self, memory):
+        self.table = memory(numpy.zeros(SEED_SLOTS, dtype=numpy.uint64))
         self.used = 0
 
     def recorder(self, generators):
@@ -74,15 +90,16 @@ class _SeedTable:
 
 
 class _StaticBatch:
-    """One batch's device buffers at a fixed shape: ids, source lengths and the loss multiplier."""
+    """One batch's device buffers at a fixed shape: ids, source lengths and the loss multiplier
+    (``memory``: a host array as the capture's device memory, ``GraphedStep.device_memory``)."""
 
-    def __init__(self, shape, like, id_dtype):
+    def __init__(self, shape, memory, id_dtype):
         rows, src_len, tgt_len = shape
-        self.src = backend.like(numpy.zeros((rows, src_len), dtype=id_dtype), like)
-        self.tgt_in = backend.like(numpy.zeros((rows, tgt_len), dtype=id_dtype), like)
-        self.tgt_out = backend.like(numpy.zeros((rows, tgt_len), dtype=id_dtype), like)
-        self.src_lengths = backend.like(numpy.zeros(rows, dtype=numpy.int32), like)
-        self.multiplier = backend.like(numpy.zeros((), dtype=numpy.float32), like)
+        self.src = memory(numpy.zeros((rows, src_len), dtype=id_dtype))
+        self.tgt_in = memory(numpy.zeros((rows, tgt_len), dtype=id_dtype))
+        self.tgt_out = memory(numpy.zeros((rows, tgt_len), dtype=id_dtype))
+        self.src_lengths = memory(numpy.zeros(rows, dtype=numpy.int32))
+        self.multiplier = memory(numpy.zeros((), dtype=numpy.float32))
 
     def load(self, batch, multiplier):
         for target, source in ((self.src, batch.src), (self.tgt_in, batch.tgt_in), (self.tgt_out, batch.tgt_out),
@@ -104,8 +121,8 @@ class _Entry:
 
 class GraphedStep:
     """The training step of ``Trainer`` with ``cuda_graphs="on"``; ``capture`` is a
-    ``backend.GraphCapture`` (or ``EmulatedCapture`` in tests). ``run(batches, tokens, grad_scale)``
-    returns (loss sum, NLL sum, gradient norm, applied)."""
+    ``backend.GraphCapture`` (or another capture with its methods: ``open_capture``).
+    ``run(batches, tokens, grad_scale)`` returns (loss sum, NLL sum, gradient norm, applied)."""
 
     def __init__(self, model, adam, precision, label_smoothing, max_tokens, max_len, capture, warn=warnings.warn,
                  shape_multiple=8, quietly=contextlib.nullcontext):
@@ -118,11 +135,15 @@ class GraphedStep:
         self.buckets = ShapeBuckets(max_tokens, shape_multiple, max_len)
         self.capture, self.warn, self.quietly = capture, warn, quietly
         self.entries = {}
-        self.seeds = _SeedTable(self.like)
-        self.totals = backend.like(numpy.zeros(2, dtype=numpy.float64), self.like)
-        self.loss_check = backend.like(numpy.zeros(1, dtype=numpy.float32), self.like)
+        self.seeds = _SeedTable(self.device_memory)
+        self.totals = self.device_memory(numpy.zeros(2, dtype=numpy.float64))
+        self.loss_check = self.device_memory(numpy.zeros(1, dtype=numpy.float32))
         self.failed = None  # the reason capture was given up, after its one warning
         self.replays = 0
+
+    def device_memory(self, host_array):
+        """``host_array`` copied to the parameters' device, as the capture's memory (``adopt``)."""
+        return self.capture.adopt(backend.like(host_array, self.like))
 
     @property
     def num_shapes(self):
@@ -149,7 +170,7 @@ class GraphedStep:
         key = tuple(batch.shape for batch in padded)
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = _Entry([_StaticBatch(batch.shape, self.like, batch.src.dtype)
+            entry = self.entries[key] = _Entry([_StaticBatch(batch.shape, self.device_memory, batch.src.dtype)
                                                 for batch in padded])
         self._prepare()
         self.capture.begin()
@@ -199,8 +220,8 @@ class GraphedStep:
 
     def _prepare(self):
         """Persistent gradient buffers and Adam's device plan, outside any capture; parameters,
-        gradients and moments as the capture's memory (``adopt``: as they are on the GPU, emulated
-        device arrays under ``EmulatedCapture``). New pointer tables (a parameter, gradient, moment
+        gradients and moments as the capture's memory (``adopt``: as they are on the GPU). New
+        pointer tables (a parameter, gradient, moment
         or compute copy at a new address: the tables key on them all) invalidate every graph, which
         holds those addresses."""
         for p in self.params:

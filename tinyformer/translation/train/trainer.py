@@ -88,7 +88,7 @@ class Trainer:
     tokens_seen = _position_counter("tokens_seen")
     skipped_updates = _position_counter("skipped_updates")
 
-    def __init__(self, config, resume=False, echo=print, progress=True, parts=None, comm=None, graph_capture=None):
+    def __init__(self, config, resume=False, echo=print, progress=True, parts=None, comm=None):
         self.config = config.resolved()
         c = self.config
         try:
@@ -116,7 +116,6 @@ class Trainer:
         self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
         self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
         self.graphs = None            # the captured steps (graphs.GraphedStep) with cuda_graphs "on"
-        self._graph_capture = graph_capture  # tests: graphs.EmulatedCapture on NumPy arrays
         if parts is not None:
             self._take(parts)
 
@@ -140,15 +139,9 @@ class Trainer:
     def _graphed_step(self):
         """The GraphedStep of ``cuda_graphs="on"``, or None after one warning naming why not."""
         c, like = self.config, next(iter(self.model.parameters())).data
-        capture, reason = self._graph_capture, None
-        if capture is None:
-            reason = graphs.graphs_unavailable_reason(c, self.comm.size, like)
-            if reason is None:
-                try:
-                    capture = backend.GraphCapture()
-                except backend.CaptureUnavailable as error:
-                    reason = str(error)
-        if reason is not None:
+        try:
+            capture = graphs.open_capture(c, self.comm.size, like)
+        except backend.CaptureUnavailable as reason:
             warnings.warn(f"--cuda-graphs on: {reason}; the steps run eagerly", RuntimeWarning, stacklevel=3)
             return None
         return graphs.GraphedStep(self.model, self.adam, self.precision, c.label_smoothing, c.max_tokens,

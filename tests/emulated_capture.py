@@ -1,5 +1,6 @@
 """A CUDA graph capture emulated on NumPy arrays (``EmulatedCapture``), for testing the graph
-step's logic without a GPU, and the emulated device memory it runs on (``DeviceArray``).
+step's logic without a GPU, and the emulated device memory it runs on (``DeviceArray``). Test
+machinery: tinyformer itself knows nothing of it.
 
 A real capture runs the step's Python once, executes none of its kernels and records them all
 (with the addresses of their dropout seeds); a replay executes the recorded kernels. The
@@ -9,6 +10,12 @@ the step again, handing it the same seeds. Where the step takes the kernel path 
 kernels: tests patch ``kernels.on_gpu``), its dropout kernels read those seeds from the seed slots
 at each launch, so a replay's masks are those of the slots the graph's owner fills, as on the GPU;
 on the NumPy reference path dropout draws its masks on the host and no seed is recorded.
+
+It reaches tinyformer through one seam (docs/cuda-graphs.md): ``installed(capture)`` makes it the
+capture that ``translation.train.graphs.open_capture`` hands the graphed step (which adopts the
+step's persistent buffers as ``DeviceArray``s, ``adopt``), and the capture passes ``adopt`` to
+``backend.capturing(memory=...)``, so that what the fused ops' NumPy reference computes on the
+host inside a capture or a replay lands in emulated device memory, as a CuPy op's output would.
 """
 
 import contextlib
@@ -16,10 +23,10 @@ import weakref
 
 import numpy
 
-from ...engine import backend
-from ...engine import random as tf_random
+from tinyformer.engine import backend
+from tinyformer.engine import random as tf_random
 
-__all__ = ["EmulatedCapture", "DeviceArray"]
+__all__ = ["EmulatedCapture", "DeviceArray", "installed"]
 
 
 class DeviceArray(numpy.ndarray):
@@ -161,7 +168,7 @@ class EmulatedCapture:
             return seeds[-1]
 
         try:
-            with _executing_nothing(), backend.capturing(), tf_random.recording_kernel_seeds(record):
+            with _executing_nothing(), backend.capturing(memory=self.adopt), tf_random.recording_kernel_seeds(record):
                 fn()
         except backend.CaptureUnavailable:
             raise
@@ -178,7 +185,7 @@ class EmulatedCapture:
                 raise RuntimeError("the replayed step asks for more kernel seeds than its capture recorded")
             return seed
 
-        with backend.capturing(), tf_random.recording_kernel_seeds(next_seed):
+        with backend.capturing(memory=self.adopt), tf_random.recording_kernel_seeds(next_seed):
             graph.fn()
         if next(handed, None) is not None:
             raise RuntimeError("the replayed step asks for fewer kernel seeds than its capture recorded")
@@ -189,3 +196,17 @@ class EmulatedCapture:
     @staticmethod
     def kernel_nodes(graph):
         return None
+
+
+@contextlib.contextmanager
+def installed(capture):
+    """``capture`` as the capture of every graphed step a ``Trainer`` sets up inside the block
+    (``graphs.open_capture``, the seam, replaced: no check of the device, the processes or the
+    kernels, as the CPU tests run none of them on a GPU)."""
+    from tinyformer.translation.train import graphs
+
+    original, graphs.open_capture = graphs.open_capture, lambda config, comm_size, like: capture
+    try:
+        yield capture
+    finally:
+        graphs.open_capture = original

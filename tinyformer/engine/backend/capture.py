@@ -1,0 +1,66 @@
+"""The region of a CUDA graph capture: what may not run inside it, and what the NumPy reference's
+outputs become there.
+
+Inside ``capturing()`` nothing may read a value back to the host (``check_not_capturing``): a
+captured step would freeze one step's value for every replay. ``capturing(memory=...)`` is the
+one seam through which a capture whose device memory is not CuPy's reaches the engine
+(``captured_memory``; docs/cuda-graphs.md).
+"""
+
+import contextlib
+
+import numpy
+
+_capturing = False
+_captured_memory = None  # the memory function of the capture in progress (``capturing(memory=...)``)
+
+
+@contextlib.contextmanager
+def capturing(memory=None):
+    """A region whose device work is being captured into a CUDA graph (``GraphCapture.capture``):
+    nothing in it may read a value back to the host, so checks that would (the id range checks,
+    for instance) are left to the caller, who checked the inputs on the host (``is_capturing``).
+
+    ``memory`` is the one seam through which a capture whose device memory is not CuPy's reaches
+    the engine: a function taking a NumPy array made on the host by an op's NumPy reference inside
+    the region and returning it as memory of the captured step (``captured_memory``). CuPy's
+    capture passes none (the reference's outputs are CuPy arrays already). Such a capture is chosen
+    through ``translation.train.graphs.open_capture``; the tests run the graph step without a GPU
+    on one whose memory is NumPy arrays (docs/cuda-graphs.md)."""
+    global _capturing, _captured_memory
+    outer = _capturing, _captured_memory
+    _capturing, _captured_memory = True, memory
+    try:
+        yield
+    finally:
+        _capturing, _captured_memory = outer
+
+
+def is_capturing():
+    """True inside ``capturing()``."""
+    return _capturing
+
+
+def captured_memory(out):
+    """The outputs of an op's NumPy reference (an array, None or a tuple of them) as memory of the
+    step being captured: each NumPy array through the ``memory`` function of the enclosing
+    ``capturing(memory=...)``; without one (outside a capture, or CuPy's), as they are."""
+    memory = _captured_memory
+    if memory is None:
+        return out
+    if type(out) is tuple:
+        return tuple(memory(o) if isinstance(o, numpy.ndarray) else o for o in out)
+    return memory(out) if isinstance(out, numpy.ndarray) else out
+
+
+def check_not_capturing(what):
+    """Raise ``CaptureUnavailable(what)`` inside ``capturing()``: the host-synchronising calls
+    (``to_numpy``, ``Tensor.item``, host-to-device copies) say so, instead of capturing one step's
+    value for every replay."""
+    if _capturing:
+        raise CaptureUnavailable(f"{what} inside a captured step")
+
+
+class CaptureUnavailable(RuntimeError):
+    """CUDA graphs cannot be used here; the message says why (the step then runs eagerly)."""
+

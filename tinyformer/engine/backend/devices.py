@@ -1,0 +1,143 @@
+"""Arrays and devices: NumPy on the CPU, CuPy on the GPU.
+
+The only module of the backend that imports ``cupy`` (``cupy``: the module, or None without it).
+Everything else asks it for the array module of the arrays at hand (``get_array_module``), the way
+Chainer and CuPy code does, so the same op code runs on either device; it moves arrays between
+the devices (never inside a captured step) and holds the array helpers that differ between them.
+"""
+
+import numpy
+
+from .capture import check_not_capturing
+
+try:  # CuPy is optional: the ``gpu`` extra.
+    import cupy
+except Exception:  # ImportError, or a broken CUDA install raising at import time.
+    cupy = None
+
+DEFAULT_DTYPE = numpy.float32
+"""Floating dtype given to data created from Python floats (as in PyTorch)."""
+
+DEVICES = ("cpu", "cuda")
+
+_gpu_available = None
+
+
+def is_gpu_available():
+    """True when CuPy is installed *and* reports a usable CUDA device.
+
+    Based on ``cupy.is_available()``: a successful import alone says nothing
+    about a driver or a device being present.
+    """
+    global _gpu_available
+    if _gpu_available is None:
+        try:
+            _gpu_available = cupy is not None and bool(cupy.is_available())
+        except Exception:
+            _gpu_available = False
+    return _gpu_available
+
+
+def is_cupy_array(array):
+    return cupy is not None and isinstance(array, cupy.ndarray)
+
+
+def get_array_module(*arrays):
+    """``cupy`` if any argument is a CuPy array, else ``numpy``."""
+    if cupy is not None:
+        for a in arrays:
+            if isinstance(a, cupy.ndarray):
+                return cupy
+    return numpy
+
+
+def device_of(array):
+    """``"cuda"`` for a CuPy array, ``"cpu"`` for anything else."""
+    return "cuda" if is_cupy_array(array) else "cpu"
+
+
+def check_device(device):
+    """Validate a device name; ``"cuda:0"`` style suffixes are not supported."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if device == "cuda" and not is_gpu_available():
+        raise RuntimeError(
+            "device 'cuda' requested but no GPU is usable: install the 'gpu' extra "
+            "(cupy-cuda12x or cupy-cuda13x) on a machine with a CUDA driver"
+        )
+    return device
+
+
+def to_device(array, device):
+    """Return ``array`` on ``device`` (``"cpu"`` or ``"cuda"``), copying only when it moves (never
+    inside a captured step: ``check_not_capturing``)."""
+    if device != device_of(array):
+        check_not_capturing(f"a copy to {device} (backend.to_device)")
+    check_device(device)
+    if device == "cpu":
+        return cupy.asnumpy(array) if is_cupy_array(array) else numpy.asarray(array)
+    return cupy.asarray(array)
+
+
+def to_numpy(array):
+    """A NumPy array holding ``array``'s values (a copy when it lives on the GPU); refused while a
+    CUDA graph is captured (``capturing``: a read-back there would freeze one step's value)."""
+    check_not_capturing("backend.to_numpy reads a value back to the host")
+    return cupy.asnumpy(array) if is_cupy_array(array) else numpy.asarray(array)
+
+
+def like(array, reference):
+    """``array`` on the device of ``reference`` (masks and index arrays follow their tensor)."""
+    if hasattr(array, "dtype") and is_cupy_array(reference) != is_cupy_array(array):
+        return to_device(array, device_of(reference))
+    return array
+
+
+def scatter_add(target, index, values):
+    """``target[index] += values`` with repeated indices accumulated (``np.add.at``)."""
+    get_array_module(target).add.at(target, index, values)
+    return target
+
+
+def cuda_runtime_major():
+    """Major version of the CUDA runtime CuPy was built for (12, 13), or None without CuPy."""
+    if cupy is None:
+        return None
+    try:
+        return cupy.cuda.runtime.runtimeGetVersion() // 1000
+    except Exception:
+        return None
+
+
+def scatter_add_rows(target, index, rows):
+    """``target[index[i]] += rows[i]`` for a 1-D ``index`` and 2-D ``rows``, repeats added up.
+
+    On the CPU the rows are sorted by index and summed per run with ``add.reduceat``:
+    faster than ``numpy.add.at``, which handles one element at a time.
+    """
+    if is_cupy_array(target) or len(index) == 0:
+        return scatter_add(target, index, rows)
+    order = numpy.argsort(index, kind="stable")
+    sorted_index = index[order]
+    starts = numpy.flatnonzero(numpy.r_[True, sorted_index[1:] != sorted_index[:-1]])
+    target[sorted_index[starts]] += numpy.add.reduceat(rows[order], starts, axis=0)
+    return target
+
+
+def raw_module(code, options, name_expressions):
+    """A ``cupy.RawModule`` compiling ``code`` with NVRTC for the given template instantiations."""
+    if cupy is None:
+        raise RuntimeError("CUDA kernels need CuPy: install the 'gpu' extra")
+    return cupy.RawModule(code=code, options=tuple(options), name_expressions=list(name_expressions))
+
+
+def copy_into(target, source):
+    """Copy the host array ``source`` into the array ``target`` in place (on the current stream
+    for a CuPy ``target``): the static inputs of a captured graph keep their memory. Not inside a
+    capture (``check_not_capturing``): the copy would be replayed from a stale host buffer."""
+    check_not_capturing("a host-to-device copy (backend.copy_into)")
+    if is_cupy_array(target):
+        host = numpy.require(numpy.asarray(source, dtype=target.dtype).reshape(target.shape), requirements="C")
+        target.set(host, stream=cupy.cuda.get_current_stream())
+    else:
+        numpy.copyto(target, source, casting="same_kind")
