@@ -50,8 +50,9 @@ def graphs_unavailable_reason(config, comm_size, device_array):
 
 def open_capture(config, comm_size, device_array):
     """The capture the graphed step of this run records and replays its steps with: a
-    ``backend.GraphCapture``; raises ``backend.CaptureUnavailable`` naming why CUDA graphs cannot
-    be honoured here (``graphs_unavailable_reason``, or none the GPU or CuPy can take).
+    ``backend.GraphCapture``. Raises ``backend.CaptureUnavailable`` naming why CUDA graphs cannot
+    be used here: a reason of ``graphs_unavailable_reason``, or ``GraphCapture``'s own (no GPU, a
+    CuPy that cannot capture).
 
     The seam through which any other capture reaches training: one with ``GraphCapture``'s
     methods (``begin``, ``end``, ``on_stream``, ``capture``, ``replay``, ``adopt``, ``pool_bytes``,
@@ -221,9 +222,8 @@ class GraphedStep:
     def _prepare(self):
         """Persistent gradient buffers and Adam's device plan, outside any capture; parameters,
         gradients and moments as the capture's memory (``adopt``: as they are on the GPU). New
-        pointer tables (a parameter, gradient, moment
-        or compute copy at a new address: the tables key on them all) invalidate every graph, which
-        holds those addresses."""
+        pointer tables (a parameter, gradient, moment or compute copy at a new address: the tables
+        key on them all) invalidate every graph, which holds those addresses."""
         for p in self.params:
             if p.grad is None:
                 p.grad = backend.get_array_module(p.data).zeros_like(p.data)
