@@ -161,7 +161,8 @@ def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tinyformer.engine.kernels.compile_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tinyformer.engine.kernels.compile_check",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="registers, spills and shared memory per kernel")
     parser.add_argument("--arch", action="append", help="target architecture (repeatable; default sm_80 and sm_90)")
     args = parser.parse_args(argv)

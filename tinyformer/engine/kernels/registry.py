@@ -17,8 +17,8 @@ shared memory from the same names, read at launch time. No kernel source restate
 It is also the one home of the element types (``CUDA_TYPES``, narrowed per source by
 ``SOURCE_DTYPES``) and of the table of kernels and their template parameters (``KERNELS``):
 NVRTC, the emulation, compile_check and the launchers all read the same table; a table split
-among the launchers would leave the tools that need every kernel to gather it back. What is one kernel's alone (Adam's scalar buffer, the attention
-kernels' shape rules) sits with its launcher.
+among the launchers would leave the tools that need every kernel to gather it back. What is one
+kernel's alone (Adam's scalar buffer, the attention kernels' shape rules) sits with its launcher.
 """
 
 import itertools

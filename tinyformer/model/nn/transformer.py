@@ -13,7 +13,8 @@ __all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", 
 
 
 class _Residual(Module):
-    """One sub-layer connection: LayerNorm(x + Dropout(f(x))) (post-LN, §5.4) or x + Dropout(f(LayerNorm(x))) (pre-LN)."""
+    """One sub-layer connection: LayerNorm(x + Dropout(f(x))) (post-LN, §5.4) or
+    x + Dropout(f(LayerNorm(x))) (pre-LN)."""
 
     def __init__(self, d_model, dropout, norm_first, eps):
         super().__init__()

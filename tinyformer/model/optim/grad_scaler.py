@@ -23,7 +23,8 @@ class GradScaler:
     """``scale(loss)`` before backward, then ``step(optimizer)``: the update with the gradients
     unscaled, or, on overflow, no update (parameters and moments untouched), the scale times
     ``backoff_factor`` and the step counted in ``skipped_steps``. Below ``min_scale`` ``step``
-    raises ``LossScaleTooSmall`` (1e-4 by default, as fairseq's --min-loss-scale). ``enabled=False`` (fp32, bf16) makes every call a plain one."""
+    raises ``LossScaleTooSmall`` (1e-4 by default, as fairseq's --min-loss-scale).
+    ``enabled=False`` (fp32, bf16) makes every call a plain one."""
 
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  min_scale=1e-4, enabled=True):

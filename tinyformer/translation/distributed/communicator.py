@@ -3,8 +3,8 @@ a group can fail with.
 
 A communicator has a ``rank`` (0 .. ``size`` - 1) and collectives on arrays (``all_reduce``, its
 non-blocking twin ``all_reduce_async``, ``broadcast``) and on small JSON-able values
-(``broadcast_object``, ``all_gather_object``) and bytes (``broadcast_bytes``), plus ``barrier``. ``SingleProcess`` is the group of
-one, so that the trainer has a single code path; ``mpi.MPICommunicator`` and
+(``broadcast_object``, ``all_gather_object``) and bytes (``broadcast_bytes``), plus ``barrier``.
+``SingleProcess`` is the group of one, so that the trainer has a single code path; ``mpi.MPICommunicator`` and
 ``nccl.NCCLCommunicator`` are the real ones. Values travel as JSON, never as pickles.
 """
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["MPI_ENVIRONMENT", "launched_by_mpi", "environment_rank", "find_mpiexec", "mpiexec_command", "run_under_mpiexec"]
+__all__ = ["MPI_ENVIRONMENT", "launched_by_mpi", "environment_rank", "find_mpiexec", "mpiexec_command",
+           "run_under_mpiexec"]
 
 # What launchers set in each rank: Open MPI, MPICH/Intel MPI (Hydra's PMI), PMIx (Open MPI 5,
 # srun --mpi=pmix), MVAPICH.

@@ -22,6 +22,7 @@ from .state import TOKENIZER_FILE, load_model
 from .stopping import TrainingDiverged
 from .trainer import Trainer, TrainingInterrupted, TrainingOutOfMemory, blas_threads
 
-__all__ = ["TrainConfig", "ConfigError", "Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "DATASETS",
+__all__ = ["TrainConfig", "ConfigError", "Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory",
+           "DATASETS",
            "Parts", "build_parts", "load_corpus", "load_model", "evaluate", "blas_threads", "LOG_FILE",
            "TOKENIZER_FILE"]
