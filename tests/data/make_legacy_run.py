@@ -1,8 +1,10 @@
 """Regenerates tests/data/legacy_run: a small run written by an earlier tinyformer, kept so that the
 tests can check that today's code loads, translates and resumes it as that code did.
 
-Run it only with the tinyformer whose checkpoint format is to be pinned (it was run at commit
-6f0884c, before the package was re-rooted into layer folders); then commit the folder as it is:
+Run it only with the tinyformer whose checkpoint format is to be pinned; then commit the folder as
+it is. The committed folder was made at commit 6f0884c, before the package was re-rooted into
+layer folders, by this script with the imports of that layout (``tinyformer.data.synthetic``,
+``tinyformer.train``); the imports below are today's:
 
     python tests/data/make_legacy_run.py tests/data/legacy_run
 
