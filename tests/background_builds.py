@@ -80,6 +80,7 @@ def kernels(shared):
         libasan = children.run([cxx, "-print-file-name=libasan.so"], timeout=60).stdout.strip()
         if os.path.isabs(libasan) and os.path.exists(libasan):
             emulation.build(sanitize=True)
+            mma_probes.build(sanitize=True)
             import test_kernels_emulation
             with pytest.MonkeyPatch.context() as patch:
                 test_kernels_emulation.change_geometry(patch)
