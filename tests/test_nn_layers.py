@@ -334,3 +334,23 @@ def test_feed_forward_is_positionwise():
     for pos in range(5):
         np.testing.assert_allclose(ffn(tf.Tensor(x[:, pos:pos + 1])).data, full[:, pos:pos + 1],
                                    rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(batch=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+       d_model=st.integers(1, 4), d_ff=st.integers(1, 5), seed=seeds)
+def test_feed_forward_with_silu_matches_reference_and_gradients(batch, d_model, d_ff, seed):
+    rng = np.random.default_rng(seed)
+    ffn = randomize(nn.PositionwiseFeedForward(d_model, d_ff, activation="silu"), rng)
+    x = leaf(rng.uniform(-2, 2, batch + (d_model,)))
+    pre = x.data @ ffn.linear1.weight.data.T + ffn.linear1.bias.data
+    expected = (pre / (1 + np.exp(-pre))) @ ffn.linear2.weight.data.T + ffn.linear2.bias.data
+    np.testing.assert_allclose(ffn(x).data, expected, rtol=1e-12, atol=1e-12)
+    check_module(ffn, [x], ffn)
+
+
+def test_an_unknown_activation_is_named():
+    with pytest.raises(ValueError, match="activation must be one of 'relu', 'silu', got 'gelu'"):
+        nn.PositionwiseFeedForward(4, 8, activation="gelu")
+    with pytest.raises(ValueError, match="Transformer: activation must be one of"):
+        nn.Transformer(10, d_model=8, d_ff=16, heads=2, num_layers=1, activation="swish")

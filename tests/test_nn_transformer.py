@@ -10,6 +10,7 @@ import pytest
 import tinyformer as tf
 from tinyformer.engine import functional as F
 from tinyformer.model import nn, optim
+from tinyformer.model.nn.presets import preset_config
 
 SRC = np.array([[3, 4, 5, 6, 0], [2, 6, 1, 7, 9], [5, 8, 0, 0, 0]])
 TGT = np.array([[1, 3, 4, 2], [1, 8, 9, 9], [1, 2, 10, 3]])
@@ -169,6 +170,27 @@ def test_gradient_reaches_memory():
     memory = tf.Tensor(np.random.default_rng(1).standard_normal((3, 5, 8)), requires_grad=True)
     mask = model.source_mask(SRC)
     tf.gradcheck(lambda m: model.decode(TGT, m, mask), [memory], mode="full")
+
+
+# ---------------------------------------------------------------------------- the feed-forward activation
+def test_silu_models_keep_relu_models_weights_and_gradcheck():
+    """activation="silu" changes the feed-forward nonlinearity only: the same seed draws the same weights,
+    the outputs differ, the config round-trips, and every parameter gradchecks (float64, random upstream)."""
+    relu, silu = small_model(seed=5, num_layers=1), small_model(seed=5, num_layers=1, activation="silu")
+    assert relu.config["activation"] == "relu" and silu.config["activation"] == "silu"
+    for name, value in relu.state_dict().items():
+        np.testing.assert_array_equal(silu.state_dict()[name], value)
+    assert not np.allclose(relu(SRC, TGT).data, silu(SRC, TGT).data)
+    rebuilt = nn.Transformer(**silu.config).double().eval()
+    rebuilt.load_state_dict(silu.state_dict())
+    np.testing.assert_array_equal(rebuilt(SRC, TGT).data, silu(SRC, TGT).data)
+    tf.gradcheck(lambda *ps: silu(SRC, TGT), silu.parameters(), mode="fast", seed=8)
+
+
+def test_paper_restores_the_relu():
+    assert preset_config("small", 10, activation="silu").activation == "silu"
+    assert preset_config("small", 10, paper=True, activation="silu").activation == "silu"  # overrides still apply
+    assert nn.PAPER_CHOICES["activation"] == "relu"
 
 
 # ---------------------------------------------------------------------------- positions (§3.5, Table 3 (E))

@@ -1,5 +1,6 @@
 import math
 import operator
+import warnings
 
 import numpy
 import pytest
@@ -97,6 +98,7 @@ UNARY = [
     ("sqrt", tinyformer.Tensor.sqrt, numpy.sqrt, positive),
     ("tanh", tinyformer.tanh, numpy.tanh, uniform),
     ("relu", tinyformer.relu, lambda a: numpy.maximum(a, 0), lambda rng, s: avoiding(rng, s, [0.0])),
+    ("silu", tinyformer.silu, lambda a: a / (1 + numpy.exp(-a)), uniform),
     ("abs", tinyformer.abs, numpy.abs, nonzero),
     ("builtin-abs", abs, numpy.abs, nonzero),
     ("clip-low", lambda x: tinyformer.clip(x, low=-0.5), lambda a: numpy.clip(a, -0.5, None),
@@ -133,6 +135,19 @@ def test_gradient_at_kinks(fn, expected):
     x = leaf([-0.5, 0.0, 0.5, -3.0])
     fn(x).backward(numpy.ones(4))
     numpy.testing.assert_array_equal(x.grad, expected)
+
+
+def test_silu_is_finite_and_exact_at_its_limits():
+    """σ overflows nowhere and keeps its relative precision in the tails: silu(x) → x for large x and
+    x e^x for very negative x, its slope → 1 and 0 (no warning raised, as exp(-x) would at x = -1000)."""
+    x = leaf([-1000.0, -40.0, 0.0, 40.0, 1000.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = x.silu()
+        out.backward(numpy.ones(5))
+    numpy.testing.assert_allclose(out.numpy(), [0.0, -40.0 / (1 + math.exp(40.0)), 0.0, 40.0, 1000.0], rtol=1e-12,
+                                  atol=0)
+    numpy.testing.assert_allclose(x.grad, [0.0, 0.0, 0.5, 1.0, 1.0], atol=1e-15)
 
 
 def test_clip_needs_a_bound():
@@ -195,6 +210,7 @@ DTYPE_OPS = {
     "sqrt": tinyformer.sqrt,
     "tanh": tinyformer.tanh,
     "relu": tinyformer.relu,
+    "silu": tinyformer.silu,
     "abs": tinyformer.abs,
     "clip": lambda x: x.clip(0.5, 1.5),
 }

@@ -22,6 +22,7 @@ from .engine.ops import (
     mean,
     min,
     relu,
+    silu,
     reshape,
     sqrt,
     stack,

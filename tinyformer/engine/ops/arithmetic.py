@@ -152,6 +152,23 @@ class Tanh(Function):
         return g * (1 - self.out * self.out)
 
 
+class Silu(Function):
+    """z = x σ(x) (SiLU, "swish");  dz/dx = σ + x σ (1 - σ) = σ (1 + x (1 - σ)).
+
+    σ(x) = 1 / (1 + e) for x ≥ 0 and e / (1 + e) below, with e = exp(-|x|) ≤ 1: no overflow at any x,
+    and full relative precision in both tails."""
+
+    def forward(self, x):
+        xp = backend.get_array_module(x)
+        e = xp.exp(-xp.abs(x))
+        self.x, self.sigmoid = x, xp.where(x >= 0, 1, e) / (1 + e)
+        return x * self.sigmoid
+
+    def backward(self, g):
+        s = self.sigmoid
+        return g * (s * (1 + self.x * (1 - s)))
+
+
 class Relu(Function):
     """z = max(x, 0);  dz/dx = 1 where x > 0, else 0 (0 at the kink, as PyTorch)."""
 
@@ -247,6 +264,11 @@ def relu(x):
     return Relu.apply(x)
 
 
+def silu(x):
+    """x σ(x), the feed-forward activation of Marian and of many later Transformers ("swish")."""
+    return Silu.apply(x)
+
+
 def abs(x):  # noqa: A001 - the name users expect, as numpy.abs
     return Abs.apply(x)
 
@@ -283,6 +305,7 @@ Tensor.log = log
 Tensor.sqrt = sqrt
 Tensor.tanh = tanh
 Tensor.relu = relu
+Tensor.silu = silu
 Tensor.abs = abs
 Tensor.__abs__ = abs
 Tensor.clip = clip

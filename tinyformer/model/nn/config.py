@@ -13,7 +13,7 @@ import numpy
 
 from ...common.validation import check_int, check_probability, check_real, is_integer
 from .init import INIT_SCHEMES
-from .layers import POSITIONAL_KINDS
+from .layers import ACTIVATIONS, POSITIONAL_KINDS
 
 __all__ = ["TransformerConfig", "LABEL_SMOOTHING_MOVED"]
 
@@ -48,6 +48,8 @@ class TransformerConfig:
     # zero) or "torch" (nn.Transformer's: Q, K, V Xavier-uniform as one packed 3d x d matrix, FFN biases
     # U(+-1/sqrt(fan_in))); see nn.init.INIT_SCHEMES. Embeddings and LayerNorms are the same in both.
     init: str = "xavier"
+    # The feed-forward network's activation: "relu" (§3.3) or "silu" (x σ(x), Marian's "swish").
+    activation: str = "relu"
 
     def __post_init__(self):
         def keep(name, value):
@@ -74,6 +76,9 @@ class TransformerConfig:
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"Transformer: init must be one of {', '.join(repr(k) for k in INIT_SCHEMES)}, "
                              f"got {self.init!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"Transformer: activation must be one of {', '.join(repr(a) for a in ACTIVATIONS)}, "
+                             f"got {self.activation!r}")
         if self.positional not in POSITIONAL_KINDS:
             raise ValueError(f"Transformer: positional must be one of "
                              f"{', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {self.positional!r}")

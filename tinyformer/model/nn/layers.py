@@ -147,6 +147,7 @@ class LearnedPositionalEmbedding(_Positions):
 
 
 POSITIONAL_KINDS = ("sinusoid", "learned")
+ACTIVATIONS = ("relu", "silu")  # the feed-forward network's: the paper's max(0, ·), or x σ(x)
 
 
 def positional_encoding(kind, d_model, max_len=1024, generator=None):
@@ -159,17 +160,23 @@ def positional_encoding(kind, d_model, max_len=1024, generator=None):
 
 
 class PositionwiseFeedForward(Module):
-    """FFN(x) = max(0, x W₁ + b₁) W₂ + b₂, applied at every position alike (§3.3)."""
+    """FFN(x) = max(0, x W₁ + b₁) W₂ + b₂, applied at every position alike (§3.3); with
+    ``activation="silu"``, (x W₁ + b₁) σ(x W₁ + b₁) in place of the ReLU (Marian's "swish")."""
 
-    def __init__(self, d_model, d_ff, dropout=0.0, generator=None):
+    def __init__(self, d_model, d_ff, dropout=0.0, generator=None, activation="relu"):
         super().__init__()
         check_int("d_model", d_model, 1)
         check_int("d_ff", d_ff, 1)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(repr(a) for a in ACTIVATIONS)}, got {activation!r}")
+        self.activation = activation
         self.linear1 = Linear(d_model, d_ff, generator=generator)
         self.linear2 = Linear(d_ff, d_model, generator=generator)
         self.dropout = Dropout(dropout)
 
     def forward(self, x):
+        if self.activation == "silu":
+            return self.linear2(self.dropout(self.linear1(x).silu()))
         # = self.dropout(self.linear1(x).relu()), one node (on the GPU one matmul and one kernel)
         hidden = F.linear_relu_dropout(x, self.linear1.weight, self.linear1.bias, self.dropout.p, self.training,
                                        self.dropout.generator)

@@ -18,9 +18,10 @@ __all__ = ["PRESETS", "PAPER_CHOICES", "check_preset", "preset_config"]
 # The paper's own choice for each model option that the paper does not have (``paper=True`` restores
 # them over a preset's defaults): no dropout on the attention probabilities or after the
 # feed-forward ReLU, no LayerNorm after a post-LN stack, each projection Xavier-uniform on its own
-# shape with zero biases, post-LN, sinusoidal positions.
+# shape with zero biases, post-LN, sinusoidal positions, the ReLU.
 PAPER_CHOICES = MappingProxyType({"attention_dropout": 0.0, "activation_dropout": 0.0, "final_norm": None,
-                                  "init": "xavier", "norm_first": False, "positional": "sinusoid"})
+                                  "init": "xavier", "norm_first": False, "positional": "sinusoid",
+                                  "activation": "relu"})
 
 PRESETS = MappingProxyType({
     # Table 3, "base": 65 M parameters with a shared 37k vocabulary.

@@ -34,10 +34,10 @@ class EncoderLayer(Module):
     """Self-attention then the position-wise feed-forward network, each in a residual block."""
 
     def __init__(self, d_model, heads, d_ff, dropout=0.1, attention_dropout=0.0,
-                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None):
+                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None, activation="relu"):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator, activation)
         self.attn_block = _Residual(d_model, dropout, norm_first, eps)
         self.ff_block = _Residual(d_model, dropout, norm_first, eps)
 
@@ -50,11 +50,11 @@ class DecoderLayer(Module):
     """Masked self-attention, attention over the encoder output, then the feed-forward network."""
 
     def __init__(self, d_model, heads, d_ff, dropout=0.1, attention_dropout=0.0,
-                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None):
+                 activation_dropout=0.0, norm_first=False, eps=1e-5, generator=None, activation="relu"):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
         self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, generator)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation_dropout, generator, activation)
         self.self_block = _Residual(d_model, dropout, norm_first, eps)
         self.cross_block = _Residual(d_model, dropout, norm_first, eps)
         self.ff_block = _Residual(d_model, dropout, norm_first, eps)
@@ -148,7 +148,7 @@ class Transformer(Module):
     def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
                  num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, *,
                  max_len=1024, pad_id=0, norm_first=False, eps=1e-5, seed=None, positional="sinusoid",
-                 final_norm=None, init="xavier", **unknown):
+                 final_norm=None, init="xavier", activation="relu", **unknown):
         """The arguments are ``TransformerConfig``'s fields (see there for each one's meaning).
 
         ``seed`` gives the initialisation a generator of its own; dropout always draws
@@ -163,7 +163,7 @@ class Transformer(Module):
             src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model, d_ff=d_ff,
             heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
             activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
-            eps=eps, seed=seed, positional=positional, final_norm=final_norm, init=init,
+            eps=eps, seed=seed, positional=positional, final_norm=final_norm, init=init, activation=activation,
         )
         if c.src_vocab_size is None:
             raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
@@ -177,7 +177,7 @@ class Transformer(Module):
         self.positional = None  # set below; assigned here to keep its place among the modules
         self.embed_dropout = Dropout(c.dropout)
         layer_args = dict(heads=c.heads, d_ff=c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
-                          activation_dropout=c.activation_dropout, generator=generator)
+                          activation_dropout=c.activation_dropout, generator=generator, activation=c.activation)
         self.encoder = Encoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
         self.decoder = Decoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
         # Learned positions are drawn after the stacks, so that with the same seed such a model
