@@ -223,10 +223,10 @@ def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_p
         "label_smoothing": 0.1, "max_len": 1024, "pad_id": 0, "norm_first": False, "eps": 1e-5, "seed": 0,
         "positional": "sinusoid",
     }
-    # final_norm, init and activation came later: absent from such a checkpoint, they take the defaults,
-    # its model's
-    assert dict({k: v for k, v in legacy.items() if k != "label_smoothing"}, final_norm=None,
-                init="xavier", activation="relu") == model.config
+    # final_norm, init, activation and the two depths came later: absent from such a checkpoint, they take
+    # the defaults, its model's
+    assert dict({k: v for k, v in legacy.items() if k != "label_smoothing"}, final_norm=None, init="xavier",
+                activation="relu", encoder_layers=None, decoder_layers=None) == model.config
     meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(tmp_path)).to_dict(),
             "model_config": legacy, "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
             "rng_state": tf.random.get_rng_state(), "tokenizer_sha256": tokenizer.sha256,

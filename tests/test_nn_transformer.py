@@ -336,6 +336,36 @@ def test_incremental_decode_with_final_norm_equals_full_decode():
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=1e-10)
 
 
+# ---------------------------------------------------------------------------- stacks of different depths
+def test_encoder_and_decoder_depths_can_differ():
+    """encoder_layers / decoder_layers (Marian's) build stacks of their own depth: layer counts, the
+    config round trip, incremental decoding equal to the full pass, and every parameter gradchecks."""
+    model = small_model(seed=6, num_layers=1, encoder_layers=2, decoder_layers=1)
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (2, 1)
+    assert "N=2+1" in model.extra_repr()
+    both_one = small_model(seed=6, num_layers=1)
+    # one more encoder layer: self-attention, the feed-forward network, two LayerNorms
+    one_layer = 4 * (8 * 8 + 8) + (8 * 16 + 16 + 16 * 8 + 8) + 2 * 2 * 8
+    assert model.num_parameters() - both_one.num_parameters() == one_layer
+    rebuilt = nn.Transformer(**model.config).double().eval()
+    rebuilt.load_state_dict(model.state_dict())
+    np.testing.assert_array_equal(rebuilt(SRC, TGT).data, model(SRC, TGT).data)
+    memory, mask = model.encode(SRC), model.source_mask(SRC)
+    full = model.decode(TGT, memory, mask).data
+    state = model.init_state()
+    steps = [model.decode(TGT[:, t:t + 1], memory, src_mask=mask, state=state).data for t in range(TGT.shape[1])]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=1e-10)
+    tf.gradcheck(lambda *ps: model(SRC, TGT), model.parameters(), mode="fast", seed=11)
+    deeper_decoder = small_model(num_layers=2, decoder_layers=3)
+    assert (len(deeper_decoder.encoder.layers), len(deeper_decoder.decoder.layers)) == (2, 3)
+
+
+@pytest.mark.parametrize("name", ["encoder_layers", "decoder_layers"])
+def test_a_depth_below_one_is_named(name):
+    with pytest.raises(ValueError, match=f"Transformer: {name}"):
+        small_model(**{name: 0})
+
+
 def _uniform_bound_and_variance(arrays, bound):
     """Whether ``arrays`` look like U(-bound, bound) samples: within it, reaching near it (the largest
     of n falls below (1 - 10/n)·bound with probability e^-10), variance bound²/3 (to 4 standard

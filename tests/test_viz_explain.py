@@ -1061,3 +1061,20 @@ def test_the_page_replaces_its_file_whole_and_never_a_device(cli_run, tmp_path, 
         device = Path(os.devnull).stat()
         assert cli_run("--source", "I see", "--output", os.devnull, "--tokens", "1")[0] == 0
         assert Path(os.devnull).stat().st_rdev == device.st_rdev and not Path(os.devnull).is_file()
+
+
+@needs_browser
+def test_a_model_with_silu_and_stacks_of_different_depths_gets_a_page_that_passes_its_self_test(tmp_path):
+    """Marian's shape options (issue 48): the SiLU feed-forward and an encoder deeper than the decoder.
+    Each kind has its own stack's layers, every head is drawn, and the page's self-test passes."""
+    run = save_untrained_run(tmp_path / "run", vocab_size=120,
+                             model_overrides={"activation": "silu", "encoder_layers": 3, "decoder_layers": 1})
+    path, data = write_page(run, tmp_path)
+    assert {kind: data["kinds"][kind]["layers"] for kind in KINDS} == {"enc": 3, "dec": 1, "cross": 1}
+    assert array(data, "P.enc").shape[0] == 3 and array(data, "P.cross").shape[0] == 1
+    text = browse(path)[0]
+    dom = PageDOM(text)
+    assert_self_test_passed(dom)
+    for kind in KINDS:
+        assert len(dom.thumbs(kind)) == data["kinds"][kind]["layers"] * data["kinds"][kind]["heads"]
+    assert "Model: 3 encoder and 1 decoder layers, d_model" in text

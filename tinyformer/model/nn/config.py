@@ -50,6 +50,10 @@ class TransformerConfig:
     init: str = "xavier"
     # The feed-forward network's activation: "relu" (§3.3) or "silu" (x σ(x), Marian's "swish").
     activation: str = "relu"
+    # The encoder's and the decoder's depths where they differ from num_layers (None: num_layers each),
+    # as Marian's encoder_layers and decoder_layers.
+    encoder_layers: int = None
+    decoder_layers: int = None
 
     def __post_init__(self):
         def keep(name, value):
@@ -61,6 +65,9 @@ class TransformerConfig:
                 keep(name, check_int(f"Transformer: {name}", value, 0 if name == "seed" else 1))
         for name in ("d_model", "d_ff", "heads", "num_layers", "max_len"):
             keep(name, check_int(f"Transformer: {name}", getattr(self, name), 1))
+        for name in ("encoder_layers", "decoder_layers"):
+            if getattr(self, name) is not None:
+                keep(name, check_int(f"Transformer: {name}", getattr(self, name), 1))
         if self.d_model % self.heads:
             raise ValueError(f"Transformer: d_model={self.d_model} is not divisible by heads={self.heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
@@ -87,6 +94,12 @@ class TransformerConfig:
             raise ValueError(f"Transformer: pad_id must be an id of the vocabulary, 0 <= pad_id < "
                              f"{min(vocabularies)}, got {self.pad_id!r}")
         keep("pad_id", check_int("Transformer: pad_id", self.pad_id, 0))
+
+    @property
+    def depths(self):
+        """(the encoder's layers, the decoder's layers)."""
+        return (self.num_layers if self.encoder_layers is None else self.encoder_layers,
+                self.num_layers if self.decoder_layers is None else self.decoder_layers)
 
     @property
     def has_final_norm(self):

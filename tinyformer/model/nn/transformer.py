@@ -148,7 +148,8 @@ class Transformer(Module):
     def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
                  num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, *,
                  max_len=1024, pad_id=0, norm_first=False, eps=1e-5, seed=None, positional="sinusoid",
-                 final_norm=None, init="xavier", activation="relu", **unknown):
+                 final_norm=None, init="xavier", activation="relu", encoder_layers=None, decoder_layers=None,
+                 **unknown):
         """The arguments are ``TransformerConfig``'s fields (see there for each one's meaning).
 
         ``seed`` gives the initialisation a generator of its own; dropout always draws
@@ -164,6 +165,7 @@ class Transformer(Module):
             heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
             activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
             eps=eps, seed=seed, positional=positional, final_norm=final_norm, init=init, activation=activation,
+            encoder_layers=encoder_layers, decoder_layers=decoder_layers,
         )
         if c.src_vocab_size is None:
             raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
@@ -178,8 +180,9 @@ class Transformer(Module):
         self.embed_dropout = Dropout(c.dropout)
         layer_args = dict(heads=c.heads, d_ff=c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
                           activation_dropout=c.activation_dropout, generator=generator, activation=c.activation)
-        self.encoder = Encoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
-        self.decoder = Decoder(c.num_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
+        encoder_layers, decoder_layers = c.depths
+        self.encoder = Encoder(encoder_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
+        self.decoder = Decoder(decoder_layers, c.d_model, c.norm_first, c.eps, c.final_norm, **layer_args)
         # Learned positions are drawn after the stacks, so that with the same seed such a model
         # starts from the sinusoid model's weights everywhere else (a controlled Table 3 (E)).
         self.positional = positional_encoding(c.positional, c.d_model, c.max_len, generator)
@@ -263,11 +266,14 @@ class Transformer(Module):
 
     def extra_repr(self):
         c = self.config
-        return (f"N={c['num_layers']}, d_model={c['d_model']}, d_ff={c['d_ff']}, heads={c['heads']}, "
+        encoder_layers, decoder_layers = len(self.encoder.layers), len(self.decoder.layers)
+        depth = encoder_layers if encoder_layers == decoder_layers else f"{encoder_layers}+{decoder_layers}"
+        return (f"N={depth}, d_model={c['d_model']}, d_ff={c['d_ff']}, heads={c['heads']}, "
                 f"vocab={self.src_vocab_size}" + ("" if self.shared_vocab else f"/{self.tgt_vocab_size}")
                 + ("" if c["positional"] == "sinusoid" else f", positional={c['positional']}")
                 + ("" if c["final_norm"] is None else f", final_norm={c['final_norm']}")
-                + ("" if c["init"] == "xavier" else f", init={c['init']}"))
+                + ("" if c["init"] == "xavier" else f", init={c['init']}")
+                + ("" if c["activation"] == "relu" else f", activation={c['activation']}"))
 
 
 def _torch_init(*stacks, generator=None):

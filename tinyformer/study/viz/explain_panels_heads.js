@@ -7,7 +7,9 @@
   // ------------------------------------------------------------------ header and controls
   function summary() {
     const m = data.model;
-    document.getElementById("summary").textContent = "Model: " + m.layers + " layers, d_model " + m.d_model +
+    const depth = m.decoder_layers === undefined || m.decoder_layers === m.layers ? m.layers + " layers" :
+      m.layers + " encoder and " + m.decoder_layers + " decoder layers";
+    document.getElementById("summary").textContent = "Model: " + depth + ", d_model " + m.d_model +
       ", " + m.heads + " heads (d_k " + m.d_k + "), d_ff " + m.d_ff + ", vocabulary " + m.vocabulary + ", " +
       m.parameters.toLocaleString("en") + " parameters. Target " + (data.target.decoding ?
       "translated by the model (" + data.target.decoding + ")" : "given as a reference") +

@@ -54,15 +54,23 @@ def rollout(maps):
 def token_values(config, len_src, len_tgt, position):
     """How many numbers the page stores for the target position ``position`` (from 0): its dℓₜ/dP of
     every head, the encoder's whole, the decoder's and the cross-attention's rows up to itself."""
-    return config["num_layers"] * config["heads"] * (len_src ** 2 + (position + 1) * (len_tgt + len_src))
+    encoder_layers, decoder_layers = _depths(config)
+    return config["heads"] * (encoder_layers * len_src ** 2 + decoder_layers * (position + 1) * (len_tgt + len_src))
+
+
+def _depths(config):
+    """(encoder layers, decoder layers) of a model's config dict."""
+    return tuple(config["num_layers"] if config.get(name) is None else config[name]
+                 for name in ("encoder_layers", "decoder_layers"))
 
 
 def _chunk_rows(copy, len_src, len_tgt):
     """How many per-token rows one batched pass takes: its attention maps, activations and logits
     stay near ``CHUNK_VALUES`` float64 numbers."""
     c = copy.config
-    maps = c["num_layers"] * c["heads"] * (len_src ** 2 + 2 * len_tgt ** 2 + 2 * len_tgt * len_src)
-    activations = c["num_layers"] * (len_src + 2 * len_tgt) * (6 * c["d_model"] + c["d_ff"])
+    encoder_layers, decoder_layers = _depths(c)
+    maps = c["heads"] * (encoder_layers * len_src ** 2 + decoder_layers * 2 * (len_tgt ** 2 + len_tgt * len_src))
+    activations = (encoder_layers * len_src + decoder_layers * 2 * len_tgt) * (6 * c["d_model"] + c["d_ff"])
     row = 6 * maps + 4 * activations + 3 * len_tgt * copy.tgt_vocab_size
     return max(1, min(len_tgt, CHUNK_VALUES // row))
 
@@ -245,7 +253,8 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
     sides = {"enc": ("source", "source"), "dec": ("target", "target"), "cross": ("target", "source")}
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "generator": f"tinyformer {__version__}",
-        "model": {"layers": config["num_layers"], "heads": config["heads"], "d_model": config["d_model"],
+        "model": {"layers": _depths(config)[0], "decoder_layers": _depths(config)[1], "heads": config["heads"],
+                  "d_model": config["d_model"],
                   "d_k": config["d_model"] // config["heads"], "d_ff": config["d_ff"],
                   "max_len": config["max_len"], "vocabulary": copy.tgt_vocab_size,
                   "parameters": int(model.num_parameters()), "norm_first": config["norm_first"]},
@@ -258,7 +267,7 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
                    "inputs": _pieces(tokenizer, batch[1][0])},
         "loss": {"total": total["loss"], "tokens": per_token["nll"],
                  "what": "L = sum over t of -log p(y_t | y_<t, x), teacher-forced, no label smoothing"},
-        "kinds": {kind: {"name": KINDS[kind], "layers": config["num_layers"], "heads": config["heads"],
+        "kinds": {kind: {"name": KINDS[kind], "layers": _depths(config)[kind != "enc"], "heads": config["heads"],
                          "rows": lengths[kind][0], "cols": lengths[kind][1], "queries": sides[kind][0],
                          "keys": sides[kind][1], "causal": kind == "dec"} for kind in KINDS},
         "token_gradients": {"positions": [t + 1 for t in embedded], "complete": len(embedded) == count,

@@ -6,9 +6,9 @@ that format, later versions added fields and moved one; ``migrate`` brings the m
 writer to today's fields, giving what it left out the meaning it had then:
 
 * ``model_config``: ``label_smoothing`` (held before it moved to the loss, whose setting is
-  ``TrainConfig.label_smoothing``) is dropped; ``final_norm``, ``init`` and ``activation``, added
-  later, are the models such checkpoints hold: no final LayerNorm after a post-LN stack, Xavier
-  initialisation, ReLU;
+  ``TrainConfig.label_smoothing``) is dropped; ``final_norm``, ``init``, ``activation`` and the two
+  depths, added later, are the models such checkpoints hold: no final LayerNorm after a post-LN
+  stack, Xavier initialisation, ReLU, num_layers in both stacks;
 * ``config``: ``paper``, added later, is True (every preset was the paper's model then); read with
   the checkpoint's model_config (``migrate_config``), the choices the paper does not make
   (``nn.PAPER_CHOICES``) are pinned in ``model_overrides`` where the preset now builds others, so
@@ -32,7 +32,8 @@ FORMAT = "tinyformer-checkpoint-1"
 #: model_config keys of older checkpoints that are no setting of the model any more
 MOVED_OUT_OF_MODEL_CONFIG = ("label_smoothing",)
 #: model_config fields added after the first checkpoints, with the values their models have
-ADDED_TO_MODEL_CONFIG = {"final_norm": None, "init": "xavier", "activation": "relu"}
+ADDED_TO_MODEL_CONFIG = {"final_norm": None, "init": "xavier", "activation": "relu", "encoder_layers": None,
+                         "decoder_layers": None}
 
 
 def migrate_model_config(values):
