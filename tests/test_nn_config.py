@@ -226,7 +226,8 @@ def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_p
     # final_norm, init, activation and the two depths came later: absent from such a checkpoint, they take
     # the defaults, its model's
     assert dict({k: v for k, v in legacy.items() if k != "label_smoothing"}, final_norm=None, init="xavier",
-                activation="relu", encoder_layers=None, decoder_layers=None) == model.config
+                activation="relu", encoder_layers=None, decoder_layers=None, scale_embedding=True,
+                logits_bias=False) == model.config
     meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(tmp_path)).to_dict(),
             "model_config": legacy, "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
             "rng_state": tf.random.get_rng_state(), "tokenizer_sha256": tokenizer.sha256,

@@ -366,6 +366,45 @@ def test_a_depth_below_one_is_named(name):
         small_model(**{name: 0})
 
 
+# ---------------------------------------------------------------------------- Marian's embedding scale and logits bias
+def test_embeddings_unscaled_when_scale_embedding_is_off():
+    """scale_embedding=False leaves out §3.4's √d_model: the same weights, the embedding sum as it is."""
+    scaled, plain = small_model(seed=7, num_layers=1), small_model(seed=7, num_layers=1, scale_embedding=False)
+    for name, value in scaled.state_dict().items():
+        np.testing.assert_array_equal(plain.state_dict()[name], value)
+    weight = plain.src_embed.weight.data
+    position = nn.PositionalEncoding(8, 1024)
+    expected = position(tf.Tensor(weight[SRC]), 0).data
+    np.testing.assert_allclose(plain._embed(plain.src_embed, SRC).data, expected, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(plain(SRC, TGT).data, scaled(SRC, TGT).data)
+    assert "scale_embedding=False" in plain.extra_repr()
+
+
+def test_a_logits_bias_is_one_more_parameter_added_to_every_position_and_trained():
+    plain, biased = small_model(seed=8, num_layers=1), small_model(seed=8, num_layers=1, logits_bias=True)
+    assert biased.num_parameters() == plain.num_parameters() + 11
+    names = [n for n, _ in biased.named_parameters()]
+    assert "logits_bias" in names
+    assert [n for n, _ in plain.named_parameters()] == [n for n in names if n != "logits_bias"]
+    np.testing.assert_array_equal(biased(SRC, TGT).data, plain(SRC, TGT).data)  # zeros at first
+    bias = np.random.default_rng(9).standard_normal(11)
+    biased.logits_bias.data = bias
+    np.testing.assert_allclose(biased(SRC, TGT).data, plain(SRC, TGT).data + bias, rtol=1e-12, atol=1e-12)
+    tf.gradcheck(lambda *ps: biased(SRC, TGT), biased.parameters(), mode="fast", seed=12)
+    tf.gradcheck(lambda b: biased(SRC, TGT), [biased.logits_bias], mode="full", seed=13)
+    rebuilt = nn.Transformer(**biased.config).double().eval()
+    rebuilt.load_state_dict(biased.state_dict())
+    np.testing.assert_array_equal(rebuilt(SRC, TGT).data, biased(SRC, TGT).data)
+    with pytest.raises(nn.StateDictError, match="logits_bias"):
+        plain.load_state_dict(biased.state_dict())
+
+
+@pytest.mark.parametrize("name", ["scale_embedding", "logits_bias"])
+def test_the_marian_switches_take_booleans_only(name):
+    with pytest.raises(ValueError, match=f"Transformer: {name} must be True or False, got 1"):
+        small_model(**{name: 1})
+
+
 def _uniform_bound_and_variance(arrays, bound):
     """Whether ``arrays`` look like U(-bound, bound) samples: within it, reaching near it (the largest
     of n falls below (1 - 10/n)·bound with probability e^-10), variance bound²/3 (to 4 standard

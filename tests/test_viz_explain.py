@@ -1064,11 +1064,13 @@ def test_the_page_replaces_its_file_whole_and_never_a_device(cli_run, tmp_path, 
 
 
 @needs_browser
-def test_a_model_with_silu_and_stacks_of_different_depths_gets_a_page_that_passes_its_self_test(tmp_path):
-    """Marian's shape options (issue 48): the SiLU feed-forward and an encoder deeper than the decoder.
-    Each kind has its own stack's layers, every head is drawn, and the page's self-test passes."""
+def test_a_model_with_marians_options_gets_a_page_that_passes_its_self_test(tmp_path):
+    """Marian's shape options (issue 48): the SiLU feed-forward, an encoder deeper than the decoder,
+    unscaled embeddings and a bias on the logits. Each kind has its own stack's layers, every head is
+    drawn, and the page's self-test passes."""
     run = save_untrained_run(tmp_path / "run", vocab_size=120,
-                             model_overrides={"activation": "silu", "encoder_layers": 3, "decoder_layers": 1})
+                             model_overrides={"activation": "silu", "encoder_layers": 3, "decoder_layers": 1,
+                                              "scale_embedding": False, "logits_bias": True})
     path, data = write_page(run, tmp_path)
     assert {kind: data["kinds"][kind]["layers"] for kind in KINDS} == {"enc": 3, "dec": 1, "cross": 1}
     assert array(data, "P.enc").shape[0] == 3 and array(data, "P.cross").shape[0] == 1

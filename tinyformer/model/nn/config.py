@@ -54,6 +54,10 @@ class TransformerConfig:
     # as Marian's encoder_layers and decoder_layers.
     encoder_layers: int = None
     decoder_layers: int = None
+    # Embeddings multiplied by sqrt(d_model) before the positions are added (§3.4); False: as they are.
+    scale_embedding: bool = True
+    # A learned bias added to the logits (Marian's final_logits_bias), zeros at first; none in the paper.
+    logits_bias: bool = False
 
     def __post_init__(self):
         def keep(name, value):
@@ -73,9 +77,10 @@ class TransformerConfig:
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             keep(name, check_probability(f"Transformer: {name}", getattr(self, name)))
         keep("eps", check_real("Transformer: eps", self.eps, 0))
-        if not isinstance(self.norm_first, (bool, numpy.bool_)):
-            raise ValueError(f"Transformer: norm_first must be True or False, got {self.norm_first!r}")
-        keep("norm_first", bool(self.norm_first))
+        for name in ("norm_first", "scale_embedding", "logits_bias"):
+            if not isinstance(getattr(self, name), (bool, numpy.bool_)):
+                raise ValueError(f"Transformer: {name} must be True or False, got {getattr(self, name)!r}")
+            keep(name, bool(getattr(self, name)))
         if self.final_norm is not None:
             if not isinstance(self.final_norm, (bool, numpy.bool_)):
                 raise ValueError(f"Transformer: final_norm must be None, True or False, got {self.final_norm!r}")

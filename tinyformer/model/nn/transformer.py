@@ -3,10 +3,11 @@
 from ...engine import functional as F
 from ...engine.random import make_generator
 from . import init
+from .init import zeros
 from .attention import MultiHeadAttention
 from .config import LABEL_SMOOTHING_MOVED, TransformerConfig
 from .layers import Dropout, Embedding, LayerNorm, PositionwiseFeedForward, positional_encoding, scale_embedding
-from .module import Module, ModuleList
+from .module import Module, ModuleList, Parameter
 from .presets import preset_config
 
 __all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState"]
@@ -149,7 +150,7 @@ class Transformer(Module):
                  num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, *,
                  max_len=1024, pad_id=0, norm_first=False, eps=1e-5, seed=None, positional="sinusoid",
                  final_norm=None, init="xavier", activation="relu", encoder_layers=None, decoder_layers=None,
-                 **unknown):
+                 scale_embedding=True, logits_bias=False, **unknown):
         """The arguments are ``TransformerConfig``'s fields (see there for each one's meaning).
 
         ``seed`` gives the initialisation a generator of its own; dropout always draws
@@ -165,7 +166,8 @@ class Transformer(Module):
             heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
             activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
             eps=eps, seed=seed, positional=positional, final_norm=final_norm, init=init, activation=activation,
-            encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+            encoder_layers=encoder_layers, decoder_layers=decoder_layers, scale_embedding=scale_embedding,
+            logits_bias=logits_bias,
         )
         if c.src_vocab_size is None:
             raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
@@ -188,6 +190,9 @@ class Transformer(Module):
         self.positional = positional_encoding(c.positional, c.d_model, c.max_len, generator)
         if c.init == "torch":  # redrawn last: with the same seed the embeddings equal the "xavier" model's
             _torch_init(self.encoder, self.decoder, generator=generator)
+        self.scales_embeddings = c.scale_embedding
+        # None unless asked for: a model without it has the parameters, in the order, it always had.
+        self.logits_bias = Parameter(zeros(self.tgt_vocab_size)) if c.logits_bias else None  # (init: the argument)
 
     @classmethod
     def from_config(cls, config):
@@ -216,7 +221,9 @@ class Transformer(Module):
         return self.tgt_embed.vocab_size
 
     def _embed(self, embedding, ids, offset=0):
-        x = scale_embedding(embedding(ids), self.d_model)
+        x = embedding(ids)
+        if self.scales_embeddings:
+            x = scale_embedding(x, self.d_model)
         return self.embed_dropout(self.positional(x, offset))
 
     def source_mask(self, src):
@@ -246,7 +253,7 @@ class Transformer(Module):
         h = self.decoder(x, memory, src_mask, tgt_mask, state)
         if state is not None:
             state.position += tgt.shape[1]
-        return F.linear(h, self.tgt_embed.weight)
+        return F.linear(h, self.tgt_embed.weight, self.logits_bias)
 
     def init_state(self):
         """An empty DecoderState for incremental decoding."""
@@ -273,7 +280,9 @@ class Transformer(Module):
                 + ("" if c["positional"] == "sinusoid" else f", positional={c['positional']}")
                 + ("" if c["final_norm"] is None else f", final_norm={c['final_norm']}")
                 + ("" if c["init"] == "xavier" else f", init={c['init']}")
-                + ("" if c["activation"] == "relu" else f", activation={c['activation']}"))
+                + ("" if c["activation"] == "relu" else f", activation={c['activation']}")
+                + ("" if c["scale_embedding"] else ", scale_embedding=False")
+                + (", logits_bias=True" if c["logits_bias"] else ""))
 
 
 def _torch_init(*stacks, generator=None):

@@ -6,9 +6,10 @@ that format, later versions added fields and moved one; ``migrate`` brings the m
 writer to today's fields, giving what it left out the meaning it had then:
 
 * ``model_config``: ``label_smoothing`` (held before it moved to the loss, whose setting is
-  ``TrainConfig.label_smoothing``) is dropped; ``final_norm``, ``init``, ``activation`` and the two
-  depths, added later, are the models such checkpoints hold: no final LayerNorm after a post-LN
-  stack, Xavier initialisation, ReLU, num_layers in both stacks;
+  ``TrainConfig.label_smoothing``) is dropped; ``final_norm``, ``init``, ``activation``, the two
+  depths, ``scale_embedding`` and ``logits_bias``, added later, are the models such checkpoints
+  hold: no final LayerNorm after a post-LN stack, Xavier initialisation, ReLU, num_layers in both
+  stacks, embeddings scaled by √d_model, no bias on the logits;
 * ``config``: ``paper``, added later, is True (every preset was the paper's model then); read with
   the checkpoint's model_config (``migrate_config``), the choices the paper does not make
   (``nn.PAPER_CHOICES``) are pinned in ``model_overrides`` where the preset now builds others, so
@@ -33,7 +34,7 @@ FORMAT = "tinyformer-checkpoint-1"
 MOVED_OUT_OF_MODEL_CONFIG = ("label_smoothing",)
 #: model_config fields added after the first checkpoints, with the values their models have
 ADDED_TO_MODEL_CONFIG = {"final_norm": None, "init": "xavier", "activation": "relu", "encoder_layers": None,
-                         "decoder_layers": None}
+                         "decoder_layers": None, "scale_embedding": True, "logits_bias": False}
 
 
 def migrate_model_config(values):
