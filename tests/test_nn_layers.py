@@ -229,6 +229,30 @@ def test_positional_encoding_matches_section_3_5(d_model):
     np.testing.assert_allclose(out[1], expected, atol=2e-6)
 
 
+def marians_sinusoids(positions, d_model):
+    """transformers' MarianSinusoidalPositionalEmbedding._init_weight, written out: position_enc[pos, j] =
+    pos / 10000^(2 (j // 2) / dim); out[:, :sentinel] = sin(position_enc[:, 0::2]),
+    out[:, sentinel:] = cos(position_enc[:, 1::2]), sentinel = ⌈dim / 2⌉."""
+    position_enc = np.array([[pos / np.power(10000, 2 * (j // 2) / d_model) for j in range(d_model)]
+                             for pos in positions])
+    sentinel = d_model // 2 if d_model % 2 == 0 else d_model // 2 + 1
+    out = np.zeros((len(position_enc), d_model))
+    out[:, :sentinel] = np.sin(position_enc[:, 0::2])
+    out[:, sentinel:] = np.cos(position_enc[:, 1::2])
+    return out
+
+
+@pytest.mark.parametrize("d_model", [2, 7, 16])
+def test_the_split_sinusoids_are_marians(d_model):
+    pe = nn.PositionalEncoding(d_model, max_len=60, layout="split").double()
+    out = pe(tf.Tensor(np.zeros((1, 60, d_model)))).data
+    np.testing.assert_allclose(out[0], marians_sinusoids(range(60), d_model), atol=2e-6)  # stored in float32
+    if d_model > 2:  # with two columns the two layouts are the same table
+        assert not np.allclose(out[0], reference_sinusoids(range(60), d_model), atol=1e-3)
+    with pytest.raises(ValueError, match="layout must be one of 'interleaved', 'split', got 'halves'"):
+        nn.PositionalEncoding(d_model, layout="halves")
+
+
 def test_positional_encoding_is_added_with_offset():
     rng = np.random.default_rng(0)
     pe = nn.PositionalEncoding(6, max_len=10).double()

@@ -239,6 +239,18 @@ def test_learned_positions_round_trip_through_state_dict_and_config():
         small_model(max_len=6).load_state_dict(model.state_dict())
 
 
+def test_marians_sinusoids_add_no_parameters_and_decode_incrementally_as_in_full():
+    split, plain = small_model(seed=2, positional="sinusoid_split"), small_model(seed=2)
+    assert [n for n, _ in split.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    assert "positional=sinusoid_split" in split.extra_repr()
+    assert not np.allclose(split(SRC, TGT).data, plain(SRC, TGT).data)
+    memory, mask = split.encode(SRC), split.source_mask(SRC)
+    full = split.decode(TGT, memory, mask).data
+    state = split.init_state()
+    steps = [split.decode(TGT[:, t:t + 1], memory, src_mask=mask, state=state).data for t in range(TGT.shape[1])]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("bad", ["rotary", "Learned", None, 1])
 def test_unknown_positional_is_named(bad):
     with pytest.raises(ValueError) as error:

@@ -62,13 +62,22 @@ class KeyLengthMask:
         return f"KeyLengthMask(shape={tuple(self.shape)})"
 
 
-def sinusoid_table(max_len, d_model, dtype=numpy.float32):
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5)."""
+SINUSOID_LAYOUTS = ("interleaved", "split")
+
+
+def sinusoid_table(max_len, d_model, dtype=numpy.float32, layout="interleaved"):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5); ``layout="split"``:
+    the same sines in the first ⌈d_model/2⌉ columns and the cosines after them (Marian's layout)."""
     max_len = check_int("sinusoid_table: max_len", max_len, 1)
     d_model = check_int("sinusoid_table: d_model", d_model, 1)
+    if layout not in SINUSOID_LAYOUTS:
+        raise ValueError(f"sinusoid_table: layout must be one of {', '.join(map(repr, SINUSOID_LAYOUTS))}, "
+                         f"got {layout!r}")
     position = numpy.arange(max_len, dtype=numpy.float64)[:, None]
     rate = numpy.exp(-math.log(10000.0) * numpy.arange(0, d_model, 2) / d_model)
+    sines, cosines = numpy.sin(position * rate), numpy.cos(position * rate[: d_model // 2])
+    if layout == "split":
+        return numpy.concatenate([sines, cosines], axis=1).astype(dtype)
     table = numpy.zeros((max_len, d_model))
-    table[:, 0::2] = numpy.sin(position * rate)
-    table[:, 1::2] = numpy.cos(position * rate[: d_model // 2])
+    table[:, 0::2], table[:, 1::2] = sines, cosines
     return table.astype(dtype)

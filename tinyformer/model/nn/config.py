@@ -40,7 +40,8 @@ class TransformerConfig:
     norm_first: bool = False  # pre-LN, x + Dropout(f(LayerNorm(x))), instead of the paper's post-LN
     eps: float = 1e-5  # LayerNorm's variance epsilon
     seed: int = None  # a generator of its own for the initial weights; None: the default generator
-    positional: str = "sinusoid"  # "sinusoid" (§3.5) or "learned" (one vector per position, Table 3 (E))
+    # "sinusoid" (§3.5), "learned" (one vector per position, Table 3 (E)) or "sinusoid_split" (Marian's layout)
+    positional: str = "sinusoid"
     # A LayerNorm after the last layer of the encoder and of the decoder. None: only when pre-LN (whose
     # residual stream is unnormalised); True also when post-LN, as PyTorch's nn.Transformer (not in the paper).
     final_norm: bool = None

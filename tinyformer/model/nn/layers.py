@@ -113,11 +113,12 @@ class _Positions(Module):
 
 
 class PositionalEncoding(_Positions):
-    """Adds the fixed sinusoids of §3.5, precomputed for positions 0 .. max_len − 1."""
+    """Adds the fixed sinusoids of §3.5, precomputed for positions 0 .. max_len − 1 (``layout``: see
+    ``F.sinusoid_table``; "split" is Marian's)."""
 
-    def __init__(self, d_model, max_len=1024):
+    def __init__(self, d_model, max_len=1024, layout="interleaved"):
         super().__init__(d_model, max_len)
-        self.register_buffer("table", F.sinusoid_table(max_len, d_model))
+        self.register_buffer("table", F.sinusoid_table(max_len, d_model, layout=layout))
 
     def forward(self, x, offset=0):
         """x (batch, len, d_model) plus the encodings of positions offset .. offset + len − 1."""
@@ -146,14 +147,17 @@ class LearnedPositionalEmbedding(_Positions):
         return x + self.weight[offset:offset + length]
 
 
-POSITIONAL_KINDS = ("sinusoid", "learned")
+POSITIONAL_KINDS = ("sinusoid", "learned", "sinusoid_split")
 ACTIVATIONS = ("relu", "silu")  # the feed-forward network's: the paper's max(0, ·), or x σ(x)
 
 
 def positional_encoding(kind, d_model, max_len=1024, generator=None):
-    """The position signal named ``kind``: "sinusoid" (fixed, §3.5) or "learned" (Table 3 (E))."""
+    """The position signal named ``kind``: "sinusoid" (fixed, §3.5), "learned" (Table 3 (E)) or
+    "sinusoid_split" (the same sinusoids, sines first and cosines after them: Marian's)."""
     if kind == "sinusoid":
         return PositionalEncoding(d_model, max_len)
+    if kind == "sinusoid_split":
+        return PositionalEncoding(d_model, max_len, layout="split")
     if kind == "learned":
         return LearnedPositionalEmbedding(d_model, max_len, generator)
     raise ValueError(f"positional must be one of {', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {kind!r}")

@@ -140,8 +140,9 @@ class Transformer(Module):
     to give logits. With one shared vocabulary (``tgt_vocab_size`` None) the
     source embedding, target embedding and pre-softmax projection are a single
     matrix; with two vocabularies the target embedding is the projection.
-    ``positional`` is "sinusoid" (the fixed encodings of §3.5) or "learned" (one
-    learned vector per position, shared by encoder and decoder: Table 3 row (E)).
+    ``positional`` is "sinusoid" (the fixed encodings of §3.5), "learned" (one
+    learned vector per position, shared by encoder and decoder: Table 3 row (E)) or
+    "sinusoid_split" (§3.5's sinusoids in Marian's layout).
     The whole shape is a ``TransformerConfig`` (``from_config``); ``model.config`` is
     its ``to_dict()``, what checkpoints store and ``Transformer(**model.config)`` rebuilds.
     """
