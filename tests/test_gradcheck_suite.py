@@ -30,7 +30,7 @@ def test_full_mode_passes_and_reports_small_errors(name):
 def test_the_catalogue_covers_every_fused_op_and_layer():
     assert {"softmax", "log_softmax", "layer_norm", "residual_layer_norm", "embedding", "cross_entropy",
             "attention_padding", "attention_causal", "mha_self", "mha_cross", "mha_causal", "feed_forward",
-            "feed_forward_silu", "layer_norm_module",
+            "feed_forward_silu", "feed_forward_gelu", "layer_norm_module",
             "encoder_layer", "decoder_layer", "transformer"} == set(suite.CASES)
     assert suite.names("cpu") == list(suite.CASES)
     assert suite.names("cuda") == list(suite.CASES) + list(suite.KERNEL_CASES)

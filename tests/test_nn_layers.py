@@ -373,8 +373,19 @@ def test_feed_forward_with_silu_matches_reference_and_gradients(batch, d_model, 
     check_module(ffn, [x], ffn)
 
 
+def test_feed_forward_with_gelu_gradchecks():
+    rng = np.random.default_rng(3)
+    ffn = randomize(nn.PositionwiseFeedForward(3, 5, activation="gelu"), rng)
+    x = leaf(rng.uniform(-2, 2, (2, 4, 3)))
+    pre = x.data @ ffn.linear1.weight.data.T + ffn.linear1.bias.data
+    hidden = pre * 0.5 * (1 + np.vectorize(math.erf)(pre / math.sqrt(2)))
+    np.testing.assert_allclose(ffn(x).data, hidden @ ffn.linear2.weight.data.T + ffn.linear2.bias.data,
+                               rtol=1e-12, atol=1e-12)
+    check_module(ffn, [x], ffn)
+
+
 def test_an_unknown_activation_is_named():
-    with pytest.raises(ValueError, match="activation must be one of 'relu', 'silu', got 'gelu'"):
-        nn.PositionwiseFeedForward(4, 8, activation="gelu")
+    with pytest.raises(ValueError, match="activation must be one of 'relu', 'silu', 'gelu', got 'swish'"):
+        nn.PositionwiseFeedForward(4, 8, activation="swish")
     with pytest.raises(ValueError, match="Transformer: activation must be one of"):
         nn.Transformer(10, d_model=8, d_ff=16, heads=2, num_layers=1, activation="swish")

@@ -99,6 +99,7 @@ UNARY = [
     ("tanh", tinyformer.tanh, numpy.tanh, uniform),
     ("relu", tinyformer.relu, lambda a: numpy.maximum(a, 0), lambda rng, s: avoiding(rng, s, [0.0])),
     ("silu", tinyformer.silu, lambda a: a / (1 + numpy.exp(-a)), uniform),
+    ("gelu", tinyformer.gelu, lambda a: a * 0.5 * (1 + numpy.vectorize(math.erf)(a / math.sqrt(2))), uniform),
     ("abs", tinyformer.abs, numpy.abs, nonzero),
     ("builtin-abs", abs, numpy.abs, nonzero),
     ("clip-low", lambda x: tinyformer.clip(x, low=-0.5), lambda a: numpy.clip(a, -0.5, None),
@@ -148,6 +149,18 @@ def test_silu_is_finite_and_exact_at_its_limits():
     numpy.testing.assert_allclose(out.numpy(), [0.0, -40.0 / (1 + math.exp(40.0)), 0.0, 40.0, 1000.0], rtol=1e-12,
                                   atol=0)
     numpy.testing.assert_allclose(x.grad, [0.0, 0.0, 0.5, 1.0, 1.0], atol=1e-15)
+
+
+def test_gelu_is_the_exact_one_not_the_tanh_approximation():
+    """x Φ(x) with erf: 0.5·x·(1 + erf(x/√2)); the tanh approximation differs by about 1e-4 near |x| 2."""
+    x = leaf([-40.0, -2.0, 0.0, 2.0, 40.0])
+    out = x.gelu()
+    exact = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in (-40.0, -2.0, 0.0, 2.0, 40.0)]
+    numpy.testing.assert_allclose(out.numpy(), exact, rtol=1e-15, atol=0)
+    approximation = 0.5 * 2.0 * (1 + math.tanh(math.sqrt(2 / math.pi) * (2.0 + 0.044715 * 8.0)))
+    assert abs(out.numpy()[3] - approximation) > 1e-5
+    out.backward(numpy.ones(5))
+    numpy.testing.assert_allclose(x.grad, [0.0, -0.0852318, 0.5, 1.0852318, 1.0], atol=1e-7)
 
 
 def test_clip_needs_a_bound():
@@ -211,6 +224,7 @@ DTYPE_OPS = {
     "tanh": tinyformer.tanh,
     "relu": tinyformer.relu,
     "silu": tinyformer.silu,
+    "gelu": tinyformer.gelu,
     "abs": tinyformer.abs,
     "clip": lambda x: x.clip(0.5, 1.5),
 }

@@ -22,6 +22,7 @@ from .engine.ops import (
     mean,
     min,
     relu,
+    gelu,
     silu,
     reshape,
     sqrt,

@@ -198,6 +198,13 @@ def _feed_forward_silu(mode, device):
     return (lambda x, *params: ffn(x)), [_leaf(device, (2, 3, D_MODEL), 28), *ffn.parameters()]
 
 
+@_register(CASES, "feed_forward_gelu", "PositionwiseFeedForward, activation gelu: (h Φ(h))W2 + b2, exact erf")
+def _feed_forward_gelu(mode, device):
+    ffn = _prepare(nn.PositionwiseFeedForward(D_MODEL, D_FF, generator=make_generator(27), activation="gelu"),
+                   device, 27)
+    return (lambda x, *params: ffn(x)), [_leaf(device, (2, 3, D_MODEL), 28), *ffn.parameters()]
+
+
 @_register(CASES, "layer_norm_module", "nn.LayerNorm (gain and bias moved off 1 and 0)")
 def _layer_norm_module(mode, device):
     norm = _prepare(nn.LayerNorm(D_MODEL), device, 29)

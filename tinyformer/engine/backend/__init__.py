@@ -24,7 +24,7 @@ from .allocator import keep_freed_memory
 from .capture import CaptureUnavailable, captured_memory, capturing, check_not_capturing, is_capturing
 from .cuda_graphs import GraphCapture
 from .devices import (DEFAULT_DTYPE, DEVICES, check_device, copy_into, cuda_runtime_major, device_of,
-                      get_array_module, is_cupy_array, is_gpu_available, like, raw_module, scatter_add,
+                      erf, get_array_module, is_cupy_array, is_gpu_available, like, raw_module, scatter_add,
                       scatter_add_rows, to_device, to_numpy)
 from .half_precision import (BFLOAT16_CAST_PROBE, cast, from_bfloat16, has_half_matmul, has_native_bfloat16_cast,
                              is_bfloat16, is_floating, is_half, to_bfloat16)
@@ -34,7 +34,7 @@ from .threads import ROW_BLOCK_MIN_ELEMENTS, blockwise, get_num_threads, map_row
 __all__ = [
     # devices
     "DEFAULT_DTYPE", "DEVICES", "is_gpu_available", "is_cupy_array", "get_array_module", "device_of", "check_device",
-    "to_device", "to_numpy", "like", "copy_into", "scatter_add", "scatter_add_rows", "cuda_runtime_major",
+    "to_device", "to_numpy", "like", "copy_into", "scatter_add", "scatter_add_rows", "erf", "cuda_runtime_major",
     "raw_module",
     # threads
     "ROW_BLOCK_MIN_ELEMENTS", "get_num_threads", "set_num_threads", "map_row_blocks", "blockwise",

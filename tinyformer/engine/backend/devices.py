@@ -6,6 +6,8 @@ Chainer and CuPy code does, so the same op code runs on either device; it moves 
 the devices (never inside a captured step) and holds the array helpers that differ between them.
 """
 
+import math
+
 import numpy
 
 from .capture import check_not_capturing
@@ -91,6 +93,17 @@ def like(array, reference):
     if hasattr(array, "dtype") and is_cupy_array(reference) != is_cupy_array(array):
         return to_device(array, device_of(reference))
     return array
+
+
+def erf(x):
+    """The error function element-wise, in x's type: ``cupyx.scipy.special.erf`` on the GPU; on the CPU
+    (NumPy has none) Python's ``math.erf`` per element, in float64: exact, at about 0.1 µs a value."""
+    if is_cupy_array(x):
+        import cupyx.scipy.special
+
+        return cupyx.scipy.special.erf(x)
+    values = numpy.frompyfunc(math.erf, 1, 1)(numpy.asarray(x, dtype=numpy.float64))
+    return numpy.asarray(values, dtype=numpy.float64).astype(x.dtype, copy=False)
 
 
 def scatter_add(target, index, values):

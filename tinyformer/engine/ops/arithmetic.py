@@ -169,6 +169,23 @@ class Silu(Function):
         return g * (s * (1 + self.x * (1 - s)))
 
 
+class Gelu(Function):
+    """z = x Φ(x), Φ(x) = (1 + erf(x/√2)) / 2 (GELU, exact: transformers' "gelu");
+    dz/dx = Φ(x) + x φ(x), φ(x) = exp(-x²/2) / √(2π)."""
+
+    def forward(self, x):
+        self.x, self.cdf = x, (1 + backend.erf(x * _SQRT_HALF)) * 0.5
+        return x * self.cdf
+
+    def backward(self, g):
+        x = self.x
+        density = backend.get_array_module(x).exp(x * x * -0.5) * _INV_SQRT_2PI
+        return g * (self.cdf + x * density)
+
+
+_SQRT_HALF, _INV_SQRT_2PI = math.sqrt(0.5), 1 / math.sqrt(2 * math.pi)
+
+
 class Relu(Function):
     """z = max(x, 0);  dz/dx = 1 where x > 0, else 0 (0 at the kink, as PyTorch)."""
 
@@ -264,6 +281,11 @@ def relu(x):
     return Relu.apply(x)
 
 
+def gelu(x):
+    """x Φ(x) with the exact normal CDF (not the tanh approximation), as transformers' "gelu"."""
+    return Gelu.apply(x)
+
+
 def silu(x):
     """x σ(x), the feed-forward activation of Marian and of many later Transformers ("swish")."""
     return Silu.apply(x)
@@ -306,6 +328,7 @@ Tensor.sqrt = sqrt
 Tensor.tanh = tanh
 Tensor.relu = relu
 Tensor.silu = silu
+Tensor.gelu = gelu
 Tensor.abs = abs
 Tensor.__abs__ = abs
 Tensor.clip = clip

@@ -49,7 +49,8 @@ class TransformerConfig:
     # zero) or "torch" (nn.Transformer's: Q, K, V Xavier-uniform as one packed 3d x d matrix, FFN biases
     # U(+-1/sqrt(fan_in))); see nn.init.INIT_SCHEMES. Embeddings and LayerNorms are the same in both.
     init: str = "xavier"
-    # The feed-forward network's activation: "relu" (§3.3) or "silu" (x σ(x), Marian's "swish").
+    # The feed-forward network's activation: "relu" (§3.3), "silu" (x σ(x), Marian's "swish") or "gelu"
+    # (x Φ(x), the exact GELU).
     activation: str = "relu"
     # The encoder's and the decoder's depths where they differ from num_layers (None: num_layers each),
     # as Marian's encoder_layers and decoder_layers.

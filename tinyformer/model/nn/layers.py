@@ -148,7 +148,7 @@ class LearnedPositionalEmbedding(_Positions):
 
 
 POSITIONAL_KINDS = ("sinusoid", "learned", "sinusoid_split")
-ACTIVATIONS = ("relu", "silu")  # the feed-forward network's: the paper's max(0, ·), or x σ(x)
+ACTIVATIONS = ("relu", "silu", "gelu")  # the feed-forward network's: the paper's max(0, ·), x σ(x) or x Φ(x)
 
 
 def positional_encoding(kind, d_model, max_len=1024, generator=None):
@@ -165,7 +165,8 @@ def positional_encoding(kind, d_model, max_len=1024, generator=None):
 
 class PositionwiseFeedForward(Module):
     """FFN(x) = max(0, x W₁ + b₁) W₂ + b₂, applied at every position alike (§3.3); with
-    ``activation="silu"``, (x W₁ + b₁) σ(x W₁ + b₁) in place of the ReLU (Marian's "swish")."""
+    ``activation="silu"``, h σ(h) with h = x W₁ + b₁ in place of the ReLU (Marian's "swish"); with
+    ``"gelu"``, h Φ(h) (the exact GELU)."""
 
     def __init__(self, d_model, d_ff, dropout=0.0, generator=None, activation="relu"):
         super().__init__()
@@ -179,8 +180,8 @@ class PositionwiseFeedForward(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x):
-        if self.activation == "silu":
-            return self.linear2(self.dropout(self.linear1(x).silu()))
+        if self.activation != "relu":  # x σ(x) or x Φ(x): a linear layer, the op, dropout
+            return self.linear2(self.dropout(getattr(self.linear1(x), self.activation)()))
         # = self.dropout(self.linear1(x).relu()), one node (on the GPU one matmul and one kernel)
         hidden = F.linear_relu_dropout(x, self.linear1.weight, self.linear1.bias, self.dropout.p, self.training,
                                        self.dropout.generator)
