@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .. import checkpoint
+from ..weights import load_weights
 from ...engine import random as tf_random
 from ...model.nn import StateDictError, Transformer, TransformerConfig
 from .config import TRAINING_ONLY
@@ -96,7 +97,8 @@ def restore_checkpoint(path, model, adam, tokenizer):
 
 
 def load_model(path, device="cpu", tokenizer_path=None):
-    """(model in eval mode, tokenizer, metadata) from a checkpoint; the model is built from the
+    """(model in eval mode, tokenizer, metadata) from a checkpoint (or the .safetensors file
+    ``tinyformer export`` writes of one); the model is built from the
     metadata read through ``migration.migrate``, the metadata is returned as the file holds it.
 
     Refuses (CheckpointError naming the file and the mismatch) a file ``load_checkpoint``
@@ -105,7 +107,7 @@ def load_model(path, device="cpu", tokenizer_path=None):
     """
     from ..data.tokenizer import Tokenizer
 
-    state, meta, _ = checkpoint.load_checkpoint(path)
+    state, meta, _ = load_weights(path)
     model_config = migrate(meta, path).get("model_config")
     if not isinstance(model_config, dict):
         raise checkpoint.CheckpointError(f"checkpoint {path} has no model_config in its metadata: it was not "

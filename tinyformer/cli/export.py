@@ -1,0 +1,45 @@
+"""``tinyformer export``: a checkpoint's model in another format (safetensors)."""
+
+from pathlib import Path
+
+from .usage import UsageError
+
+FORMATS = ("safetensors",)
+
+
+def register(commands):
+    export = commands.add_parser(
+        "export", help="write a checkpoint's model as safetensors",
+        description="Write the model of a checkpoint (or of a run directory's newest checkpoint) as a "
+                    ".safetensors file: its parameters as named tensors, its model_config and tokenizer hash "
+                    "in the file's metadata. translate, eval and explain take the file as they take a "
+                    "checkpoint (the run's tokenizer beside it, or --tokenizer).")
+    export.add_argument("checkpoint", help="a checkpoint_*.npz (or an averaged one), or a run directory")
+    export.add_argument("--format", choices=FORMATS, default="safetensors", help="the format (default safetensors)")
+    export.add_argument("--output", help="the file to write (default: the checkpoint's name with .safetensors, "
+                                         "beside it)")
+    export.set_defaults(run=run)
+
+
+def run(args):
+    from ..translation import checkpoint
+    from ..translation.train.migration import migrate
+    from ..translation.weights import SAFETENSORS_SUFFIX, save_safetensors
+
+    source = Path(args.checkpoint)
+    if source.is_dir():
+        found = checkpoint.list_checkpoints(source)
+        if not found:
+            raise FileNotFoundError(f"no checkpoint_*.npz in {source}")
+        source = found[-1]
+    output = Path(args.output) if args.output else source.with_suffix(SAFETENSORS_SUFFIX)
+    if output.suffix != SAFETENSORS_SUFFIX:
+        raise UsageError(f"--output {output}: a safetensors file's name ends in {SAFETENSORS_SUFFIX}")
+    state, meta, _ = checkpoint.load_checkpoint(source)
+    meta = migrate(meta, source)
+    if not isinstance(meta.get("model_config"), dict):
+        raise checkpoint.CheckpointError(f"checkpoint {source} has no model_config in its metadata: it was not "
+                                         "written by tinyformer train (or averaged from such checkpoints)")
+    save_safetensors(output, state, meta)
+    print(f"wrote {output} ({len(state)} tensors) from {source}")
+    return 0

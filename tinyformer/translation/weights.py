@@ -1,0 +1,62 @@
+"""A model's weights in safetensors, the field's format: the parameters as named tensors, and what
+tinyformer needs to rebuild the model (its ``model_config``, the tokenizer's hash and file name) as
+JSON in the file's metadata under ``"tinyformer"``. Read and written with the ``safetensors``
+package (no pickle, no code run on loading); written atomically."""
+
+import json
+from pathlib import Path
+
+import numpy
+
+from ..common.atomic import replacing
+from .checkpoint import CheckpointError, load_checkpoint
+
+__all__ = ["SAFETENSORS_SUFFIX", "METADATA_KEY", "save_safetensors", "load_safetensors", "load_weights"]
+
+SAFETENSORS_SUFFIX = ".safetensors"
+METADATA_KEY = "tinyformer"
+KEPT = ("format", "model_config", "tokenizer_sha256", "tokenizer_file", "step", "config")  # of a checkpoint's metadata
+
+
+def save_safetensors(path, model_state, metadata):
+    """Write ``model_state`` ({name: array}) and the parts of ``metadata`` a model needs to ``path``."""
+    from safetensors.numpy import save
+
+    tensors = {name: numpy.ascontiguousarray(value) for name, value in model_state.items()}
+    kept = {key: metadata[key] for key in KEPT if key in metadata}
+    data = save(tensors, metadata={METADATA_KEY: json.dumps(kept, sort_keys=True), "format": "np"})
+    path = Path(path)
+    with replacing(path, prefix=path.name + ".", durable=True) as f:
+        f.write(data)
+    return path
+
+
+def load_safetensors(path):
+    """(model_state, metadata) of a file ``save_safetensors`` wrote; anything else is a CheckpointError
+    naming the file and what is wrong with it."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights not found: {path}")
+    try:
+        with safe_open(str(path), framework="np") as f:
+            header = f.metadata() or {}
+            state = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"cannot read {path} as safetensors: {error}") from None
+    if METADATA_KEY not in header:
+        raise CheckpointError(f"{path} is a safetensors file without tinyformer's metadata (no {METADATA_KEY!r} "
+                              "entry): it was not written by tinyformer export")
+    try:
+        metadata = json.loads(header[METADATA_KEY])
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: its {METADATA_KEY!r} metadata is not JSON ({error})") from None
+    return state, metadata
+
+
+def load_weights(path):
+    """(model_state, metadata, adam_state or None) of a checkpoint (.npz) or a .safetensors file."""
+    if Path(path).suffix == SAFETENSORS_SUFFIX:
+        return (*load_safetensors(path), None)
+    return load_checkpoint(path)
