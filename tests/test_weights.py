@@ -14,7 +14,7 @@ from tinyformer.translation import checkpoint
 from tinyformer.translation.checkpoint import CheckpointError
 from tinyformer.translation.train import load_model
 from tinyformer.translation.train.migration import migrate
-from tinyformer.translation.weights import METADATA_KEY, load_safetensors
+from tinyformer.translation.weights import load_safetensors
 
 LEGACY = Path(__file__).parent / "data" / "legacy_run"
 EXPECTED = json.loads((LEGACY / "expected.json").read_text(encoding="utf-8"))
