@@ -23,7 +23,7 @@ def register(commands):
 
 def run(args):
     from ..translation import checkpoint
-    from ..translation.train.migration import migrate
+    from ..translation.train.state import migrated_with_model
     from ..translation.weights import SAFETENSORS_SUFFIX, save_safetensors
 
     source = Path(args.checkpoint)
@@ -36,10 +36,6 @@ def run(args):
     if output.suffix != SAFETENSORS_SUFFIX:
         raise UsageError(f"--output {output}: a safetensors file's name ends in {SAFETENSORS_SUFFIX}")
     state, meta, _ = checkpoint.load_checkpoint(source)
-    meta = migrate(meta, source)
-    if not isinstance(meta.get("model_config"), dict):
-        raise checkpoint.CheckpointError(f"checkpoint {source} has no model_config in its metadata: it was not "
-                                         "written by tinyformer train (or averaged from such checkpoints)")
-    save_safetensors(output, state, meta)
+    save_safetensors(output, state, migrated_with_model(meta, source))
     print(f"wrote {output} ({len(state)} tensors) from {source}")
     return 0

@@ -169,6 +169,9 @@ class Silu(Function):
         return g * (s * (1 + self.x * (1 - s)))
 
 
+_SQRT_HALF, _INV_SQRT_2PI = math.sqrt(0.5), 1 / math.sqrt(2 * math.pi)
+
+
 class Gelu(Function):
     """z = x Φ(x), Φ(x) = (1 + erf(x/√2)) / 2 (GELU, exact: transformers' "gelu");
     dz/dx = Φ(x) + x φ(x), φ(x) = exp(-x²/2) / √(2π)."""
@@ -181,9 +184,6 @@ class Gelu(Function):
         x = self.x
         density = backend.get_array_module(x).exp(x * x * -0.5) * _INV_SQRT_2PI
         return g * (self.cdf + x * density)
-
-
-_SQRT_HALF, _INV_SQRT_2PI = math.sqrt(0.5), 1 / math.sqrt(2 * math.pi)
 
 
 class Relu(Function):

@@ -14,6 +14,7 @@ formulas dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k a
 import numpy
 
 from ...common.version import __version__
+from ...model.nn import TransformerConfig
 from ...translation.data.special import BOS_ID, EOS_ID
 from .explain_check import check_gradients
 from .explain_codec import (
@@ -59,9 +60,8 @@ def token_values(config, len_src, len_tgt, position):
 
 
 def _depths(config):
-    """(encoder layers, decoder layers) of a model's config dict."""
-    return tuple(config["num_layers"] if config.get(name) is None else config[name]
-                 for name in ("encoder_layers", "decoder_layers"))
+    """(encoder layers, decoder layers) of a model's config dict (``TransformerConfig.depths``)."""
+    return TransformerConfig.from_dict(config).depths
 
 
 def _chunk_rows(copy, len_src, len_tgt):
@@ -249,11 +249,12 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
             encode_float32(value)
 
     config = copy.config
+    depths = {"enc": len(copy.encoder.layers), "dec": len(copy.decoder.layers), "cross": len(copy.decoder.layers)}
     lengths = {"enc": (len(source_ids), len(source_ids)), "dec": (count, count), "cross": (count, len(source_ids))}
     sides = {"enc": ("source", "source"), "dec": ("target", "target"), "cross": ("target", "source")}
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "generator": f"tinyformer {__version__}",
-        "model": {"layers": _depths(config)[0], "decoder_layers": _depths(config)[1], "heads": config["heads"],
+        "model": {"layers": depths["enc"], "decoder_layers": depths["dec"], "heads": config["heads"],
                   "d_model": config["d_model"],
                   "d_k": config["d_model"] // config["heads"], "d_ff": config["d_ff"],
                   "max_len": config["max_len"], "vocabulary": copy.tgt_vocab_size,
@@ -267,7 +268,7 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
                    "inputs": _pieces(tokenizer, batch[1][0])},
         "loss": {"total": total["loss"], "tokens": per_token["nll"],
                  "what": "L = sum over t of -log p(y_t | y_<t, x), teacher-forced, no label smoothing"},
-        "kinds": {kind: {"name": KINDS[kind], "layers": _depths(config)[kind != "enc"], "heads": config["heads"],
+        "kinds": {kind: {"name": KINDS[kind], "layers": depths[kind], "heads": config["heads"],
                          "rows": lengths[kind][0], "cols": lengths[kind][1], "queries": sides[kind][0],
                          "keys": sides[kind][1], "causal": kind == "dec"} for kind in KINDS},
         "token_gradients": {"positions": [t + 1 for t in embedded], "complete": len(embedded) == count,

@@ -17,7 +17,7 @@ from ...model.nn import StateDictError, Transformer, TransformerConfig
 from .config import TRAINING_ONLY
 from .migration import FORMAT, migrate
 
-__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model"]
+__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model", "migrated_with_model"]
 
 TOKENIZER_FILE = "spm.model"
 
@@ -96,6 +96,16 @@ def restore_checkpoint(path, model, adam, tokenizer):
     return Position.from_metadata(meta), meta
 
 
+def migrated_with_model(meta, path):
+    """Checkpoint ``path``'s metadata read through ``migration.migrate``; a CheckpointError naming the file
+    when it holds no model_config (not written by a run)."""
+    meta = migrate(meta, path)
+    if not isinstance(meta.get("model_config"), dict):
+        raise checkpoint.CheckpointError(f"checkpoint {path} has no model_config in its metadata: it was not "
+                                         "written by tinyformer train (or averaged from such checkpoints)")
+    return meta
+
+
 def load_model(path, device="cpu", tokenizer_path=None):
     """(model in eval mode, tokenizer, metadata) from a checkpoint (or the .safetensors file
     ``tinyformer export`` writes of one); the model is built from the
@@ -108,10 +118,7 @@ def load_model(path, device="cpu", tokenizer_path=None):
     from ..data.tokenizer import Tokenizer
 
     state, meta, _ = load_weights(path)
-    model_config = migrate(meta, path).get("model_config")
-    if not isinstance(model_config, dict):
-        raise checkpoint.CheckpointError(f"checkpoint {path} has no model_config in its metadata: it was not "
-                                         "written by tinyformer train (or averaged from such checkpoints)")
+    model_config = migrated_with_model(meta, path)["model_config"]
     tokenizer_path = Path(tokenizer_path) if tokenizer_path else Path(path).parent / TOKENIZER_FILE
     tokenizer = Tokenizer.load(tokenizer_path)
     expected = meta.get("tokenizer_sha256")
