@@ -303,7 +303,7 @@ def line_list(line_numbers, limit=10):
 
 
 def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, max_len_a=1,
-              max_len_b=50, append_eos=True, bos_id=BOS_ID, eos_id=EOS_ID, max_input_tokens=None,
+              max_len_b=50, append_eos=True, bos_id=None, eos_id=None, max_input_tokens=None,
               long_lines="truncate"):
     """Translate text lines: one output string per input line, in the input order.
 
@@ -343,6 +343,9 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
             raise ValueError(f"translate: max_input_tokens={max_input_tokens} is more than the model can "
                              f"encode: its positional table (max_len {model.positional.max_len}) holds "
                              f"{limit} tokens{eos}")
+    # The tokenizer's own ids (a Marian tokenizer's decoder starts from its padding id), else tinyformer's.
+    bos_id = getattr(tokenizer, "bos_id", BOS_ID) if bos_id is None else bos_id
+    eos_id = getattr(tokenizer, "eos_id", EOS_ID) if eos_id is None else eos_id
     outputs = [""] * len(lines)
     sources, truncated = [], []
     for i, line in enumerate(lines):

@@ -29,7 +29,7 @@ from ...common.atomic import write_atomically
 from .special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from ...common.validation import check_int, is_integer
 
-__all__ = ["Tokenizer", "file_sha256"]
+__all__ = ["Tokenizer", "file_sha256", "load_tokenizer"]
 
 MODEL_TYPES = ("bpe", "unigram", "char", "word")
 
@@ -172,6 +172,9 @@ class Tokenizer:
         write_atomically(path, data)
         return cls(path)
 
+    # The special ids, the same for every tokenizer of this kind (a MarianTokenizer has its own).
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
     # ------------------------------------------------------------------ properties
     @property
     def path(self):
@@ -227,6 +230,14 @@ class Tokenizer:
                 _check_encodable(text, f"Tokenizer.encode_batch: texts[{i}]")
             raise
 
+    def encode_target(self, text):
+        """``encode``: the one joint model splits both languages (a MarianTokenizer's differ)."""
+        return self.encode(text)
+
+    def encode_target_batch(self, texts):
+        """``encode_batch``: the one joint model splits both languages."""
+        return self.encode_batch(texts)
+
     def _clean(self, ids, where):
         """Ids up to the first EOS, without PAD and BOS, each checked to be an integer in range."""
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
@@ -264,3 +275,13 @@ class Tokenizer:
     def piece_to_id(self, piece):
         """The id of a subword; a piece not in the vocabulary is ``UNK_ID``."""
         return self._processor.piece_to_id(piece)
+
+
+def load_tokenizer(path):
+    """The tokenizer stored at ``path``: a folder holding ``source.spm``, ``target.spm`` and ``vocab.json``
+    is a ``MarianTokenizer``, anything else a joint sentencepiece ``Tokenizer``."""
+    if Path(path).is_dir():
+        from .marian_tokenizer import MarianTokenizer
+
+        return MarianTokenizer(path)
+    return Tokenizer(path)

@@ -17,7 +17,8 @@ from ...model.nn import StateDictError, Transformer, TransformerConfig
 from .config import TRAINING_ONLY
 from .migration import FORMAT, migrate
 
-__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model", "migrated_with_model"]
+__all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model", "migrated_with_model",
+           "tokenizer_file_of"]
 
 TOKENIZER_FILE = "spm.model"
 
@@ -60,7 +61,7 @@ def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=Non
         **dataclasses.asdict(position),
         "rng_state": tf_random.get_rng_state(),
         "tokenizer_sha256": tokenizer.sha256,
-        "tokenizer_file": TOKENIZER_FILE,
+        "tokenizer_file": Path(tokenizer.path).name if getattr(tokenizer, "path", None) else TOKENIZER_FILE,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         **({"rng_states": rng_states} if rng_states is not None and len(rng_states) > 1 else {}),
         **({"grad_scaler": scaler.state_dict()} if scaler is not None and scaler.enabled else {}),
@@ -96,6 +97,15 @@ def restore_checkpoint(path, model, adam, tokenizer):
     return Position.from_metadata(meta), meta
 
 
+def tokenizer_file_of(meta):
+    """The name of the run's tokenizer beside its checkpoints: ``spm.model`` (a joint sentencepiece model),
+    or the ``tokenizer`` folder of an imported Marian run; a name with a folder in it is refused."""
+    name = meta.get("tokenizer_file") or TOKENIZER_FILE
+    if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+        raise checkpoint.CheckpointError(f"a checkpoint's tokenizer_file must be a plain name, got {name!r}")
+    return name
+
+
 def migrated_with_model(meta, path):
     """Checkpoint ``path``'s metadata read through ``migration.migrate``; a CheckpointError naming the file
     when it holds no model_config (not written by a run)."""
@@ -115,19 +125,20 @@ def load_model(path, device="cpu", tokenizer_path=None):
     refuses, a tokenizer other than the run's, and parameters that do not fit the checkpoint's
     own ``model_config``.
     """
-    from ..data.tokenizer import Tokenizer
+    from ..data.tokenizer import load_tokenizer
 
     state, meta, _ = load_weights(path)
     model_config = migrated_with_model(meta, path)["model_config"]
-    tokenizer_path = Path(tokenizer_path) if tokenizer_path else Path(path).parent / TOKENIZER_FILE
-    tokenizer = Tokenizer.load(tokenizer_path)
+    tokenizer_file = tokenizer_file_of(meta)
+    tokenizer_path = Path(tokenizer_path) if tokenizer_path else Path(path).parent / tokenizer_file
+    tokenizer = load_tokenizer(tokenizer_path)
     expected = meta.get("tokenizer_sha256")
     vocab = model_config.get("src_vocab_size")
     if expected != tokenizer.sha256:
         raise checkpoint.CheckpointError(
             f"tokenizer {tokenizer_path} (sha256 {tokenizer.sha256[:12]}..., {len(tokenizer)} pieces) is not "
             f"the one checkpoint {path} was trained with (sha256 {str(expected)[:12]}..., vocabulary {vocab}): "
-            f"pass the run's {TOKENIZER_FILE}"
+            f"pass the run's {tokenizer_file}"
         )
     for key in ("src_vocab_size", "tgt_vocab_size"):
         size = model_config.get(key)
