@@ -1,5 +1,5 @@
-"""The ``tinyformer`` command line: train, translate, eval, average, export, gradcheck, plot, explain, study,
-info.
+"""The ``tinyformer`` command line: train, translate, eval, average, import, export, gradcheck, plot, explain,
+study, info.
 
 Usage errors exit with status 2 and one line on stderr; failures at run time
 (missing data, a bad checkpoint) with status 1 and one line; no tracebacks
@@ -11,11 +11,11 @@ import os
 import sys
 
 from ..common.version import __version__
-from . import average, eval, explain, export, gradcheck, info, plot, study, train, translate
+from . import average, eval, explain, export, gradcheck, import_model, info, plot, study, train, translate
 from .usage import Parser, UsageError, first_rank
 
 # The commands in the order `tinyformer --help` lists them.
-COMMANDS = (info, train, translate, eval, average, export, gradcheck, explain, plot, study)
+COMMANDS = (info, train, translate, eval, average, import_model, export, gradcheck, explain, plot, study)
 
 
 def build_parser():

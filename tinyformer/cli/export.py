@@ -1,23 +1,25 @@
-"""``tinyformer export``: a checkpoint's model in another format (safetensors)."""
+"""``tinyformer export``: a checkpoint's model in another format (safetensors, or a Hugging Face Marian folder)."""
 
 from pathlib import Path
 
 from .usage import UsageError
 
-FORMATS = ("safetensors",)
+FORMATS = ("safetensors", "marian")
 
 
 def register(commands):
     export = commands.add_parser(
-        "export", help="write a checkpoint's model as safetensors",
+        "export", help="write a checkpoint's model as safetensors or as a Marian folder",
         description="Write the model of a checkpoint (or of a run directory's newest checkpoint) as a "
                     ".safetensors file: its parameters as named tensors, its model_config and tokenizer hash "
                     "in the file's metadata. translate, eval and explain take the file as they take a "
-                    "checkpoint (the run's tokenizer beside it, or --tokenizer).")
+                    "checkpoint (the run's tokenizer beside it, or --tokenizer). --format marian: a folder "
+                    "transformers' MarianMTModel and MarianTokenizer load (a Marian model: an imported run, "
+                    "or one trained from it).")
     export.add_argument("checkpoint", help="a checkpoint_*.npz (or an averaged one), or a run directory")
     export.add_argument("--format", choices=FORMATS, default="safetensors", help="the format (default safetensors)")
     export.add_argument("--output", help="the file to write (default: the checkpoint's name with .safetensors, "
-                                         "beside it)")
+                                         "beside it); with --format marian the folder to write (required)")
     export.set_defaults(run=run)
 
 
@@ -26,6 +28,14 @@ def run(args):
     from ..translation.train.state import migrated_with_model
     from ..translation.weights import SAFETENSORS_SUFFIX, save_safetensors
 
+    if args.format == "marian":
+        from ..translation.interop.runs import export_marian
+
+        if not args.output:
+            raise UsageError("--format marian needs --output FOLDER")
+        written = export_marian(args.checkpoint, args.output)
+        print(f"wrote {written} (a Marian model folder) from {args.checkpoint}")
+        return 0
     source = Path(args.checkpoint)
     if source.is_dir():
         found = checkpoint.list_checkpoints(source)

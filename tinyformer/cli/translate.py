@@ -16,7 +16,8 @@ def register(commands):
         description="One output line per input line (lines end at \\n); empty and whitespace-only lines "
                     "stay empty. Input is UTF-8: undecodable bytes and NUL characters become U+FFFD, "
                     "counted in a warning. Output is UTF-8.")
-    translate.add_argument("--checkpoint", required=True, help="a checkpoint_*.npz (or an averaged one)")
+    translate.add_argument("--checkpoint", required=True, help="a checkpoint_*.npz (or an averaged one, or a .safetensors export), or a run "
+                                                              "directory (its newest)")
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
     translate.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default 64)")

@@ -118,7 +118,7 @@ def migrated_with_model(meta, path):
 
 def load_model(path, device="cpu", tokenizer_path=None):
     """(model in eval mode, tokenizer, metadata) from a checkpoint (or the .safetensors file
-    ``tinyformer export`` writes of one); the model is built from the
+    ``tinyformer export`` writes of one, or a run directory: its newest checkpoint); the model is built from the
     metadata read through ``migration.migrate``, the metadata is returned as the file holds it.
 
     Refuses (CheckpointError naming the file and the mismatch) a file ``load_checkpoint``
@@ -127,6 +127,11 @@ def load_model(path, device="cpu", tokenizer_path=None):
     """
     from ..data.tokenizer import load_tokenizer
 
+    if Path(path).is_dir():  # a run directory: its newest checkpoint
+        found = checkpoint.list_checkpoints(path)
+        if not found:
+            raise checkpoint.CheckpointError(f"no checkpoint_*.npz in {path}")
+        path = found[-1]
     state, meta, _ = load_weights(path)
     model_config = migrated_with_model(meta, path)["model_config"]
     tokenizer_file = tokenizer_file_of(meta)
