@@ -95,7 +95,7 @@ def _train(model, tokenizer, pairs, steps, seed):
     import torch
 
     rng = random.Random(seed)
-    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(steps):
         batch = rng.sample(pairs, 32)
@@ -106,3 +106,51 @@ def _train(model, tokenizer, pairs, steps, seed):
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
+
+
+# The folders the tests share, by name: each built once per test run (``marian_once``).
+SHAPES = {
+    # random weights, SiLU ("swish"), encoder deeper than the decoder
+    "random-swish": dict(d_model=32, encoder_layers=2, decoder_layers=1, heads=4, ffn=64, activation="swish", seed=1),
+    # briefly trained until it translates the made-up task, GELU, decoder deeper, embeddings unscaled
+    "trained-gelu": dict(d_model=32, encoder_layers=1, decoder_layers=2, heads=2, ffn=64, activation="gelu",
+                         scale_embedding=False, seed=2, train_steps=400),
+    # random weights, ReLU, a wider model saved as pytorch_model.bin
+    "random-relu-bin": dict(d_model=48, encoder_layers=3, decoder_layers=2, heads=4, ffn=96, activation="relu",
+                            seed=3, safetensors=False),
+}
+
+
+def marian_once(tmp_path_factory, name):
+    """The Marian folder ``SHAPES[name]``, built by the first process of this test run that asks for it
+    (the others wait, then read it); a test that changes it copies it first."""
+    from tinyformer.common.filecache import cached_product
+    from trained_models import shared_directory
+
+    return cached_product(shared_directory(tmp_path_factory), f"marian-{name}",
+                          lambda partial: make_marian_folder(partial, **SHAPES[name]))
+
+
+def hf_model(folder):
+    """transformers' (MarianMTModel in eval mode, MarianTokenizer) of ``folder``."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    return MarianMTModel.from_pretrained(str(folder)).eval(), MarianTokenizer.from_pretrained(str(folder))
+
+
+def hf_greedy(model, tokenizer, sentences, max_new_tokens):
+    """transformers' greedy translations of ``sentences`` as token ids, without the decoder's start token,
+    the padding and the final EOS (tinyformer's Hypothesis tokens)."""
+    import torch
+
+    inputs = tokenizer(sentences, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**inputs, num_beams=1, do_sample=False, max_new_tokens=max_new_tokens,
+                             bad_words_ids=[[tokenizer.pad_token_id]])
+    rows = []
+    for row in out.tolist():
+        row = row[1:]
+        while row and row[-1] == tokenizer.pad_token_id:
+            row.pop()
+        rows.append(row[:-1] if row and row[-1] == tokenizer.eos_token_id else row)
+    return rows
