@@ -22,7 +22,8 @@ from tinyformer.translation.interop.runs import export_marian, import_marian  # 
 from tinyformer.translation.train import load_model  # noqa: E402
 
 # transformers' MarianTokenizer asks for sacremoses, which it does not use to tokenise (nor does tinyformer)
-pytestmark = [pytest.mark.xdist_group("marian"), pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
+pytestmark = [pytest.mark.xdist_group("marian"),
+              pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
 SENTENCES = [source for source, _ in corpus(60, seed=11)]
 MAX_NEW_TOKENS = 24
 

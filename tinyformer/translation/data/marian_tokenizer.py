@@ -124,7 +124,8 @@ class MarianTokenizer:
         return self.vocab_size
 
     def __repr__(self):
-        return f"MarianTokenizer(path={str(self._folder)!r}, vocab_size={self.vocab_size}, sha256={self._sha256[:12]!r}...)"
+        return (f"MarianTokenizer(path={str(self._folder)!r}, vocab_size={self.vocab_size}, "
+                f"sha256={self._sha256[:12]!r}...)")
 
     # ------------------------------------------------------------------ encoding
     def _encode(self, processor, text, where):

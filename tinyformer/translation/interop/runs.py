@@ -55,7 +55,8 @@ def import_marian(folder, output):
     config, state, tokenizer, extras = read_marian_folder(folder)
     meta = {"format": FORMAT, "model_config": config.to_dict(), "step": 0, "epoch": 0, "batch_in_epoch": 0,
             "tokens_seen": 0, "skipped_updates": 0, "tokenizer_sha256": tokenizer.sha256,
-            "tokenizer_file": MARIAN_TOKENIZER_DIR, "imported_from": {"kind": "marian", "folder": folder.name, **extras}}
+            "tokenizer_file": MARIAN_TOKENIZER_DIR,
+            "imported_from": {"kind": "marian", "folder": folder.name, **extras}}
 
     def fill(staging):
         tokenizer_dir = staging / MARIAN_TOKENIZER_DIR
