@@ -225,3 +225,29 @@ def test_a_joint_tokenizer_run_does_not_export_as_marian(tmp_path):
     with pytest.raises(ValueError, match="tokenizer is a joint sentencepiece model .* only Marian runs export"):
         export_marian(legacy, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_commands_take_an_imported_run(tmp_path_factory, tmp_path, capsys):
+    """import, translate (a run directory), eval --sources/--references, average: as with any run."""
+    run = tmp_path / "run"
+    assert cli.main(["import", "marian", str(marian_once(tmp_path_factory, "trained-gelu")), "--output", str(run)]) == 0
+    assert capsys.readouterr().out.startswith(f"imported {marian_once(tmp_path_factory, 'trained-gelu')} as ")
+    pairs = corpus(12, seed=8)
+    (tmp_path / "sources.txt").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (tmp_path / "references.txt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    assert cli.main(["translate", "--checkpoint", str(run), "--beam", "1", "--input", str(tmp_path / "sources.txt"),
+                     "--output", str(tmp_path / "out.txt")]) == 0
+    model, tokenizer, _ = load_model(run)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == \
+        decode.translate(model, tokenizer, [s for s, _ in pairs], beam_size=1)
+    capsys.readouterr()
+    assert cli.main(["eval", "--checkpoint", str(run), "--sources", str(tmp_path / "sources.txt"), "--references",
+                     str(tmp_path / "references.txt"), "--beam", "1"]) == 0
+    assert "exact match" in capsys.readouterr().out
+    assert cli.main(["eval", "--checkpoint", str(run)]) == 2
+    assert "give --sources FILE --references FILE" in capsys.readouterr().err
+    averaged = tmp_path / "averaged.npz"
+    assert cli.main(["average", "--dir", str(run), "--output", str(averaged)]) == 0
+    again, _, _ = load_model(averaged, tokenizer_path=run / "tokenizer")
+    for (name, p), (_, q) in zip(model.state_dict().items(), again.state_dict().items()):
+        np.testing.assert_array_equal(p, q, err_msg=name)

@@ -17,6 +17,8 @@ def register(commands):
     evaluate.add_argument("--limit", type=positive_int, help="only the first N sentences")
     evaluate.add_argument("--hypotheses", help="score this file of translations instead ...")
     evaluate.add_argument("--references", help="... against this file of references")
+    evaluate.add_argument("--sources", help="with --checkpoint and --references: translate this file of sentences "
+                                            "instead of a split (any model, an imported one too)")
     add_decoding_options(evaluate)
     add_precision_option(evaluate)
     evaluate.set_defaults(run=limiting_threads(run))
@@ -26,7 +28,7 @@ def run(args):
     from ..translation import metrics
 
     if args.hypotheses:
-        if args.checkpoint or not args.references:
+        if args.checkpoint or args.sources or not args.references:
             raise UsageError("--hypotheses needs --references (and no --checkpoint)")
         hypotheses = read_lines(args.hypotheses, "--hypotheses", args.command)
         references = read_lines(args.references, "--references", args.command)
@@ -39,16 +41,29 @@ def run(args):
         raise UsageError("give --checkpoint (translate and score a split) or --hypotheses/--references")
     from ..translation.train import TrainConfig, evaluate, load_corpus, load_model
 
+    if bool(args.sources) != bool(args.references):
+        raise UsageError("--sources and --references go together (with --checkpoint)")
     model, tokenizer, meta = load_model(args.checkpoint, args.device, args.tokenizer)
-    config = TrainConfig.from_dict(meta["config"])
-    if args.data_dir:
-        config.data_dir = args.data_dir
-    sources, references = load_corpus(config, args.split)
+    if args.sources:
+        sources = read_lines(args.sources, "--sources", args.command)
+        references = read_lines(args.references, "--references", args.command)
+        if len(sources) != len(references):
+            raise UsageError(f"--sources has {len(sources):,} lines but --references {len(references):,}")
+        split = args.sources
+    elif "config" not in meta:
+        raise UsageError(f"{args.checkpoint} was not written by tinyformer train (an imported model?): it has no "
+                         "splits of its own; give --sources FILE --references FILE")
+    else:
+        config = TrainConfig.from_dict(meta["config"])
+        if args.data_dir:
+            config.data_dir = args.data_dir
+        sources, references = load_corpus(config, args.split)
+        split = args.split
     if args.limit:
         sources, references = sources[:args.limit], references[:args.limit]
     with amp.autocast(args.precision):
         result = evaluate(model, tokenizer, sources, references, args.beam, args.alpha)
-    print_evaluation(result, sources, references, args.split)
+    print_evaluation(result, sources, references, split)
     return 0
 
 

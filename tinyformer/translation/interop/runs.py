@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ...model.nn import TransformerConfig
 from ..checkpoint import CheckpointError, list_checkpoints, save_checkpoint
 from ..train.migration import FORMAT
 from .marian import MarianError, config_to_marian, read_marian_folder, state_to_marian
@@ -97,7 +98,7 @@ def export_marian(source, output, tokenizer_path=None):
     generation.update({"decoder_start_token_id": tokenizer.pad_id, "pad_token_id": tokenizer.pad_id,
                        "eos_token_id": tokenizer.eos_id, "forced_eos_token_id": tokenizer.eos_id,
                        "bad_words_ids": [[tokenizer.pad_id]]})
-    tensors = state_to_marian({k: v for k, v in model.state_dict().items()}, model_config(config))
+    tensors = state_to_marian(model.state_dict(), TransformerConfig.from_dict(config))
 
     def fill(staging):
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
@@ -111,8 +112,3 @@ def export_marian(source, output, tokenizer_path=None):
     _build_beside(output, fill)
     return output
 
-
-def model_config(values):
-    from ...model.nn import TransformerConfig
-
-    return TransformerConfig.from_dict(values)
