@@ -41,8 +41,8 @@ def add_decoding_options(parser, beam=4, threads=None, length_normalization=Fals
     if length_normalization:
         parser.add_argument("--length-normalization", choices=("gnmt", "hf"), default="gnmt",
                             help="how beam search ranks finished outputs: gnmt (default): log-probability / "
-                                 "((5 + length) / 6)^alpha, §6.1; hf: Hugging Face transformers' beam search, "
-                                 "log-probability / length^alpha with its stopping rule (generate(num_beams=N))")
+                                 "((5 + length) / 6)^α, §6.1; hf: Hugging Face transformers' beam search, "
+                                 "log-probability / length^α with its stopping rule (generate(num_beams=N))")
         parser.add_argument("--alpha", type=float_number, default=None,
                             help="the length penalty: GNMT's α, a number ≥ 0 (default 0.6), or with "
                                  "--length-normalization hf transformers' length_penalty, any number (default 1.0)")

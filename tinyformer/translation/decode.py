@@ -252,7 +252,7 @@ def _cannot_improve(best_active, finished, beam_size, against_worst):
 def beam_search(model, src, beam_size=4, alpha=None, max_len_a=1, max_len_b=50, max_len=None,
                 bos_id=BOS_ID, eos_id=EOS_ID, pad_id=None, use_cache=True, return_scores=False,
                 length_normalization="gnmt"):
-    """Batched beam search with GNMT's length penalty: §6.1 uses beam 4, α = 0.6.
+    """Batched beam search with GNMT's length penalty (§6.1: beam 4, α = 0.6) or transformers' (``"hf"``).
 
     Each sentence keeps ``beam_size`` active hypotheses (batch × beam decoder rows,
     ``state.reorder`` following the survivors). Per step the 2×beam best
