@@ -94,6 +94,15 @@ def test_every_subcommand_has_help(command, capsys):
     assert f"usage: tinyformer {command}" in capsys.readouterr().out
 
 
+def test_translate_help_tells_both_length_normalizations_and_their_alpha(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["translate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--length-normalization {gnmt,hf}" in text
+    assert "(default 0.6)" in text and "--length-normalization hf transformers' length_penalty" in text
+    assert "(default 1.0)" in text
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "--max-steps", "many"], "invalid int value"),
     (["train", "--preset", "huge", "--save-dir", "unused"], "unknown preset"),
@@ -101,6 +110,11 @@ def test_every_subcommand_has_help(command, capsys):
     (["translate"], "--checkpoint"),
     (["eval"], "--checkpoint"),
     (["average", "--output", "x.npz"], "give checkpoint files or --dir"),
+    (["translate", "--checkpoint", "x", "--length-normalization", "fairseq"], "invalid choice: 'fairseq'"),
+    (["translate", "--checkpoint", "x", "--alpha", "-1"], "--alpha -1: GNMT's α must be ≥ 0"),
+    (["translate", "--checkpoint", "x", "--alpha", "nan", "--length-normalization", "hf"], "argument --alpha"),
+    (["translate", "--checkpoint", "x", "--length-normalization", "hf", "--plot-attention", "maps"],
+     "--plot-attention decodes with --length-normalization gnmt only"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
     try:

@@ -29,13 +29,25 @@ def checked(kind, check):
 
 positive_int = checked(int, functools.partial(check_int, minimum=1))
 non_negative_float = checked(float, functools.partial(check_real, minimum=0))
+float_number = checked(float, check_real)
 
 
-def add_decoding_options(parser, beam=4, threads=None):
+def add_decoding_options(parser, beam=4, threads=None, length_normalization=False):
+    """--beam, --threads, --alpha, --device, --tokenizer; with ``length_normalization`` also
+    --length-normalization {gnmt,hf}, and --alpha defaults to None (the normalisation's own default)."""
     parser.add_argument("--beam", type=positive_int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
     parser.add_argument("--threads", type=positive_int, default=threads,
                         help=f"CPU threads for matrix products and row-wise work (default {threads or 'all'})")
-    parser.add_argument("--alpha", type=non_negative_float, default=0.6, help="GNMT length penalty α (default 0.6)")
+    if length_normalization:
+        parser.add_argument("--length-normalization", choices=("gnmt", "hf"), default="gnmt",
+                            help="how beam search ranks finished outputs: gnmt (default): log-probability / "
+                                 "((5 + length) / 6)^α, §6.1; hf: Hugging Face transformers' beam search, "
+                                 "log-probability / length^α with its stopping rule (generate(num_beams=N))")
+        parser.add_argument("--alpha", type=float_number, default=None,
+                            help="the length penalty: GNMT's α, a number ≥ 0 (default 0.6), or with "
+                                 "--length-normalization hf transformers' length_penalty, any number (default 1.0)")
+    else:
+        parser.add_argument("--alpha", type=non_negative_float, default=0.6, help="GNMT length penalty α (default 0.6)")
     parser.add_argument("--device", default="cpu", choices=backend.DEVICES, help="cpu (default) or cuda")
     parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
 

@@ -33,7 +33,7 @@ def register(commands):
                                 "one PNG per layer and kind in DIR/line<N> for input line N")
     translate.add_argument("--plot-limit", type=positive_int, default=1, metavar="N",
                            help="with --plot-attention, plot the first N non-empty lines (default 1)")
-    add_decoding_options(translate)
+    add_decoding_options(translate, length_normalization=True)
     add_precision_option(translate)
     translate.set_defaults(run=limiting_threads(run))
 
@@ -42,6 +42,10 @@ def run(args):
     from ..translation.decode import InputWarning, LongLineError, input_token_limit, translate
     from ..translation.train import load_model
 
+    if args.length_normalization == "gnmt" and args.alpha is not None and args.alpha < 0:
+        raise UsageError(f"--alpha {args.alpha:g}: GNMT's α must be ≥ 0 (negative ones: --length-normalization hf)")
+    if args.plot_attention and args.length_normalization != "gnmt" and args.beam > 1:
+        raise UsageError("--plot-attention decodes with --length-normalization gnmt only: give that, or --beam 1")
     if args.plot_attention:
         from ..study import viz
 
@@ -65,7 +69,7 @@ def run(args):
             with amp.autocast(args.precision):
                 outputs = translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
                                     batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
-                                    long_lines=args.long_lines)
+                                    long_lines=args.long_lines, length_normalization=args.length_normalization)
         except LongLineError as error:
             source = "<stdin>" if args.input in (None, "-") else args.input
             raise ValueError(f"{source}, line {error.line}: {error.tokens:,} tokens, more than "
@@ -95,5 +99,6 @@ def _plot_attention(model, tokenizer, lines, args):
             warn(args.command, f"line {n} not plotted: longer than {limit} tokens")
             continue
         folder = Path(args.plot_attention) / f"line{n}"
-        _, paths = viz.plot_attention(model, tokenizer, line, folder, beam_size=args.beam, alpha=args.alpha)
+        alpha = 0.6 if args.alpha is None else args.alpha  # gnmt's (hf with --beam > 1 is refused in run)
+        _, paths = viz.plot_attention(model, tokenizer, line, folder, beam_size=args.beam, alpha=alpha)
         print(f"attention of line {n}: {len(paths)} figures in {folder}", file=sys.stderr)

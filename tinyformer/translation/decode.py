@@ -19,6 +19,13 @@ Conventions shared by every search here:
   positional-encoding ``max_len``.
 * The padding id and BOS are never generated (their log-probability is set to
   −inf after the softmax, as fairseq does for padding).
+
+Beam search ranks finished hypotheses by a length-normalised score, chosen by
+``length_normalization``: "gnmt" (default) divides by GNMT's ((5 + |Y|)/6)^α
+(``beam_search`` says when it stops); "hf" reproduces Hugging Face transformers'
+beam search (``generate(num_beams=k)`` with its defaults): score / |Y|^α, α being
+transformers' ``length_penalty`` (default 1.0), its ``early_stopping=False``
+stopping rule and its forced EOS, which scores 0.
 """
 
 import warnings
@@ -33,10 +40,13 @@ from .data.special import BOS_ID, EOS_ID
 from ..model.nn import inference
 from ..common.validation import check_int, check_real
 
-__all__ = ["Hypothesis", "InputWarning", "LongLineError", "LONG_LINES", "length_penalty", "greedy_decode",
-           "beam_search", "input_token_limit", "translate"]
+__all__ = ["Hypothesis", "InputWarning", "LongLineError", "LONG_LINES", "LENGTH_NORMALIZATIONS", "DEFAULT_ALPHA",
+           "length_penalty", "hf_length_penalty", "greedy_decode", "beam_search", "input_token_limit", "translate"]
 
 LONG_LINES = ("truncate", "refuse")
+LENGTH_NORMALIZATIONS = ("gnmt", "hf")
+# α when none is given: §6.1's 0.6 for GNMT's penalty, transformers' length_penalty default 1.0 for "hf".
+DEFAULT_ALPHA = {"gnmt": 0.6, "hf": 1.0}
 
 
 class InputWarning(UserWarning):
@@ -69,6 +79,25 @@ def length_penalty(length, alpha):
     ``length`` is |Y|, the number of generated tokens including the final EOS.
     """
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def hf_length_penalty(length, alpha):
+    """Hugging Face's divisor |Y|^α, α being transformers' ``length_penalty`` (default 1.0, the mean
+    log-probability per token; α > 0 favours longer outputs, α < 0 shorter ones).
+
+    ``length`` is |Y|, the number of generated tokens including the final EOS (transformers divides by
+    ``cur_len + 1 - decoder_prompt_len`` when a hypothesis finishes).
+    """
+    return float(length) ** alpha
+
+
+def _check_length_normalization(length_normalization, alpha):
+    """(length_normalization, α): α defaults to DEFAULT_ALPHA; GNMT's must be ≥ 0, transformers' any number."""
+    if length_normalization not in LENGTH_NORMALIZATIONS:
+        raise ValueError(f"length_normalization must be one of {LENGTH_NORMALIZATIONS}, got {length_normalization!r}")
+    if alpha is None:
+        return length_normalization, DEFAULT_ALPHA[length_normalization]
+    return length_normalization, check_real("alpha", alpha, 0 if length_normalization == "gnmt" else None)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -125,9 +154,13 @@ def _log_probs(model, tokens, memory, src_mask, state, banned):
     return log_probs
 
 
-def _force_eos(log_probs, rows, eos_id):
-    """Rows ``rows`` (a boolean mask) may only produce EOS: every other log-probability becomes −inf."""
-    eos = log_probs[rows, eos_id]
+def _force_eos(log_probs, rows, eos_id, eos_log_prob=None):
+    """Rows ``rows`` (a boolean mask) may only produce EOS: every other log-probability becomes −inf.
+
+    EOS keeps its own log-probability, or becomes ``eos_log_prob`` when given (transformers'
+    ForcedEOSTokenLogitsProcessor, applied after the log-softmax, sets it to 0).
+    """
+    eos = log_probs[rows, eos_id] if eos_log_prob is None else eos_log_prob
     log_probs[rows] = -np.inf
     log_probs[rows, eos_id] = eos
 
@@ -202,9 +235,24 @@ def greedy_decode(model, src, max_len=None, max_len_a=1, max_len_b=50, bos_id=BO
 
 
 # ------------------------------------------------------------------------ beam search
-def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, max_len=None,
-                bos_id=BOS_ID, eos_id=EOS_ID, pad_id=None, use_cache=True, return_scores=False):
-    """Batched beam search with GNMT's length penalty: §6.1 uses beam 4, α = 0.6.
+def _cannot_improve(best_active, finished, beam_size, against_worst):
+    """Per sentence: whether its search is over before the maximum length.
+
+    ``best_active`` holds each sentence's best active score normalised at its current length,
+    ``finished`` each one's finished hypotheses. Over once it has ``beam_size`` finished and
+    best_active ≤ the best finished normalised score (gnmt), or ≤ the worst of the ``beam_size``
+    kept (``against_worst``: transformers' ``_check_early_stop_heuristic`` with early_stopping=False).
+    """
+    pick = min if against_worst else max
+    enough = np.array([len(hyps) >= beam_size for hyps in finished])
+    reference = np.array([pick((h.normalized_score for h in hyps), default=-np.inf) for hyps in finished])
+    return enough & (best_active <= reference)
+
+
+def beam_search(model, src, beam_size=4, alpha=None, max_len_a=1, max_len_b=50, max_len=None,
+                bos_id=BOS_ID, eos_id=EOS_ID, pad_id=None, use_cache=True, return_scores=False,
+                length_normalization="gnmt"):
+    """Batched beam search with GNMT's length penalty (§6.1: beam 4, α = 0.6) or transformers' (``"hf"``).
 
     Each sentence keeps ``beam_size`` active hypotheses (batch × beam decoder rows,
     ``state.reorder`` following the survivors). Per step the 2×beam best
@@ -223,10 +271,28 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, m
     ``return_scores=True`` the kept ``Hypothesis`` list per sentence, best first.
     With ``beam_size=1`` the result equals ``greedy_decode``'s: the one active
     hypothesis stops exactly when EOS is its most probable extension.
+
+    ``length_normalization="hf"`` is transformers' beam search (``_beam_search`` with
+    length_penalty=α, early_stopping=False, forced_eos_token_id set), step for step:
+
+    * the same 2×beam candidates, finished (EOS within the first ``beam_size``) and
+      active ones; the ``beam_size`` best finished are kept, ranked by
+      score / |Y|^α (``hf_length_penalty``), and the best of them is returned;
+    * a sentence stops once it has ``beam_size`` finished hypotheses and its best
+      active one, score / (its current length)^α, is no better than the *worst*
+      kept one (gnmt compares with the best);
+    * at the maximum length the forced EOS adds 0 to the score, not its
+      log-probability (transformers forces it after the log-softmax).
+
+    α defaults to ``DEFAULT_ALPHA[length_normalization]`` (0.6 for gnmt, transformers'
+    1.0 for hf); hf accepts any α, negative ones favouring short outputs. With
+    ``beam_size=1`` hf is not greedy search (transformers runs greedy search then).
     """
     src, bos_id, eos_id, pad_id, banned = _setup(model, src, bos_id, eos_id, pad_id)
     k = check_int("beam_size", beam_size, 1)
-    alpha = check_real("alpha", alpha, 0)
+    normalization, alpha = _check_length_normalization(length_normalization, alpha)
+    hf = normalization == "hf"
+    penalty = hf_length_penalty if hf else length_penalty
     limits = _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b)
     finished = [[] for _ in range(len(src))]
     if not len(src):
@@ -242,7 +308,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, m
             log_probs = _log_probs(model, tokens, memory, src_mask, state, banned)
             vocab = log_probs.shape[1]
             at_limit = limits[alive] <= step
-            _force_eos(log_probs, np.repeat(at_limit, k), eos_id)
+            _force_eos(log_probs, np.repeat(at_limit, k), eos_id, 0.0 if hf else None)
             candidates = (cumulative[:, :, None] + log_probs.reshape(n, k, vocab)).reshape(n, k * vocab)
             top = _top_candidates(candidates, 2 * k)
             top_scores = np.take_along_axis(candidates, top, axis=1)
@@ -253,7 +319,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, m
                 hyps = finished[alive[i]]
                 ids = tokens[i * k + top_beam[i, j], 1:].tolist()
                 score = float(top_scores[i, j])
-                hyps.append(Hypothesis(ids, score, score / length_penalty(len(ids) + 1, alpha)))
+                hyps.append(Hypothesis(ids, score, score / penalty(len(ids) + 1, alpha)))
                 if len(hyps) > k:  # keep the k best (stable: the earlier of equals stays)
                     hyps.sort(key=lambda h: -h.normalized_score)
                     hyps.pop()
@@ -261,11 +327,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b=50, m
             order = np.argsort(is_eos, axis=1, kind="stable")[:, :k]
             next_scores = np.take_along_axis(top_scores, order, axis=1)
             # Done: k finished and the best active one, were it to end now, would not win.
-            best_active = next_scores[:, 0] / length_penalty(step + 1, alpha)
-            best_finished = np.array([max((h.normalized_score for h in finished[s]), default=-np.inf)
-                                      for s in alive])
-            enough = np.array([len(finished[s]) >= k for s in alive])
-            done = at_limit | (enough & (best_active <= best_finished))
+            best_active = next_scores[:, 0] / penalty(step + 1, alpha)
+            done = at_limit | _cannot_improve(best_active, [finished[s] for s in alive], k, against_worst=hf)
             keep = np.flatnonzero(~done)
             if not keep.size:
                 break
@@ -302,9 +365,9 @@ def line_list(line_numbers, limit=10):
     return shown + (f" and {len(line_numbers) - limit} more" if len(line_numbers) > limit else "")
 
 
-def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, max_len_a=1,
+def translate(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_a=1,
               max_len_b=50, append_eos=True, bos_id=None, eos_id=None, max_input_tokens=None,
-              long_lines="truncate"):
+              long_lines="truncate", length_normalization="gnmt"):
     """Translate text lines: one output string per input line, in the input order.
 
     Each line is stripped and encoded with ``tokenizer.encode(str) -> list[int]``
@@ -312,7 +375,8 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
     ``ids + [eos_id]``, as the trainer feeds it (src_len for the maximum length
     counts that EOS). Lines are sorted by length into batches of ``batch_size``,
     decoded with ``beam_search`` (beam 4, α = 0.6 as §6.1; ``beam_size=1`` runs
-    ``greedy_decode``) and ``tokenizer.decode(ids) -> str``. An empty or
+    ``greedy_decode``) and ``tokenizer.decode(ids) -> str``. ``length_normalization``
+    and α are beam search's ("hf": transformers' score / |Y|^α, α default 1.0). An empty or
     whitespace-only line gives an empty output without running the model.
 
     A line of more than ``max_input_tokens`` tokens (default and upper bound:
@@ -331,6 +395,7 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
             raise TypeError(f"translate: lines[{i}] must be a str, got {type(line).__name__}")
     beam_size = check_int("beam_size", beam_size, 1)
     batch_size = check_int("batch_size", batch_size, 1)
+    length_normalization, alpha = _check_length_normalization(length_normalization, alpha)
     if long_lines not in LONG_LINES:
         raise ValueError(f"translate: long_lines must be one of {LONG_LINES}, got {long_lines!r}")
     limit = input_token_limit(model, append_eos)
@@ -371,7 +436,8 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, ma
         if beam_size == 1:
             hypotheses = greedy_decode(model, src, **common)
         else:
-            hypotheses = beam_search(model, src, beam_size=beam_size, alpha=alpha, **common)
+            hypotheses = beam_search(model, src, beam_size=beam_size, alpha=alpha,
+                                     length_normalization=length_normalization, **common)
         for (i, _), ids in zip(batch, hypotheses):
             outputs[i] = tokenizer.decode(ids).translate(_LINE_BREAKS)
     return outputs
