@@ -95,6 +95,17 @@ def _train(model, tokenizer, pairs, steps, seed):
     import torch
 
     rng = random.Random(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside the other test processes, more threads only wait for each other
+    try:
+        _steps(model, tokenizer, pairs, steps, rng)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _steps(model, tokenizer, pairs, steps, rng):
+    import torch
+
     optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(steps):
