@@ -3,6 +3,7 @@ PyTorch module of benchmarks/torch_transformer.py that holds the layout, ``tinyf
 ``tinyformer export --format torch``. The NumPy tests need no torch; the others skip without it."""
 
 import json
+import os
 import re
 import warnings
 
@@ -18,7 +19,7 @@ from tinyformer.translation.data.special import BOS_ID, EOS_ID, PAD_ID
 from tinyformer.translation.data.synthetic import synthetic_pairs
 from tinyformer.translation.data.tokenizer import Tokenizer
 from tinyformer.translation.decode import greedy_decode
-from tinyformer.translation.interop.staging import imported_metadata
+from tinyformer.translation.interop.staging import imported_metadata, write_files_whole
 from tinyformer.translation.interop.torch_transformer import (
     POSITIONS, TorchStateError, from_torch_state, to_torch_state, torch_names)
 from tinyformer.translation.train import load_model
@@ -32,7 +33,13 @@ VARIANTS = {"post-LN": {}, "stock": dict(final_norm=True, init="torch", activati
 
 
 class Payload:
-    """Not a tensor: a pickle holding one runs code when read without weights_only."""
+    """Not a tensor: unpickled without weights_only, it runs ``os.mkdir(marker)``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,6 +80,14 @@ def build_torch(benchmarks_module, config):
     return model
 
 
+def stirred(model, seed):
+    """``model`` with noise on every parameter, so that LayerNorms and biases differ from one another."""
+    rng = np.random.default_rng(seed)
+    for parameter in model.parameters():
+        parameter.data[...] += rng.normal(0, 0.1, parameter.shape).astype(parameter.data.dtype)
+    return model
+
+
 def torch_logits(torch, model, src, tgt_in):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the encoder's fast path: nested tensors are a prototype
@@ -92,7 +107,7 @@ def run_cli(capsys, *argv):
 # ---------------------------------------------------------------------------- the mapping, NumPy only
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_parameter_has_one_place_and_comes_back_identical(variant):
-    tiny = nn.Transformer(VOCAB, seed=1, **SMALL, **VARIANTS[variant])
+    tiny = stirred(nn.Transformer(VOCAB, seed=1, **SMALL, **VARIANTS[variant]), 1)
     state = tiny.state_dict()
     names = torch_names(tiny.config)
     assert sorted(part for parts in names.values() for part in parts) == sorted(state)
@@ -155,7 +170,7 @@ def test_positions_are_optional_on_the_way_in():
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_the_benchmarks_module_holds_the_layout_and_computes_the_same_logits(benchmarks_module, variant):
     torch = pytest.importorskip("torch")
-    tiny = nn.Transformer(VOCAB, seed=2, **SMALL, **VARIANTS[variant])
+    tiny = stirred(nn.Transformer(VOCAB, seed=2, **SMALL, **VARIANTS[variant]), 0)
     tensors = to_torch_state(tiny.state_dict(), tiny.config)
     torch.manual_seed(0)
     model = build_torch(benchmarks_module, tiny.config)
@@ -269,7 +284,7 @@ def write_case(case, folder, tokenizer):
     if case in ("object in the pickle", "not a state dict"):
         torch = pytest.importorskip("torch")
         weights = folder / "model.pt"
-        extra = Payload() if case == "object in the pickle" else 12
+        extra = Payload(folder / "unpickled") if case == "object in the pickle" else 12
         torch.save({**{k: torch.from_numpy(v) for k, v in tensors.items()}, "extra": extra}, weights)
     else:
         save_file(tensors, str(weights))
@@ -295,6 +310,37 @@ def test_a_bad_import_is_one_line_and_writes_nothing(case, message, corpus, tmp_
     assert code == 1 and len(err) == 1, err
     assert re.search(message, err[0]), err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs"]  # no run, no staging folder
+    assert not (tmp_path / "inputs" / "unpickled").exists()  # the pickle's code did not run
+
+
+def test_an_import_that_fails_while_writing_leaves_nothing(corpus, tmp_path, capsys, monkeypatch):
+    from tinyformer.translation.interop import torch_runs
+
+    def full_disk(*args):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch_runs, "save_checkpoint", full_disk)
+    tokenizer = corpus[2]
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    weights, model_config = write_case("good", inputs, tokenizer)
+    code, err = run_cli(capsys, "import", "torch", weights, "--model-config", model_config,
+                        "--tokenizer", tokenizer.path, "--output", tmp_path / "run")
+    assert code == 1 and err == ["tinyformer import: error: No space left on device"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs"]
+
+
+def test_an_export_writes_both_files_or_neither(tmp_path):
+    def broken(path):
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        write_files_whole({tmp_path / "a.pt": lambda path: path.write_bytes(b"weights"), tmp_path / "a.json": broken})
+    assert list(tmp_path.iterdir()) == []
+    written = write_files_whole({tmp_path / "a.pt": lambda path: path.write_bytes(b"weights"),
+                                 tmp_path / "a.json": lambda path: path.write_text("{}")})
+    assert written == [tmp_path / "a.pt", tmp_path / "a.json"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.json", "a.pt"]
 
 
 def test_export_refuses_what_torch_cannot_hold_and_an_existing_file(corpus, tmp_path, capsys):

@@ -19,8 +19,8 @@ import numpy
 from ..checkpoint import save_checkpoint
 from ..data.tokenizer import Tokenizer
 from ..weights import SAFETENSORS_SUFFIX, load_weights
-from .staging import IMPORTED_CHECKPOINT, build_beside, check_output, imported_metadata, newest_checkpoint
-from .staging import write_files_whole
+from .staging import (IMPORTED_CHECKPOINT, build_beside, check_output, imported_metadata, newest_checkpoint,
+                      write_files_whole)
 from .tensor_files import read_json, read_safetensors, read_torch_pickle
 from .torch_transformer import TorchStateError, from_torch_state, to_torch_state, torch_config
 
