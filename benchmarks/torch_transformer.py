@@ -4,9 +4,13 @@ Shared by the benchmarks that run PyTorch beside tinyformer (``bench_step.py``, 
 ``bench_quality.py``); PyTorch comes from the ``bench`` extra and is imported only when called.
 
 ``build_torch_model(config)`` reads tinyformer's ``model.config`` (a ``TransformerConfig.to_dict()``):
-post-LN, one shared vocabulary tied to the output projection, embeddings x sqrt(d_model) plus
-tinyformer's sinusoids, dropout on the embedding sums and on every sub-layer output (``dropout``).
-PyTorch's own extras are taken from the same config, so each can be switched alone:
+post-LN, one shared vocabulary tied to the output projection, embeddings x sqrt(d_model) (unless
+``scale_embedding`` is false) plus tinyformer's sinusoids, dropout on the embedding sums and on every
+sub-layer output (``dropout``), the config's depths and activation (relu, gelu, silu). Its state dict
+is the layout ``tinyformer.translation.interop.torch_transformer`` documents (``tinyformer import
+torch`` reads it, ``tinyformer export --format torch`` writes it); what that layout cannot hold (two
+vocabularies, learned positions, a logits bias) is refused. PyTorch's own extras are taken from the
+same config, so each can be switched alone:
 
 * ``attention_dropout``: dropout on the attention probabilities (stock nn.Transformer: its ``dropout``);
 * ``activation_dropout``: dropout after the feed-forward ReLU (stock: its ``dropout``);
@@ -20,13 +24,12 @@ PyTorch's own extras are taken from the same config, so each can be switched alo
 
 ``STOCK_EXTRAS`` are the values of stock ``nn.Transformer`` (with dropout p).
 ``copy_weights(tiny, model)`` puts tinyformer's parameters into such a model, ``copy_weights_back(model,
-tiny)`` the other way (Q, K and V cut from in_proj_weight); both are exact (float32 to float32).
+tiny)`` the other way (Q, K and V cut from in_proj_weight), both through the library's mapping
+(``to_torch_state``, ``from_torch_state``); both are exact (float32 to float32).
 """
 
 import math
 import warnings
-
-import numpy
 
 PAD = 0  # tinyformer's padding id (tinyformer.translation.data.special.PAD_ID); the masks below use the config's pad_id
 
@@ -53,10 +56,15 @@ def build_torch_model(config, device="cpu"):
     from torch.nn import functional as TF
 
     from tinyformer.engine import functional as F
+    from tinyformer.translation.interop.torch_transformer import torch_config
 
     if config.get("norm_first"):
         raise ValueError("build_torch_model builds post-LN models (norm_first=False)")
+    torch_config(config, "build_torch_model")  # a model the layout holds
     d_model, heads, layers = config["d_model"], config["heads"], config["num_layers"]
+    encoder_layers, decoder_layers = config.get("encoder_layers") or layers, config.get("decoder_layers") or layers
+    activation = {"relu": "relu", "gelu": "gelu", "silu": TF.silu}[config.get("activation", "relu")]
+    scale = math.sqrt(d_model) if config.get("scale_embedding", True) else 1.0
     pad_id = config.get("pad_id", PAD)
     scheme = config.get("init", "xavier")
     if scheme not in ("xavier", "torch"):
@@ -72,8 +80,8 @@ def build_torch_model(config, device="cpu"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.transformer = nn.Transformer(
-                    d_model, heads, layers, layers, config["d_ff"], config["dropout"],
-                    batch_first=True, norm_first=False, layer_norm_eps=config["eps"])
+                    d_model, heads, encoder_layers, decoder_layers, config["d_ff"], config["dropout"],
+                    activation=activation, batch_first=True, norm_first=False, layer_norm_eps=config["eps"])
             self.stock_extra = sum(p.numel() for p in self.transformer.encoder.norm.parameters()) + sum(
                 p.numel() for p in self.transformer.decoder.norm.parameters())
             if not has_final_norm(config):
@@ -88,7 +96,7 @@ def build_torch_model(config, device="cpu"):
                 _xavier_init(self.transformer)
 
         def _embed(self, ids):
-            x = self.embed(ids) * math.sqrt(d_model) + self.pe[:ids.shape[1]]
+            x = self.embed(ids) * scale + self.pe[:ids.shape[1]]
             return self.embed_dropout(x)
 
         def forward(self, src, tgt_in):
@@ -124,71 +132,33 @@ def _xavier_init(transformer):
 
 def weight_pairs(tiny, model):
     """(tinyformer parameters, the PyTorch parameter that holds them, concatenated on axis 0) for every
-    parameter of the two models; a model without final LayerNorms has no pairs for them."""
-    pairs = [([tiny.src_embed.weight], model.embed.weight)]
+    parameter of the two models, as ``interop.torch_transformer.torch_names`` pairs them; a model without
+    final LayerNorms has no pairs for them."""
+    from tinyformer.translation.interop.torch_transformer import torch_names
 
-    def attention(ours, theirs):
-        pairs.append(([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight], theirs.in_proj_weight))
-        pairs.append(([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias], theirs.in_proj_bias))
-        pairs.append(([ours.w_o.weight], theirs.out_proj.weight))
-        pairs.append(([ours.w_o.bias], theirs.out_proj.bias))
-
-    def norm(ours, theirs):
-        pairs.append(([ours.weight], theirs.weight))
-        pairs.append(([ours.bias], theirs.bias))
-
-    def feed_forward(ours, theirs):
-        for name in ("linear1", "linear2"):
-            for part in ("weight", "bias"):
-                pairs.append(([getattr(getattr(ours, name), part)], getattr(getattr(theirs, name), part)))
-
-    for ours, theirs in zip(tiny.encoder.layers, model.transformer.encoder.layers, strict=True):
-        attention(ours.self_attn, theirs.self_attn)
-        feed_forward(ours.feed_forward, theirs)
-        norm(ours.attn_block.norm, theirs.norm1)
-        norm(ours.ff_block.norm, theirs.norm2)
-    for ours, theirs in zip(tiny.decoder.layers, model.transformer.decoder.layers, strict=True):
-        attention(ours.self_attn, theirs.self_attn)
-        attention(ours.cross_attn, theirs.multihead_attn)
-        feed_forward(ours.feed_forward, theirs)
-        norm(ours.self_block.norm, theirs.norm1)
-        norm(ours.cross_block.norm, theirs.norm2)
-        norm(ours.ff_block.norm, theirs.norm3)
-    for ours, theirs in ((tiny.encoder, model.transformer.encoder), (tiny.decoder, model.transformer.decoder)):
-        if (ours.final_norm is None) != (theirs.norm is None):
-            raise RuntimeError("weight copy: one model has final LayerNorms and the other not "
-                               f"(tinyformer {ours.final_norm is not None}, PyTorch {theirs.norm is not None})")
-        if ours.final_norm is not None:
-            norm(ours.final_norm, theirs.norm)
-    if not tiny.shared_vocab:
-        raise RuntimeError("weight copy: the PyTorch model ties one shared vocabulary")
-    return pairs
+    names = torch_names(tiny.config)
+    ours, theirs = dict(tiny.named_parameters()), dict(model.named_parameters())
+    if set(theirs) != set(names):
+        odd = sorted(set(theirs) ^ set(names))[0]
+        raise RuntimeError(f"weight copy: the PyTorch model {'lacks' if odd in names else 'has another'} parameter "
+                           f"{odd} (tinyformer's model_config and the PyTorch model differ, e.g. in final_norm)")
+    return [([ours[name] for name in parts], theirs[torch_name]) for torch_name, parts in names.items()]
 
 
 def copy_weights(tiny, model):
-    """tinyformer's weights into the PyTorch model, so both start from the same point."""
+    """tinyformer's weights into the PyTorch model, so both start from the same point (the library's
+    ``to_torch_state``, loaded strictly: every tensor of the model, each of its shape)."""
     import torch
 
-    from tinyformer.engine import backend
+    from tinyformer.translation.interop.torch_transformer import to_torch_state
 
-    with torch.no_grad():
-        for sources, target in weight_pairs(tiny, model):
-            arrays = [backend.to_numpy(s.data) for s in sources]
-            value = torch.from_numpy(numpy.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy())
-            if tuple(value.shape) != tuple(target.shape):
-                raise RuntimeError(f"weight copy: shape {tuple(value.shape)} into {tuple(target.shape)}")
-            target.copy_(value)
+    tensors = to_torch_state(tiny.state_dict(), tiny.config)
+    model.load_state_dict({name: torch.from_numpy(value) for name, value in tensors.items()}, strict=True)
 
 
 def copy_weights_back(model, tiny):
-    """The PyTorch model's weights into tinyformer's (of the same config), in place: e.g. to decode
-    a model PyTorch trained with tinyformer's own beam search."""
-    from tinyformer.engine import backend
+    """The PyTorch model's weights into tinyformer's (of the same config), in place (the library's
+    ``from_torch_state``): e.g. to decode a model PyTorch trained with tinyformer's own beam search."""
+    from tinyformer.translation.interop.torch_transformer import from_torch_state
 
-    for targets, source in weight_pairs(tiny, model):
-        value = source.detach().cpu().numpy()
-        rows = [t.data.shape[0] for t in targets]
-        if sum(rows) != value.shape[0] or any(t.data.shape[1:] != value.shape[1:] for t in targets):
-            raise RuntimeError(f"weight copy: shape {tuple(value.shape)} into {[tuple(t.data.shape) for t in targets]}")
-        for target, part in zip(targets, numpy.split(value, numpy.cumsum(rows)[:-1])):
-            target.data[...] = backend.like(part.astype(target.data.dtype), target.data)
+    tiny.load_state_dict(from_torch_state(model.state_dict(), tiny.config, "the PyTorch model"))

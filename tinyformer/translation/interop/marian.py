@@ -17,12 +17,12 @@ widths that differ between encoder and decoder, layer drop) is refused, naming t
 file (a pickle of anything but tensors is refused); without torch, ask for safetensors.
 """
 
-import json
 from pathlib import Path
 
 import numpy
 
 from ...model.nn import Transformer, TransformerConfig
+from .tensor_files import InteropError, float_array, read_json, read_safetensors, read_torch_pickle
 
 __all__ = ["MarianError", "MARIAN_WEIGHTS", "marian_config", "config_to_marian", "marian_names",
            "state_from_marian", "state_to_marian", "read_marian_folder"]
@@ -46,7 +46,7 @@ _POSITIONS = ("model.encoder.embed_positions.weight", "model.decoder.embed_posit
 _ATTENTION = {"q_proj": "w_q", "k_proj": "w_k", "v_proj": "w_v", "out_proj": "w_o"}
 
 
-class MarianError(ValueError):
+class MarianError(InteropError):
     """A Marian folder tinyformer cannot read or build, or a model it cannot write as one."""
 
 
@@ -182,7 +182,7 @@ def state_from_marian(tensors, config, where):
     for marian, ours in names.items():
         if marian not in tensors:
             raise MarianError(f"{where}: tensor {marian} is missing")
-        state[ours] = _array(tensors[marian])
+        state[ours] = _array(tensors[marian], f"{where}: tensor {marian}")
     known = set(names) | set(_EMBEDDINGS) | set(_POSITIONS) | {"final_logits_bias"}
     unexpected = sorted(set(tensors) - known)
     if unexpected:
@@ -209,52 +209,19 @@ def state_to_marian(state, config):
     return tensors
 
 
-def _array(value):
+def _array(value, name="a tensor"):
     """A float32 NumPy array of a tensor read from safetensors or torch (bf16 and fp16 widened)."""
-    if hasattr(value, "detach"):  # a torch tensor
-        value = value.detach().float().cpu().numpy()
-    value = numpy.asarray(value)
-    if value.dtype.kind != "f":
-        value = value.astype(numpy.float32) if value.dtype.name == "bfloat16" else value
-    if value.dtype.kind != "f":
-        raise MarianError(f"a tensor of dtype {value.dtype} where floating-point weights belong")
-    return value.astype(numpy.float32, copy=False)
-
-
-def _read_json(path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise MarianError(f"{path} is not readable JSON ({error})") from None
+    return float_array(value, name, MarianError).astype(numpy.float32, copy=False)
 
 
 def _read_tensors(folder):
     """({name: array}, the file) of a folder's weights: model.safetensors, else pytorch_model.bin."""
     safetensors_path, bin_path = (folder / name for name in MARIAN_WEIGHTS)
     if safetensors_path.is_file():
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(safetensors_path), framework="np") as f:
-                return {name: f.get_tensor(name) for name in f.keys()}, safetensors_path
-        except (SafetensorError, OSError, ValueError, TypeError) as error:
-            raise MarianError(f"cannot read {safetensors_path} as safetensors: {error}") from None
+        return read_safetensors(safetensors_path, MarianError), safetensors_path
     if not bin_path.is_file():
         raise MarianError(f"{folder} holds no weights ({' or '.join(MARIAN_WEIGHTS)})")
-    try:
-        import torch
-    except ImportError:
-        raise MarianError(f"{bin_path} is a PyTorch pickle, which needs torch to read safely: install torch, or "
-                          "give the folder a model.safetensors") from None
-    try:
-        tensors = torch.load(str(bin_path), map_location="cpu", weights_only=True)
-    except Exception as error:  # torch's own refusal of anything but plain tensors, or a broken file
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise MarianError(f"{bin_path} is not plain tensors (read with weights_only=True, running no code from "
-                          f"the file: {first}); give the folder a model.safetensors") from None
-    if not isinstance(tensors, dict) or not all(hasattr(v, "detach") for v in tensors.values()):
-        raise MarianError(f"{bin_path} does not hold a state dict of tensors; give the folder a model.safetensors")
-    return tensors, bin_path
+    return read_torch_pickle(bin_path, MarianError, "give the folder a model.safetensors"), bin_path
 
 
 def read_marian_folder(folder):
@@ -270,11 +237,11 @@ def read_marian_folder(folder):
     if missing:
         raise MarianError(f"{folder} lacks {', '.join(missing)} (a Marian model folder holds config.json, "
                           f"{' or '.join(MARIAN_WEIGHTS)}, {', '.join(MARIAN_FILES)})")
-    values = _read_json(folder / "config.json")
+    values = read_json(folder / "config.json", MarianError)
     config = marian_config(values, str(folder / "config.json"))
     tokenizer_config = folder / "tokenizer_config.json"
     if tokenizer_config.is_file():
-        settings = _read_json(tokenizer_config)
+        settings = read_json(tokenizer_config, MarianError)
         if isinstance(settings, dict) and settings.get("separate_vocabs"):
             raise MarianError(f"{tokenizer_config}: separate_vocabs=true: separate source and target "
                               "vocabularies are not supported")
@@ -287,6 +254,7 @@ def read_marian_folder(folder):
     tensors, weights = _read_tensors(folder)
     state = state_from_marian(tensors, config, str(weights))
     generation = folder / "generation_config.json"
-    extras = {"config": values, "generation_config": _read_json(generation) if generation.is_file() else None}
+    extras = {"config": values,
+              "generation_config": read_json(generation, MarianError) if generation.is_file() else None}
     return config, state, tokenizer, extras
 

@@ -1,63 +1,37 @@
-"""Foreign models as tinyformer runs, and runs as foreign models: ``tinyformer import`` and
-``tinyformer export --format marian``.
+"""Marian models as tinyformer runs, and runs as Marian models: ``tinyformer import marian`` and
+``tinyformer export --format marian`` (PyTorch state dicts: ``torch_runs.py``).
 
 An imported run is a run directory like any other: ``checkpoint_0000000.npz`` (the weights, the
 ``model_config``, the tokenizer's hash; no optimiser state, like an averaged checkpoint) and the
 tokenizer beside it, here a ``tokenizer/`` folder (``source.spm``, ``target.spm``, ``vocab.json``).
 ``translate``, ``eval``, ``explain``, ``average`` and ``train --init-from`` take it. It is built
-in a temporary folder beside ``output`` and renamed into place whole, so a refused or interrupted
-import leaves nothing behind.
+in a temporary folder beside ``output`` and renamed into place whole (``staging.py``), so a refused
+or interrupted import leaves nothing behind.
 """
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from ...model.nn import TransformerConfig
-from ..checkpoint import CheckpointError, list_checkpoints, save_checkpoint
-from ..train.migration import FORMAT
+from ..checkpoint import save_checkpoint
 from .marian import MarianError, config_to_marian, read_marian_folder, state_to_marian
+from .staging import IMPORTED_CHECKPOINT, build_beside, check_output, imported_metadata, newest_checkpoint
 
 __all__ = ["MARIAN_TOKENIZER_DIR", "import_marian", "export_marian", "IMPORTED_CHECKPOINT"]
 
 MARIAN_TOKENIZER_DIR = "tokenizer"
-IMPORTED_CHECKPOINT = "checkpoint_0000000.npz"
 _TOKENIZER_EXTRAS = ("tokenizer_config.json",)
-
-
-def _check_output(output, what):
-    output = Path(output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise MarianError(f"{what} {output} already exists and is not an empty folder: choose a new one")
-    return output
-
-
-def _build_beside(output, fill):
-    """Make ``output`` whole: ``fill(folder)`` writes into a temporary folder beside it, renamed into place."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-    try:
-        fill(staging)
-        if output.is_dir():
-            output.rmdir()  # empty, checked
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return output
 
 
 def import_marian(folder, output):
     """Write the Marian model of ``folder`` as a tinyformer run at ``output`` (a new or empty folder);
     returns (the checkpoint's path, the TransformerConfig, the tokenizer)."""
     folder = Path(folder)
-    output = _check_output(output, "--output")
+    output = check_output(output, "--output")
     config, state, tokenizer, extras = read_marian_folder(folder)
-    meta = {"format": FORMAT, "model_config": config.to_dict(), "step": 0, "epoch": 0, "batch_in_epoch": 0,
-            "tokens_seen": 0, "skipped_updates": 0, "tokenizer_sha256": tokenizer.sha256,
-            "tokenizer_file": MARIAN_TOKENIZER_DIR,
-            "imported_from": {"kind": "marian", "folder": folder.name, **extras}}
+    meta = imported_metadata(config, tokenizer, MARIAN_TOKENIZER_DIR,
+                             {"kind": "marian", "folder": folder.name, **extras})
 
     def fill(staging):
         tokenizer_dir = staging / MARIAN_TOKENIZER_DIR
@@ -67,7 +41,7 @@ def import_marian(folder, output):
                 shutil.copyfile(folder / name, tokenizer_dir / name)
         save_checkpoint(staging / IMPORTED_CHECKPOINT, state, meta)
 
-    _build_beside(output, fill)
+    build_beside(output, fill)
     return output / IMPORTED_CHECKPOINT, config, tokenizer
 
 
@@ -80,13 +54,8 @@ def export_marian(source, output, tokenizer_path=None):
     from ..data.marian_tokenizer import MarianTokenizer
     from ..train.state import load_model
 
-    source = Path(source)
-    if source.is_dir():
-        found = list_checkpoints(source)
-        if not found:
-            raise CheckpointError(f"no checkpoint_*.npz in {source}")
-        source = found[-1]
-    output = _check_output(output, "--output")
+    source = newest_checkpoint(source)
+    output = check_output(output, "--output")
     model, tokenizer, meta = load_model(source, tokenizer_path=tokenizer_path)
     if not isinstance(tokenizer, MarianTokenizer):
         raise MarianError(f"{source}'s tokenizer is a joint sentencepiece model ({tokenizer.path.name}), not a "
@@ -109,6 +78,6 @@ def export_marian(source, output, tokenizer_path=None):
             if (Path(tokenizer.path) / name).is_file():
                 shutil.copyfile(Path(tokenizer.path) / name, staging / name)
 
-    _build_beside(output, fill)
+    build_beside(output, fill)
     return output
 
