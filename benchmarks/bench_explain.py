@@ -9,7 +9,11 @@ Cases (each a fresh, untrained checkpoint built as `tinyformer train` builds it,
 - ``tiny-128``: `tiny` on the built-in task, a 128-token source and target;
 - ``small-30-steps``: the sentence of ``small-30`` across five checkpoints of one `small` run on
   Multi30k (trained one step each: the size does not depend on training), `tinyformer explain
-  --checkpoints`, the page with a step slider.
+  --checkpoints`, the page with a step slider;
+- ``opus-mt-30``: a run of Helsinki-NLP/opus-mt-en-de's shape as `tinyformer import marian` writes one
+  (6 + 6 layers, d_model 512, 8 heads, d_ff 2,048, SiLU, a 58,101-piece Marian vocabulary, the decoder
+  starting from the padding id), with random weights (``opus_shaped_run``: no Marian folder, no
+  network), a 30-token source taught a 30-token reference.
 
 For each: the page's size, the seconds `tinyformer explain` takes (Python, in this process), and,
 where headless Chromium is on the PATH, the seconds Chromium takes to load, draw and self-test it
@@ -35,9 +39,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "tests"))  # marian_folders: the small sentencepiece models of a Marian tokenizer
 
 import provenance  # noqa: E402
-from tinyformer.translation import checkpoint
+from tinyformer.translation import checkpoint  # noqa: E402
 from tinyformer import cli  # noqa: E402
 from tinyformer.translation.data.tokenizer import Tokenizer  # noqa: E402
 from tinyformer.translation.train import TrainConfig  # noqa: E402
@@ -45,8 +50,17 @@ from tinyformer.translation.train.builders import build_model, build_tokenizer, 
 from tinyformer.translation.train.state import Position, run_metadata  # noqa: E402
 
 CASES = {"small-30": dict(data="multi30k", preset="small"), "small-128": dict(data="multi30k", preset="small"),
-         "tiny-128": dict(vocab_size=120), "small-30-steps": dict(data="multi30k", preset="small")}
+         "tiny-128": dict(vocab_size=120), "small-30-steps": dict(data="multi30k", preset="small"),
+         "opus-mt-30": None}
 STEPS = 5
+OPUS_MT_EN_DE = {  # the shape of Helsinki-NLP/opus-mt-en-de's config.json (its weights are not needed)
+    "model_type": "marian", "vocab_size": 58101, "d_model": 512, "encoder_layers": 6, "decoder_layers": 6,
+    "encoder_attention_heads": 8, "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048,
+    "activation_function": "swish", "max_position_embeddings": 512, "scale_embedding": True, "pad_token_id": 58100,
+    "eos_token_id": 0, "decoder_start_token_id": 58100, "forced_eos_token_id": 0, "dropout": 0.1,
+    "attention_dropout": 0.0, "activation_dropout": 0.0, "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True}
+OPUS_TOKENS = 30
 
 
 def five_checkpoints(directory, **options):
@@ -58,6 +72,73 @@ def five_checkpoints(directory, **options):
     Trainer(config, echo=lambda *a: None, progress=False).run()
     return checkpoint.list_checkpoints(directory)[-1]
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+
+
+def marian_vocabulary_of_size(folder, size):
+    """A Marian tokenizer folder at ``folder`` whose vocab.json has ``size`` pieces: the small
+    sentencepiece models of tests/marian_folders.py over its made-up corpus, their pieces first, then
+    made-up pieces no sentence produces, "<pad>" last (id ``size`` - 1), as opus-mt's vocabularies are."""
+    from marian_folders import corpus, write_tokenizer
+
+    vocab = write_tokenizer(folder, corpus(600))
+    del vocab["<pad>"]
+    for number in range(size - 1 - len(vocab)):
+        vocab[f"\u2581made-up-{number}"] = len(vocab)
+    vocab["<pad>"] = len(vocab)
+    (Path(folder) / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    return Path(folder)
+
+
+def opus_shaped_run(directory, values=None, seed=0):
+    """The run `tinyformer import marian` would write of a Marian model with the config.json ``values``
+    (default ``OPUS_MT_EN_DE``) and random weights, without writing the Marian folder (300 MB for
+    opus-mt-en-de): a ``tokenizer/`` folder (``marian_vocabulary_of_size``) and checkpoint_0000000.npz
+    with interop/runs.py's metadata. Returns the checkpoint's path."""
+    from tinyformer.model.nn import Transformer
+    from tinyformer.translation.data.marian_tokenizer import MarianTokenizer
+    from tinyformer.translation.interop import marian, runs
+    from tinyformer.translation.train.migration import FORMAT
+
+    values = dict(values or OPUS_MT_EN_DE)
+    directory = Path(directory)
+    tokenizer = MarianTokenizer(marian_vocabulary_of_size(directory / runs.MARIAN_TOKENIZER_DIR,
+                                                          values["vocab_size"]))
+    config = marian.marian_config(values)
+    model = Transformer.from_config(config.replace(seed=seed))
+    meta = {"format": FORMAT, "model_config": config.to_dict(), "step": 0, "epoch": 0, "batch_in_epoch": 0,
+            "tokens_seen": 0, "skipped_updates": 0, "tokenizer_sha256": tokenizer.sha256,
+            "tokenizer_file": runs.MARIAN_TOKENIZER_DIR,
+            "imported_from": {"kind": "marian", "folder": "opus-mt-en-de-shaped (random weights)", "config": values,
+                              "generation_config": None}}
+    return checkpoint.save_checkpoint(directory / runs.IMPORTED_CHECKPOINT, model.state_dict(), meta)
+
+
+def sentence_of_length(words, encode, length):
+    """The words of ``words``, in order, that fit: each kept when the text stays at most ``length``
+    tokens; stops at ``length`` tokens."""
+    text = ""
+    for word in words:
+        longer = f"{text} {word}".strip()
+        count = len(encode(longer))
+        if count <= length:
+            text = longer
+        if count == length:
+            break
+    return text
+
+
+def opus_sentence(path):
+    """(source, reference) of ``OPUS_TOKENS`` tokens each, from the made-up corpus of tests/marian_folders.py."""
+    from marian_folders import corpus
+    from tinyformer.translation.data.marian_tokenizer import MarianTokenizer
+    from tinyformer.translation.interop import runs
+
+    tokenizer = MarianTokenizer(Path(path).parent / runs.MARIAN_TOKENIZER_DIR)
+    pairs = corpus(50, seed=1)
+    sources = " ".join(s for s, _ in pairs).split()
+    targets = " ".join(t for _, t in pairs).split()
+    return (sentence_of_length(sources, tokenizer.encode, OPUS_TOKENS),
+            sentence_of_length(targets, tokenizer.encode_target, OPUS_TOKENS))
 
 
 def untrained_checkpoint(directory, **options):
@@ -72,6 +153,8 @@ def untrained_checkpoint(directory, **options):
 
 def sentence_for(case, path):
     """(source, reference) of ``case`` for the run of checkpoint ``path``."""
+    if case.startswith("opus-mt"):
+        return opus_sentence(path)
     config = TrainConfig.from_dict(checkpoint.load_checkpoint(path)[1]["config"])
     if case.startswith("small-30"):
         tokenizer = Tokenizer.load(Path(path).parent / "spm.model")
@@ -113,6 +196,8 @@ def measure(case, directory, given):
     steps = case.endswith("-steps")
     if given:
         path = Path(given)
+    elif case.startswith("opus-mt"):
+        path = opus_shaped_run(directory / case)
     else:
         path = (five_checkpoints if steps else untrained_checkpoint)(directory / case, **CASES[case])
     source, reference = sentence_for(case, path)

@@ -15,7 +15,6 @@ import numpy
 
 from ...common.version import __version__
 from ...model.nn import TransformerConfig
-from ...translation.data.special import BOS_ID, EOS_ID
 from .explain_check import check_gradients
 from .explain_codec import (
     backward_formulas,
@@ -27,7 +26,7 @@ from .explain_codec import (
 )
 from .explain_page import render
 from .probe import KINDS, attention_modules, probed_copy, run_pass
-from .sentence import sentence_pair
+from .sentence import sentence_pair, special_ids
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "TOKEN_VALUES_LIMIT", "explain", "explain_data", "explain_steps",
            "explain_steps_data", "softmax_backward", "rollout", "decode_array", "token_values"]
@@ -199,7 +198,8 @@ def explain_data(model, tokenizer, source, reference=None, *, beam_size=1, alpha
 def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, beam_size, alpha, tokens,
                   token_values_limit, seed, hook):
     copy = probed_copy(model)
-    batch = (numpy.array([source_ids]), numpy.array([[BOS_ID] + target_ids]), numpy.array([target_ids + [EOS_ID]]))
+    bos_id, eos_id = special_ids(tokenizer)  # the decoder starts from BOS (a Marian model's: its padding id)
+    batch = (numpy.array([source_ids]), numpy.array([[bos_id] + target_ids]), numpy.array([target_ids + [eos_id]]))
     total = run_pass(copy, *batch, probs_grad_hook=hook)
     modules = attention_modules(copy)
     for kind in KINDS:

@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy
 
 from ...engine import backend
-from ...translation.data.special import BOS_ID
 from ...model.nn import MultiHeadAttention, inference
 from ...common.validation import check_int, is_real
-from .sentence import sentence_pair
+from .sentence import sentence_pair, special_ids
 
 __all__ = [
     "PlotExtraMissing", "DPI", "PLOT_EXTRA_HINT", "require_matplotlib", "ATTENTION_KINDS", "attention_maps",
@@ -101,8 +100,8 @@ def attention_maps(model, tokenizer, sentence, beam_size=1, alpha=0.6):
 
     The source is ``tokenizer.encode(sentence) + [EOS]`` (as ``decode.translate``
     feeds it); the translation comes from ``greedy_decode`` (``beam_size=1``) or
-    ``beam_search``. The decoder is fed BOS + the translation, so query i is the
-    position that predicts token i + 1. Returns a dict: ``source`` and ``target``
+    ``beam_search``. The decoder is fed BOS (the tokenizer's: a Marian model's padding id) + the
+    translation, so query i is the position that predicts token i + 1. Returns a dict: ``source`` and ``target``
     (token pieces: source ids, decoder inputs), ``translation`` (text) and ``maps``,
     {(kind, layer): (heads, len_q, len_k) array} with kind in ``ATTENTION_KINDS`` and
     layers counted from 1 (§3.2.3: the three uses of attention).
@@ -110,7 +109,7 @@ def attention_maps(model, tokenizer, sentence, beam_size=1, alpha=0.6):
     source, tokens = sentence_pair(model, tokenizer, sentence, beam_size=beam_size, alpha=alpha,
                                    names=("attention_maps: the sentence", "attention_maps: the reference"))
     src = numpy.array([source], dtype=numpy.int64)
-    tgt_in = numpy.array([[BOS_ID] + list(tokens)], dtype=numpy.int64)
+    tgt_in = numpy.array([[special_ids(tokenizer)[0]] + list(tokens)], dtype=numpy.int64)
     maps = {}
     with inference(model), _attention_kept(model):
         model(src, tgt_in)
