@@ -345,6 +345,8 @@ def test_the_dropout_stream_does_not_repeat_the_initialisations_draws(tmp_path):
     from tinyformer.translation.train.builders import build_model
 
     class Vocabulary:
+        pad_id = 0
+
         def __len__(self):
             return 120
 

@@ -32,9 +32,9 @@ def train_options():
     return {a.dest: a for a in commands.choices["train"]._actions if a.dest != "help"}
 
 
-# Fields the command line does not set: a dict of Transformer arguments, and the corpus files'
-# SHA-256 that the run records when it starts.
-FLAGLESS = {"model_overrides", "data_files"}
+# Fields the command line does not set: a dict of Transformer arguments, the corpus files'
+# SHA-256 that the run records when it starts, and the name of an --init-from run's tokenizer.
+FLAGLESS = {"model_overrides", "data_files", "tokenizer_file"}
 
 
 def resolved_for(data):

@@ -100,7 +100,7 @@ def _default_save_dir(given):
     from ..translation.train.config import default_save_dir
 
     data = given.get("data") or ("files" if given.get("train_data") else "synthetic")
-    return default_save_dir(data, given.get("preset"))
+    return default_save_dir(data, given.get("preset"), given.get("init_from"))
 
 
 def _saved_config(save_dir):

@@ -24,11 +24,20 @@ import sentencepiece
 
 from ...common.validation import is_integer
 
-__all__ = ["MarianTokenizer", "MARIAN_FILES", "TokenizerFilesError"]
+__all__ = ["MarianTokenizer", "MARIAN_FILES", "TokenizerFilesError", "marian_sha256"]
 
 MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
 _SPECIAL = {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"}
 _MAX_MISSING = 0.05  # the share of a sentencepiece model's pieces vocab.json may lack before they disagree
+
+
+def marian_sha256(folder):
+    """Hex SHA-256 over the SHA-256 of a Marian tokenizer folder's ``source.spm``, ``target.spm`` and
+    ``vocab.json``, in that order: ``MarianTokenizer.sha256``, without loading the models."""
+    digest = hashlib.sha256()
+    for name in MARIAN_FILES:
+        digest.update(hashlib.sha256((Path(folder) / name).read_bytes()).digest())
+    return digest.hexdigest()
 
 
 class TokenizerFilesError(ValueError):
@@ -97,10 +106,7 @@ class MarianTokenizer:
         self.eos_id, self.unk_id, self.pad_id = (self._vocab[_SPECIAL[k]] for k in ("eos", "unk", "pad"))
         self.bos_id = self.pad_id  # the decoder starts from the padding id
         self._special = {self.eos_id, self.unk_id, self.pad_id}
-        digest = hashlib.sha256()
-        for name in MARIAN_FILES:
-            digest.update(hashlib.sha256((folder / name).read_bytes()).digest())
-        self._sha256 = digest.hexdigest()
+        self._sha256 = marian_sha256(folder)
 
     @classmethod
     def load(cls, folder):

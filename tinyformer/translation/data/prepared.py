@@ -10,7 +10,9 @@ folder per set of corpus files, named by a digest of their SHA-256s, and in it:
 - ``tokenizer-<digest>.model``: the joint BPE for a vocabulary size, sample size and seed;
 - ``arrays-<tokenizer>-<rules>/``: the kept pairs' ids, ``src_ids.npy``, ``src_offsets.npy``,
   ``tgt_ids.npy``, ``tgt_offsets.npy`` (``batching.FlatSequences``; uint16 ids for a vocabulary
-  that fits, else int32), encoded by the tokenizer whose SHA-256 names the folder;
+  that fits, else int32), encoded by the tokenizer whose SHA-256 names the folder (the sources
+  with its ``encode_batch``, the targets with its ``encode_target_batch``: one model for both in a
+  joint BPE, a Marian tokenizer's ``target.spm`` for the targets);
 - ``heldout-<rules>-<seed>-<size>.json``: the raw text of the validation pairs taken from the
   training pairs when the run has no ``--valid``.
 
@@ -45,11 +47,12 @@ ENCODE_CHUNK = 20_000  # pairs encoded at a time
 @dataclasses.dataclass
 class PreparedCorpus:
     """The kept pairs of a corpus as ids (``src``, ``tgt``: FlatSequences), the ``tokenizer`` that
-    encoded them, the raw cleaning's ``report`` and ``kept`` mask of the files' lines, and
-    ``folder``, the cache entry of these files."""
+    encoded them (a joint ``Tokenizer``, or the ``MarianTokenizer`` of a run handed one), the raw
+    cleaning's ``report`` and ``kept`` mask of the files' lines, and ``folder``, the cache entry of
+    these files."""
 
     files: object
-    tokenizer: Tokenizer
+    tokenizer: object
     src: FlatSequences
     tgt: FlatSequences
     report: CleaningReport
@@ -78,9 +81,9 @@ def prepare_corpus(files, fingerprints, cache_dir, vocab_size, sample_size, seed
                    echo=print):
     """The PreparedCorpus of ``files`` (``corpus.CorpusFiles``; ``fingerprints``, their SHA-256 by
     path, ``corpus.file_fingerprints``), from the cache in ``cache_dir`` or made there now.
-    ``tokenizer``: the run's own (a resumed run, or one handed a tokenizer); else the joint BPE of
-    ``vocab_size`` pieces trained on at most ``sample_size`` of the kept sentences, drawn with
-    ``seed``."""
+    ``tokenizer``: the run's own (a resumed run, or one handed a tokenizer, such as the ``--init-from``
+    run's of either kind); else the joint BPE of ``vocab_size`` pieces trained on at most
+    ``sample_size`` of the kept sentences, drawn with ``seed``."""
     folder = Path(cache_dir) / _digest({"files": sorted(fingerprints.values()), "tsv": files.target is None,
                                         "format": FORMAT})
     known = folder.exists()
@@ -178,13 +181,15 @@ def _train_tokenizer(files, kept, vocab_size, sample_size, seed, partial, echo):
 
 
 def _encode(files, kept, tokenizer, partial, echo):
-    """Every kept pair's ids into the arrays of a FlatSequences per side, ENCODE_CHUNK pairs at a time."""
+    """Every kept pair's ids into the arrays of a FlatSequences per side, ENCODE_CHUNK pairs at a time: the
+    sources through ``tokenizer.encode_batch``, the targets through ``encode_target_batch``."""
     dtype = numpy.uint16 if len(tokenizer) <= numpy.iinfo(numpy.uint16).max + 1 else numpy.int32
     sides = {"src": ([], []), "tgt": ([], [])}
+    encoders = {"src": tokenizer.encode_batch, "tgt": tokenizer.encode_target_batch}
     pairs = _kept_pairs(files, kept)
     while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
         for index, name in enumerate(sides):
-            encoded = tokenizer.encode_batch([pair[index] for pair in chunk])
+            encoded = encoders[name]([pair[index] for pair in chunk])
             lengths = numpy.fromiter(map(len, encoded), dtype=numpy.int64, count=len(encoded))
             sides[name][0].append(numpy.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype,
                                                  count=int(lengths.sum())))

@@ -29,7 +29,7 @@ from ...common.atomic import write_atomically
 from .special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from ...common.validation import check_int, is_integer
 
-__all__ = ["Tokenizer", "file_sha256", "load_tokenizer"]
+__all__ = ["Tokenizer", "file_sha256", "load_tokenizer", "tokenizer_sha256"]
 
 MODEL_TYPES = ("bpe", "unigram", "char", "word")
 
@@ -285,3 +285,14 @@ def load_tokenizer(path):
 
         return MarianTokenizer(path)
     return Tokenizer(path)
+
+
+def tokenizer_sha256(path):
+    """The ``sha256`` that ``load_tokenizer(path)`` would have, without loading it (None where there is
+    nothing at ``path``): a Marian folder's digest over its three files, or the model file's own."""
+    path = Path(path)
+    if path.is_dir():
+        from .marian_tokenizer import MARIAN_FILES, marian_sha256
+
+        return marian_sha256(path) if all((path / name).is_file() for name in MARIAN_FILES) else None
+    return file_sha256(path) if path.is_file() else None

@@ -3,7 +3,8 @@ Adam with warm-up, periodic validation, atomic checkpoints, exact resume.
 
 ``Trainer(TrainConfig(...)).run()`` is what ``tinyformer train`` calls. ``config`` declares the
 options (and everything derived from them), ``builders`` makes the parts a run needs from a
-config, ``trainer`` runs them; ``stopping`` (when a run stops, and why), ``interrupts`` (Ctrl-C),
+config (``init_from``: from another run's model and tokenizer, for fine-tuning), ``trainer`` runs
+them; ``stopping`` (when a run stops, and why), ``interrupts`` (Ctrl-C),
 ``metrics_log`` (metrics.jsonl), ``state`` (what a checkpoint holds), ``migration`` (older
 checkpoints read as today's) and ``evaluation`` (loss and BLEU) are its pieces.
 

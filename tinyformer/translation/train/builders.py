@@ -1,7 +1,11 @@
 """The parts of a training run, built from a resolved TrainConfig (as Joey NMT's builders do): the
 run directory, the corpus, the tokenizer, the batched data, the model, Adam on the Noam schedule
 and, on resume, all of them as the newest checkpoint left them. ``Trainer`` runs what
-``build_parts`` returns; it assembles nothing itself.
+``build_parts`` returns; it assembles nothing itself. A run ``--init-from`` another takes that run's
+model, weights and tokenizer instead of a preset's and a new BPE (``init_from``).
+
+The special ids (padding, the decoder's start, EOS) are the tokenizer's: tinyformer's joint BPE has
+0, 2 and 3, an imported Marian tokenizer its own.
 
 With several ranks, rank 0 alone touches the run directory: it checks it, trains (or loads) the
 tokenizer and shares it, restores the checkpoint on resume and broadcasts parameters, Adam's
@@ -17,14 +21,14 @@ import numpy
 
 from .. import checkpoint, distributed
 from ...engine import random as tf_random
-from ..data import PAD_ID
 from ..data.batching import ParallelData
 from ...model.nn import Transformer
 from ...engine.amp import get_precision
 from ...model.optim import Adam, GradScaler, NoamSchedule
+from . import init_from
 from .config import check_languages, flag_of
 from .metrics_log import LOG_FILE, MetricsLog
-from .state import TOKENIZER_FILE, Position, restore_checkpoint
+from .state import Position, restore_checkpoint, run_tokenizer_path
 
 __all__ = ["Parts", "build_parts", "prepare_save_dir", "load_corpus", "build_tokenizer", "build_data",
            "build_model", "build_optimizer", "build_scaler"]
@@ -34,7 +38,7 @@ __all__ = ["Parts", "build_parts", "prepare_save_dir", "load_corpus", "build_tok
 class Parts:
     """Everything a Trainer runs."""
 
-    tokenizer: object          # the run's joint BPE (data.Tokenizer)
+    tokenizer: object          # the run's joint BPE (data.Tokenizer), or the --init-from run's (also Marian)
     train_data: ParallelData
     val_data: ParallelData
     val_text: tuple            # (sources, references) of the validation split, for greedy BLEU
@@ -54,29 +58,40 @@ def build_parts(config, resume=False, echo=print, comm=None):
     save_dir = Path(config.save_dir)
     if comm.size > 1:
         distributed.check_agreement(comm, _run_facts(config, resume))
+    start = init_from.read_start(config) if lead and config.init_from and not resume else None  # before any write
     newest = prepare_save_dir(save_dir, resume, echo) if lead else None
+    handed, max_len = None, config.max_len
+    if config.init_from:
+        start = init_from.share(comm, init_from.resumed_start(newest) if lead and resume else start)
+        config.tokenizer_file = start.tokenizer_file
+        handed = _shared_tokenizer(comm, lambda: init_from.adopt_tokenizer(config, start, resume, echo))
+        max_len = init_from.data_max_len(config, start, echo)
     if config.data == "files":
-        tokenizer, train_data, val_data, val_text = build_corpus_data(config, comm, echo)
+        tokenizer, train_data, val_data, val_text = build_corpus_data(config, comm, echo, handed, max_len)
     else:
         # Only rank 0 may download Multi30k; the others read it once rank 0 has it.
         early = lead or config.data == "synthetic"
         train_text, val_text = (load_corpus(config, "train"), load_corpus(config, "val")) if early else (None, None)
-        tokenizer = _shared_tokenizer(comm, lambda: build_tokenizer(config, train_text, echo))
+        tokenizer = handed if handed is not None else \
+            _shared_tokenizer(comm, lambda: build_tokenizer(config, train_text, echo))
         if not early:
             train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
-        train_data = build_data(config, tokenizer, train_text, config.max_ratio)
-        val_data = build_data(config, tokenizer, val_text)
+        train_data = build_data(config, tokenizer, train_text, config.max_ratio, max_len)
+        val_data = build_data(config, tokenizer, val_text, max_len=max_len)
     if train_data.num_dropped:
-        reasons = {"too long": f"longer than {config.max_len} tokens",
+        reasons = {"too long": f"longer than {max_len} tokens",
                    "length ratio": f"with a length ratio over {config.max_ratio:g}" if config.max_ratio else ""}
         echo("dropped " + ", ".join(f"{n:,} training pairs {reasons[why]}"
                                     for why, n in train_data.dropped.items() if n))
-    model = build_model(config, tokenizer, comm.rank)
+    if start is None:
+        model = build_model(config, tokenizer, comm.rank)
+    else:
+        model = init_from.build_model(config, start, comm.rank)
     adam = build_optimizer(config, model)
     scaler = build_scaler(config)
     position, rng_states = Position(), None
     if resume and lead:
-        position, meta = restore_checkpoint(newest, model, adam, tokenizer)
+        position, meta = restore_checkpoint(newest, model, adam, tokenizer, start.loaded if start else None)
         if scaler.enabled and "grad_scaler" in meta:
             scaler.load_state_dict(meta["grad_scaler"])
         rng_states = meta.get("rng_states", [meta["rng_state"]])
@@ -92,7 +107,10 @@ def build_parts(config, resume=False, echo=print, comm=None):
         position = _synchronise(comm, model, adam, position, rng_states)
         scaler.load_state_dict(comm.broadcast_object(scaler.state_dict()))
     paper = " (the paper's)" if config.paper else ""
-    echo(f"model: {config.preset}{paper} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
+    origin = f"{config.preset}{paper}" if start is None else f"--init-from {config.init_from}"
+    if start is not None and not resume:
+        echo(f"--init-from: the model and weights of {start.source}; a fresh Adam and schedule from step 0")
+    echo(f"model: {origin} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
          f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch"
          + (f"; {comm.size} ranks over {comm.name}" if comm.size > 1 else ""))
     return Parts(tokenizer, train_data, val_data, val_text, model, adam, position, scaler)
@@ -100,30 +118,46 @@ def build_parts(config, resume=False, echo=print, comm=None):
 
 def _run_facts(config, resume):
     """What every rank must agree on: the config (but where each host keeps the data), the code,
-    and the tokenizer file it finds in the run directory, if any."""
+    and the tokenizer it finds in the run directory, if any."""
     facts = {flag_of(name) or name: value for name, value in config.to_dict().items() if name != "data_dir"}
     facts["--resume"] = resume
     facts["tinyformer code"] = distributed.code_fingerprint()
     facts["numpy"] = numpy.__version__
-    path = Path(config.save_dir) / TOKENIZER_FILE
-    from ..data.tokenizer import file_sha256
+    path = run_tokenizer_path(config)
+    from ..data.tokenizer import tokenizer_sha256
 
-    facts[f"{path} (sha256)"] = file_sha256(path) if path.is_file() else None
+    facts[f"{path} (sha256)"] = tokenizer_sha256(path)
     return facts
 
 
 def _shared_tokenizer(comm, build):
-    """Rank 0's tokenizer (``build()``, trained or loaded there) on every rank: its model file
-    travels as bytes and is loaded from a temporary copy."""
+    """Rank 0's tokenizer (``build()``, trained or loaded there) on every rank: its file, or each file
+    of its folder (a Marian tokenizer), travels as bytes, and the other ranks load a temporary copy
+    under the same name."""
     if comm.size == 1:
         return build()
-    from ..data.tokenizer import Tokenizer
+    from ..data.tokenizer import load_tokenizer
 
-    data = comm.broadcast_bytes(Path(build().path).read_bytes() if comm.rank == 0 else b"")
+    tokenizer = build() if comm.rank == 0 else None
+    listing = None
+    if comm.rank == 0:
+        path = Path(tokenizer.path)
+        listing = {"name": path.name, "files": sorted(p.name for p in path.iterdir() if p.is_file())
+                   if path.is_dir() else None}
+    listing = comm.broadcast_object(listing)
     with tempfile.TemporaryDirectory(prefix="tinyformer-tokenizer-") as folder:
-        path = Path(folder) / TOKENIZER_FILE
-        path.write_bytes(data)
-        return Tokenizer.load(path)
+        copy = Path(folder) / listing["name"]
+        if listing["files"] is None:
+            data = comm.broadcast_bytes(path.read_bytes() if comm.rank == 0 else b"")
+            if comm.rank != 0:
+                copy.write_bytes(data)
+        else:
+            copy.mkdir()
+            for name in listing["files"]:
+                data = comm.broadcast_bytes((path / name).read_bytes() if comm.rank == 0 else b"")
+                if comm.rank != 0:
+                    (copy / name).write_bytes(data)
+        return tokenizer if comm.rank == 0 else load_tokenizer(copy)
 
 
 def _synchronise(comm, model, adam, position, rng_states):
@@ -178,19 +212,26 @@ def build_tokenizer(config, train_text, echo=print):
     a tokenizer), else one trained on both sides of ``train_text`` and saved there."""
     from ..data.tokenizer import Tokenizer
 
-    path = Path(config.save_dir) / TOKENIZER_FILE
+    path = run_tokenizer_path(config)
     if path.exists():
         return Tokenizer.load(path)
     echo(f"training a joint BPE tokenizer ({config.vocab_size} pieces) on {len(train_text[0]):,} sentence pairs")
     return Tokenizer.train(train_text[0] + train_text[1], path.parent, vocab_size=config.vocab_size, name=path.stem)
 
 
-def build_data(config, tokenizer, text, max_ratio=None):
-    """``text`` (sources, targets) encoded, pairs longer than ``max_len`` tokens (or beyond
-    ``max_ratio``) dropped."""
+def build_data(config, tokenizer, text, max_ratio=None, max_len=None):
+    """``text`` (sources, targets) encoded (the targets with ``encode_target_batch``: a Marian tokenizer's
+    own model), batched with the tokenizer's special ids; pairs longer than ``max_len`` tokens
+    (``config.max_len`` by default), or beyond ``max_ratio``, dropped."""
     src, tgt = text
-    return ParallelData(tokenizer.encode_batch(src), tokenizer.encode_batch(tgt), max_len=config.max_len,
-                        max_ratio=max_ratio)
+    return ParallelData(tokenizer.encode_batch(src), tokenizer.encode_target_batch(tgt),
+                        max_len=config.max_len if max_len is None else max_len, max_ratio=max_ratio,
+                        **special_ids(tokenizer))
+
+
+def special_ids(tokenizer):
+    """The ids a batch pads with, starts the target with and ends each side with: the tokenizer's."""
+    return {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
 
 
 CORPUS_OPTIONS = {"train": ("train_data", "--train"), "val": ("valid_data", "--valid"), "test": ("test_data", "--test")}
@@ -225,11 +266,11 @@ def _corpus_text(config, split):
                           "with tinyformer eval --hypotheses H --references R")
     if split == "train":
         return read_text(_corpus_files(config, "train")[0])
-    from ..data.tokenizer import Tokenizer
+    from ..data.tokenizer import load_tokenizer
 
     files, fingerprints = _corpus_files(config, "train")
     prepared = prepare_corpus(files, fingerprints, _cache_dir(config), config.vocab_size, config.tokenizer_sample,
-                              config.seed, config.dedup, Tokenizer.load(Path(config.save_dir) / TOKENIZER_FILE),
+                              config.seed, config.dedup, load_tokenizer(run_tokenizer_path(config)),
                               echo=lambda *a: None)
     return heldout_text(prepared, config.valid_size, config.seed)[1]
 
@@ -240,22 +281,25 @@ def _cache_dir(config):
     return Path(config.corpus_cache) if config.corpus_cache else default_cache_dir(config.save_dir)
 
 
-def build_corpus_data(config, comm, echo=print):
+def build_corpus_data(config, comm, echo=print, tokenizer=None, max_len=None):
     """(tokenizer, training data, validation data, validation text) of a run on its own corpus
     (``--train``): the prepared corpus from the cache (made there by the first process that asks,
     ``data.prepared``), its tokenizer copied into the run, and the validation pairs from ``--valid``
-    or held out of the training pairs. Records the files' SHA-256 in ``config.data_files``."""
+    or held out of the training pairs. Records the files' SHA-256 in ``config.data_files``.
+    ``tokenizer``: the run's, handed over (``--init-from``'s: no BPE is trained); ``max_len``: the
+    longest pair kept (``config.max_len`` by default)."""
     from ..data.prepared import heldout_text, prepare_corpus, read_text
     from ...common.atomic import write_atomically
-    from ..data.tokenizer import Tokenizer
+    from ..data.tokenizer import Tokenizer, load_tokenizer
 
     found = {split: _corpus_files(config, split) for split, (field, _) in CORPUS_OPTIONS.items()
              if getattr(config, field)}
     files = {split: corpus for split, (corpus, _) in found.items()}
     if config.data_files is None:
         config.data_files = {corpus.option: fingerprints for corpus, fingerprints in found.values()}
-    own = Path(config.save_dir) / TOKENIZER_FILE
-    handed = Tokenizer.load(own) if own.exists() else None
+    own = run_tokenizer_path(config)
+    handed = tokenizer if tokenizer is not None else load_tokenizer(own) if own.exists() else None
+    max_len = config.max_len if max_len is None else max_len
     prepared = prepare_corpus(*found["train"], _cache_dir(config), config.vocab_size, config.tokenizer_sample,
                               config.seed, config.dedup, handed, echo if comm.rank == 0 else (lambda *a: None))
     tokenizer = prepared.tokenizer
@@ -266,15 +310,16 @@ def build_corpus_data(config, comm, echo=print):
     rows = None
     if "val" in files:
         val_text = read_text(files["val"])
-        val_data = build_data(config, tokenizer, val_text)
+        val_data = build_data(config, tokenizer, val_text, max_len=max_len)
     else:
         positions, val_text = heldout_text(prepared, config.valid_size, config.seed)
         rows = numpy.setdiff1d(numpy.arange(len(prepared), dtype=numpy.int64), positions)
-        val_data = ParallelData.from_flat(prepared.src, prepared.tgt, max_len=config.max_len, rows=positions)
+        val_data = ParallelData.from_flat(prepared.src, prepared.tgt, max_len=max_len, rows=positions,
+                                          **special_ids(tokenizer))
         echo(f"--train: {config.valid_size:,} of its pairs held out for validation (chosen by seed {config.seed}); "
              "give --valid to validate on a corpus of your own")
-    train_data = ParallelData.from_flat(prepared.src, prepared.tgt, max_len=config.max_len,
-                                        max_ratio=config.max_ratio, rows=rows)
+    train_data = ParallelData.from_flat(prepared.src, prepared.tgt, max_len=max_len,
+                                        max_ratio=config.max_ratio, rows=rows, **special_ids(tokenizer))
     return tokenizer, train_data, val_data, val_text
 
 
@@ -285,7 +330,8 @@ def build_model(config, tokenizer, rank=0):
     overrides = {} if config.dropout is None else {"dropout": config.dropout}
     overrides.update(config.model_overrides or {})
     tf_random.manual_seed(distributed.rank_seed(config.seed, rank))
-    return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=PAD_ID, paper=config.paper,
+    return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=tokenizer.pad_id,
+                                   paper=config.paper,
                                    max_len=max(config.max_len, 1024), seed=config.seed, **overrides).to(config.device)
 
 

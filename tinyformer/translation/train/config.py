@@ -23,7 +23,8 @@ from .migration import migrate_config
 from ...common.validation import check_int, check_probability, check_real
 
 __all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
-           "DATASETS", "LANGUAGES", "flag_of", "default_save_dir", "check_languages", "check_model_overrides"]
+           "DATASETS", "LANGUAGES", "MODEL_DEFINING", "flag_of", "default_save_dir", "check_languages",
+           "check_model_overrides"]
 
 # "files": a corpus of one's own (--train PREFIX), in any two languages (LANGUAGES None).
 DATASETS = ("synthetic", "multi30k", "files")
@@ -91,6 +92,19 @@ def _corpus_path(name, value):
     return os.path.abspath(os.path.expanduser(value))
 
 
+def _run_path(name, value):
+    """A run directory or checkpoint file, made absolute (its existence is checked when the run starts)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must name a run directory or a checkpoint file, got {value!r}")
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def _plain_name(name, value):
+    if not isinstance(value, str) or Path(value).name != value or value in (".", ".."):
+        raise ValueError(f"{name} must be a plain file or folder name, got {value!r}")
+    return value
+
+
 def _check_device(name, value):
     return backend.check_device(value)
 
@@ -150,6 +164,15 @@ class TrainConfig:
     # The built-in task: `tiny` reaches >= 95% exact match in a few CPU minutes; Multi30k: `small`.
     preset: str = option(help="model size", per_data={"synthetic": "tiny", "multi30k": "small", "files": "small"},
                          choices=tuple(PRESETS), check=_check_preset)
+    # Fine-tuning (docs/training.md#fine-tune-a-model): another run's model, weights and tokenizer; the
+    # fields of MODEL_DEFINING cannot be given with it.
+    init_from: str = option(help="fine-tune: start from this run's model and weights (its newest checkpoint, or "
+                            "the checkpoint named) with its tokenizer, copied into --save-dir (no BPE is "
+                            "trained); fresh Adam and schedule from step 0; --preset, --paper and --vocab-size "
+                            "cannot be given with it", unset="none: a new model", check=_run_path)
+    # The name of the run's tokenizer in save_dir where it is not spm.model: that of the --init-from run's.
+    tokenizer_file: str = option(help="the name of the run's tokenizer in --save-dir, set by --init-from",
+                                 unset="spm.model", flag="", check=_plain_name)
     # The preset with none of the options the paper does not have (nn.PAPER_CHOICES), for runs that
     # must be the paper's model; model_overrides still apply over it.
     paper: bool = option(False, help="the paper's exact model of the preset's size: none of the preset's choices "
@@ -257,13 +280,18 @@ class TrainConfig:
         data = self.data
         if self.train_data is not None and data in (None, "synthetic"):
             data = "files"  # --train names the data
+        if self.init_from is not None:
+            _check_init_from(self)
+        elif self.tokenizer_file is not None:
+            raise ConfigError("tokenizer_file", "tokenizer_file is set by --init-from (the name its run gave its "
+                              "tokenizer), not given alone")
         for name, opt in OPTIONS.items():
             value = data if name == "data" else getattr(self, name)
-            if value is None:
+            if value is None and not (self.init_from is not None and name in MODEL_DEFINING):
                 value = opt.per_data[values["data"]] if opt.per_data else DEFAULTS[name]
             values[name] = value if value is None or opt.check is None else _checked(name, opt, value)
         if values["save_dir"] is None:
-            values["save_dir"] = default_save_dir(values["data"], values["preset"])
+            values["save_dir"] = default_save_dir(values["data"], values["preset"], values["init_from"])
         check_languages(values["data"], values["src_lang"], values["tgt_lang"])
         if values["data"] == "files" and values["train_data"] is None:
             raise ConfigError("data", "data 'files' needs the corpus: give --train PREFIX")
@@ -285,9 +313,20 @@ class TrainConfig:
         return cls(**{k: v for k, v in migrate_config(values, model_config).items() if k in known})
 
 
+def _check_init_from(config):
+    """The model of a run --init-from another is that run's: the fields that would define another are refused,
+    naming the first given."""
+    for name in MODEL_DEFINING:
+        if getattr(config, name) not in (None, False, {}):
+            raise ConfigError(name, f"{name} cannot be given with --init-from, whose checkpoint defines the model "
+                              "(its model_config and tokenizer); --dropout still applies")
+
+
 OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # per_data's where None
 RESUMABLE = frozenset(name for name, opt in OPTIONS.items() if opt.resumable)
+# The fields that define a new model, which a run --init-from another takes from its checkpoint instead.
+MODEL_DEFINING = ("preset", "paper", "vocab_size", "model_overrides")
 # Transformer arguments the run sets (from the field named, or from the tokenizer for None).
 RUN_SET = {argument: name for name, opt in OPTIONS.items() for argument in opt.model_argument} | {"pad_id": None}
 # Transformer arguments that shape no parameter: models differing only in them share an architecture
@@ -309,9 +348,14 @@ def flag_of(name):
     return "--" + name.replace("_", "-") if flag is None else flag or None
 
 
-def default_save_dir(data="synthetic", preset=None):
-    """runs/<data>-<preset>: where a run keeps its files unless told otherwise."""
+def default_save_dir(data="synthetic", preset=None, init_from=None):
+    """runs/<data>-<preset>, or runs/<data>-from-<run> for a run --init-from another: where a run keeps its
+    files unless told otherwise."""
     data = _checked("data", OPTIONS["data"], data)
+    if init_from is not None:
+        source = Path(init_from)
+        run = source.parent if source.suffix in (".npz", ".safetensors") else source
+        return str(Path("runs") / f"{data}-from-{run.name}")
     return str(Path("runs") / f"{data}-{preset or OPTIONS['preset'].per_data[data]}")
 
 

@@ -5,20 +5,20 @@ import math
 
 from .. import decode, metrics
 from ...engine import functional as F
-from ..data import PAD_ID
 from ...engine.tensor import no_grad
 
 __all__ = ["batch_loss", "validation_loss", "perplexity", "translation_scores", "evaluate"]
 
 
 def batch_loss(model, batch, label_smoothing):
-    """(label-smoothed loss, NLL) summed over the batch's target tokens, as Tensors.
+    """(label-smoothed loss, NLL) summed over the batch's target tokens, as Tensors; the padding is the
+    model's ``pad_id`` (its tokenizer's, which the batches pad with).
 
     The source mask is made once for the batch on the model's device (``Batch.src_key_mask``),
     not uploaded and checked by every attention layer."""
     like = next(iter(model.parameters())).data
     logits = model(batch.src, batch.tgt_in, src_mask=batch.src_key_mask(like))
-    return F.cross_entropy(logits, batch.tgt_out, label_smoothing, ignore_index=PAD_ID, reduction="sum",
+    return F.cross_entropy(logits, batch.tgt_out, label_smoothing, ignore_index=model.pad_id, reduction="sum",
                            return_nll=True)
 
 

@@ -18,7 +18,7 @@ from .config import TRAINING_ONLY
 from .migration import FORMAT, migrate
 
 __all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model", "migrated_with_model",
-           "tokenizer_file_of"]
+           "tokenizer_file_of", "run_tokenizer_path"]
 
 TOKENIZER_FILE = "spm.model"
 
@@ -68,16 +68,24 @@ def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=Non
     }
 
 
-def restore_checkpoint(path, model, adam, tokenizer):
+def run_tokenizer_path(config):
+    """Where the run of ``config`` keeps its tokenizer: ``spm.model`` in its save_dir, or, for a run
+    started ``--init-from`` another, the name that run's tokenizer has (``config.tokenizer_file``)."""
+    return Path(config.save_dir) / (config.tokenizer_file or TOKENIZER_FILE)
+
+
+def restore_checkpoint(path, model, adam, tokenizer, loaded=None):
     """Load checkpoint ``path`` into a freshly built ``model`` and ``adam`` and the dropout
     generator; returns (its Position, its metadata). Refuses (CheckpointError, nothing changed on
     disk) another tokenizer, another architecture and an averaged checkpoint (no optimiser state).
-    The metadata is read through ``migration.migrate`` and returned so."""
-    state, meta, adam_state = checkpoint.load_checkpoint(path)
+    The metadata is read through ``migration.migrate`` and returned so. ``loaded``: what
+    ``checkpoint.load_checkpoint(path)`` returned, where the caller has read it already."""
+    state, meta, adam_state = loaded if loaded is not None else checkpoint.load_checkpoint(path)
     meta = migrate(meta, path)
     if meta.get("tokenizer_sha256") != tokenizer.sha256:
-        raise checkpoint.CheckpointError(f"{path} was trained with another tokenizer than "
-                                         f"{Path(path).parent / TOKENIZER_FILE}")
+        raise checkpoint.CheckpointError(f"{path} was trained with another tokenizer than {tokenizer.path} "
+                                         f"(sha256 {str(meta.get('tokenizer_sha256'))[:12]}... there, "
+                                         f"{tokenizer.sha256[:12]}... here)")
     saved_model = meta.get("model_config") or {}
     differences = checkpoint.model_config_mismatch(saved_model, model.config, TRAINING_ONLY)
     if differences:

@@ -175,6 +175,8 @@ class Trainer:
 
     def _loop(self, bar):
         c, at, last_val, rate, rules = self.config, self.position, None, TokenRate(), self.stopping
+        if c.init_from and at.step == 0 and not self.resume:
+            self._validate_now()  # where fine-tuning starts: the --init-from model, logged as step 0
         self.model.train()
         rules.start()
         while not rules.stop_reason(at):
