@@ -251,3 +251,35 @@ def test_the_commands_take_an_imported_run(tmp_path_factory, tmp_path, capsys):
     again, _, _ = load_model(averaged, tokenizer_path=run / "tokenizer")
     for (name, p), (_, q) in zip(model.state_dict().items(), again.state_dict().items()):
         np.testing.assert_array_equal(p, q, err_msg=name)
+
+
+def test_eval_scores_with_transformers_beam_search(tmp_path_factory, tmp_path, capsys, monkeypatch):
+    """tinyformer eval --length-normalization hf --alpha A: the translations are searched so (these models' beams
+    agree either way, so the search's arguments are recorded too)."""
+    from tinyformer.translation.train import evaluation
+
+    run = tmp_path / "run"
+    import_marian(marian_once(tmp_path_factory, "trained-gelu"), run)
+    pairs = corpus(10, seed=31)
+    (tmp_path / "s.txt").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (tmp_path / "r.txt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    model, tokenizer, _ = load_model(run)
+    expected = decode.translate(model, tokenizer, [s for s, _ in pairs], beam_size=4, length_normalization="hf",
+                                alpha=-0.5)
+    searches, translate = [], evaluation.decode.translate
+
+    def recorded(*args, **kwargs):
+        searches.append({k: kwargs[k] for k in ("beam_size", "alpha", "length_normalization")})
+        return translate(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation.decode, "translate", recorded)
+    capsys.readouterr()
+    assert cli.main(["eval", "--checkpoint", str(run), "--sources", str(tmp_path / "s.txt"), "--references",
+                     str(tmp_path / "r.txt"), "--beam", "4", "--length-normalization", "hf", "--alpha", "-0.5"]) == 0
+    assert searches == [{"beam_size": 4, "alpha": -0.5, "length_normalization": "hf"}]
+    out = capsys.readouterr().out.splitlines()
+    shown = [line.split("hypothesis: ", 1)[1] for line in out if "hypothesis: " in line]
+    assert shown == expected[:len(shown)] and len(shown) == 3
+    assert cli.main(["eval", "--checkpoint", str(run), "--sources", str(tmp_path / "s.txt"), "--references",
+                     str(tmp_path / "r.txt"), "--alpha", "-0.5"]) == 2
+    assert "GNMT's α must be ≥ 0" in capsys.readouterr().err

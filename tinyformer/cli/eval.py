@@ -1,7 +1,7 @@
 """``tinyformer eval``: the BLEU of a checkpoint on a split of its run's data, or of two files."""
 
 from ..engine import amp
-from .options import add_decoding_options, add_precision_option, limiting_threads, positive_int
+from .options import add_decoding_options, add_precision_option, check_length_penalty, limiting_threads, positive_int
 from .text_io import read_lines
 from .usage import UsageError
 
@@ -19,7 +19,7 @@ def register(commands):
     evaluate.add_argument("--references", help="... against this file of references")
     evaluate.add_argument("--sources", help="with --checkpoint and --references: translate this file of sentences "
                                             "instead of a split (any model, an imported one too)")
-    add_decoding_options(evaluate)
+    add_decoding_options(evaluate, length_normalization=True)
     add_precision_option(evaluate)
     evaluate.set_defaults(run=limiting_threads(run))
 
@@ -39,6 +39,7 @@ def run(args):
         return 0
     if not args.checkpoint:
         raise UsageError("give --checkpoint (translate and score a split) or --hypotheses/--references")
+    check_length_penalty(args)
     from ..translation.train import TrainConfig, evaluate, load_corpus, load_model
 
     if bool(args.sources) != bool(args.references):
@@ -62,7 +63,7 @@ def run(args):
     if args.limit:
         sources, references = sources[:args.limit], references[:args.limit]
     with amp.autocast(args.precision):
-        result = evaluate(model, tokenizer, sources, references, args.beam, args.alpha)
+        result = evaluate(model, tokenizer, sources, references, args.beam, args.alpha, args.length_normalization)
     print_evaluation(result, sources, references, split)
     return 0
 

@@ -36,8 +36,9 @@ def register(commands):
                     "dL/dP and dL/dS, per-token gradients, saliency, head sensitivity, rollout, a gradient "
                     "check on this sentence and attention's backward with its numbers.")
     which = explain.add_mutually_exclusive_group(required=True)
-    which.add_argument("--checkpoint", help="a checkpoint_*.npz (or an averaged one, or a .safetensors export), or a run "
-                                                              "directory (its newest)")
+    which.add_argument("--checkpoint",
+                       help="a checkpoint_*.npz (or an averaged one, or a .safetensors export), or a "
+                            "run directory (its newest)")
     which.add_argument("--checkpoints", metavar="RUN_DIR",
                        help="... or the checkpoints of one run, on one page with a step slider (with --every or "
                             "--steps, some of them)")

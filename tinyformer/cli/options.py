@@ -6,6 +6,7 @@ import functools
 
 from ..common.validation import check_int, check_real
 from ..engine import amp, backend
+from .usage import UsageError
 
 
 def checked(kind, check):
@@ -50,6 +51,12 @@ def add_decoding_options(parser, beam=4, threads=None, length_normalization=Fals
         parser.add_argument("--alpha", type=non_negative_float, default=0.6, help="GNMT length penalty α (default 0.6)")
     parser.add_argument("--device", default="cpu", choices=backend.DEVICES, help="cpu (default) or cuda")
     parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
+
+
+def check_length_penalty(args):
+    """A UsageError for a negative --alpha with GNMT's normalisation (hf takes any number)."""
+    if args.length_normalization == "gnmt" and args.alpha is not None and args.alpha < 0:
+        raise UsageError(f"--alpha {args.alpha:g}: GNMT's α must be ≥ 0 (negative ones: --length-normalization hf)")
 
 
 def limiting_threads(command):

@@ -5,7 +5,7 @@ import warnings
 from pathlib import Path
 
 from ..engine import amp
-from .options import add_decoding_options, add_precision_option, limiting_threads, positive_int
+from .options import add_decoding_options, add_precision_option, check_length_penalty, limiting_threads, positive_int
 from .text_io import read_lines, warn, write_text
 from .usage import UsageError
 
@@ -16,8 +16,9 @@ def register(commands):
         description="One output line per input line (lines end at \\n); empty and whitespace-only lines "
                     "stay empty. Input is UTF-8: undecodable bytes and NUL characters become U+FFFD, "
                     "counted in a warning. Output is UTF-8.")
-    translate.add_argument("--checkpoint", required=True, help="a checkpoint_*.npz (or an averaged one, or a .safetensors export), or a run "
-                                                              "directory (its newest)")
+    translate.add_argument("--checkpoint", required=True,
+                           help="a checkpoint_*.npz (or an averaged one, or a .safetensors export), or a "
+                                "run directory (its newest)")
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
     translate.add_argument("--batch-size", type=positive_int, default=64, help="sentences per batch (default 64)")
@@ -42,8 +43,7 @@ def run(args):
     from ..translation.decode import InputWarning, LongLineError, input_token_limit, translate
     from ..translation.train import load_model
 
-    if args.length_normalization == "gnmt" and args.alpha is not None and args.alpha < 0:
-        raise UsageError(f"--alpha {args.alpha:g}: GNMT's α must be ≥ 0 (negative ones: --length-normalization hf)")
+    check_length_penalty(args)
     if args.plot_attention and args.length_normalization != "gnmt" and args.beam > 1:
         raise UsageError("--plot-attention decodes with --length-normalization gnmt only: give that, or --beam 1")
     if args.plot_attention:

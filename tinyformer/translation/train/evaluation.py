@@ -41,16 +41,20 @@ def perplexity(nll):
     return math.exp(min(nll, 50))
 
 
-def translation_scores(model, tokenizer, sources, references, beam_size=4, alpha=0.6):
+def translation_scores(model, tokenizer, sources, references, beam_size=4, alpha=None, length_normalization="gnmt"):
     """(hypotheses, sacreBLEU result, exact-match rate) of the model's translations of ``sources``."""
-    hypotheses = decode.translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha)
+    hypotheses = decode.translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha,
+                                  length_normalization=length_normalization)
     exact = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
     return hypotheses, metrics.corpus_bleu(hypotheses, references), exact
 
 
-def evaluate(model, tokenizer, sources, references, beam_size=4, alpha=0.6):
-    """BLEU (sacreBLEU, and tokenized lowercased) and exact match of the model's translations."""
-    hypotheses, bleu, exact = translation_scores(model, tokenizer, sources, references, beam_size, alpha)
+def evaluate(model, tokenizer, sources, references, beam_size=4, alpha=None, length_normalization="gnmt"):
+    """BLEU (sacreBLEU, and tokenized lowercased) and exact match of the model's translations (beam search
+    ranked by ``length_normalization``, "gnmt" or "hf", with its ``alpha``, None: its default; see
+    ``decode.beam_search``)."""
+    hypotheses, bleu, exact = translation_scores(model, tokenizer, sources, references, beam_size, alpha,
+                                                 length_normalization)
     tokenized = metrics.tokenized_bleu(hypotheses, references)
     return {"bleu": bleu.score, "signature": bleu.signature, "tokenized_bleu": tokenized.score,
             "tokenized_signature": tokenized.signature, "exact_match": exact,
