@@ -67,6 +67,7 @@ def export_marian(source, output, tokenizer_path=None):
     generation.update({"decoder_start_token_id": tokenizer.pad_id, "pad_token_id": tokenizer.pad_id,
                        "eos_token_id": tokenizer.eos_id, "forced_eos_token_id": tokenizer.eos_id,
                        "bad_words_ids": [[tokenizer.pad_id]]})
+    generation.setdefault("max_length", config["max_len"])  # transformers' default, 20, would cut translations
     tensors = state_to_marian(model.state_dict(), TransformerConfig.from_dict(config))
 
     def fill(staging):
