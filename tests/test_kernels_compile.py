@@ -1,7 +1,9 @@
 """Every CUDA source and template instantiation compiles with NVRTC (no GPU needed)."""
 
 import os
+import sys
 
+import children
 import mma_probes
 import pytest
 
@@ -121,6 +123,19 @@ def test_a_compile_error_names_the_source_and_shows_the_log():
     nvrtc = _nvrtc_or_skip()
     with pytest.raises(compile_check.NvrtcError, match=r"broken\.cu[\s\S]*undefined_name"):
         nvrtc.compile("__global__ void k() { undefined_name(); }", "broken.cu", [], ["-arch=sm_80"])
+
+
+def test_nvrtc_compiles_in_a_process_that_never_imported_torch():
+    """libnvrtc opens its builtins library by name when it compiles; some wheels' layouts leave it findable
+    only once a library of that name is loaded (importing torch does that): Nvrtc loads it itself."""
+    _nvrtc_or_skip()
+    code = ("import sys\n"
+            "from tinyformer.engine.kernels.compile_check import Nvrtc\n"
+            "Nvrtc().compile('extern \"C\" __global__ void k(float* x) { x[0] = 1; }', 'k.cu', [], ['-arch=sm_80'])\n"
+            "assert 'torch' not in sys.modules\n"
+            "print('compiled')\n")
+    done = children.run([sys.executable, "-c", code])
+    assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr
 
 
 def test_parse_ptxas_reads_registers_spills_and_shared_memory():

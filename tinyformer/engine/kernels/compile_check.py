@@ -11,8 +11,10 @@ source fails to compile or an attention kernel spills registers.
 
 import argparse
 import ctypes
+import glob
 import hashlib
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -49,6 +51,21 @@ class KernelReport:
         return registry.mma_attention_shared_bytes(name, int(args.split(",")[1]))
 
 
+def _load_builtins_beside(path):
+    """Load the libnvrtc-builtins beside ``path`` into the process first (RTLD_GLOBAL): libnvrtc opens it by
+    its bare name when it compiles, which some wheels' layouts (nvidia/cu13/lib) leave the loader unable to
+    find unless a library of that name is already loaded (as importing torch does)."""
+    folder = os.path.dirname(path)
+    for builtins in sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so*")), reverse=True):
+        if ".alt." in os.path.basename(builtins):
+            continue
+        try:
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        return
+
+
 class Nvrtc:
     """The few NVRTC entry points we need, through ctypes."""
 
@@ -56,6 +73,7 @@ class Nvrtc:
         path = path or toolchain.find_nvrtc()
         if not path:
             raise NvrtcError("libnvrtc not found: pip install nvidia-cuda-nvrtc (part of the 'test' extra)")
+        _load_builtins_beside(path)
         self.lib = ctypes.CDLL(path)
         self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
         major, minor = ctypes.c_int(), ctypes.c_int()
