@@ -22,9 +22,10 @@ from this vocabulary (another word, or a comment followed by no block, fails):
   the last line of .ci/run (which is what CI runs).
 - ``the-manual-build``: the block's ``mkdocs build --strict`` is not run here:
   ``test_the_manual_builds_strictly`` runs it.
-- ``gpu``, ``mpi``, ``multi30k``: the block runs only where CuPy sees a GPU, where mpi4py and an
-  ``mpiexec`` are (Open MPI allowed to run as root), or where TINYFORMER_DATA holds the Multi30k
-  files (under CI their absence fails). Such blocks run apart from the page's others: the blocks
+- ``gpu``, ``mpi``, ``multi30k``, ``torch``: the block runs only where CuPy sees a GPU, where mpi4py and an
+  ``mpiexec`` are (Open MPI allowed to run as root), where TINYFORMER_DATA holds the Multi30k
+  files, or where torch and transformers import (the test extra's; under CI the absence of the
+  last two fails). Such blocks run apart from the page's others: the blocks
   of a page that need the same thing run together, in order, in a directory of their own.
 - ``exit-status N``: the block must end with exit status N (a shell block; 0 otherwise).
 
@@ -56,7 +57,7 @@ DOCS = ROOT / "docs"
 CI_RUN = ROOT / ".ci" / "run"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 SHELLS = {"bash", "sh", "shell", "console"}
-NEEDS = ("gpu", "mpi", "multi30k")  # what a block may need from the machine
+NEEDS = ("gpu", "mpi", "multi30k", "torch")  # what a block may need from the machine
 WORDS = {"output", "install", "shorten", "the-test-command", "the-manual-build", "exit-status", *NEEDS}
 TAKES_ARGUMENTS = {"shorten", "exit-status"}
 FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
@@ -270,7 +271,7 @@ def check_declared(block):
             raise DocsError(f"{block.where}: an output block takes no other docs-test word")
         return "output"
     if block.language == "python":
-        shell_only = {w for w, _ in block.directives} - {"gpu", "mpi", "multi30k"}
+        shell_only = {w for w, _ in block.directives} - set(NEEDS)
         if shell_only:
             raise DocsError(f"{block.where}: {sorted(shell_only)} apply to shell blocks only")
         return "python"
@@ -288,6 +289,15 @@ def has_mpi():
     return importlib.util.find_spec("mpi4py") is not None and MPIEXEC is not None
 
 
+def has_torch():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def skip_unless(need):
     if need == "gpu" and not backend.is_gpu_available():
         pytest.skip("needs a GPU: no usable CUDA GPU (cupy.is_available() is false)")
@@ -295,6 +305,10 @@ def skip_unless(need):
         pytest.skip('needs mpi4py and mpiexec: pip install -e ".[mpi]"')
     if need == "multi30k":
         trained_models.multi30k_or_skip()
+    if need == "torch" and not has_torch():
+        if os.environ.get("CI"):
+            pytest.fail('CI installs the test extra, whose torch and transformers these blocks need')
+        pytest.skip('needs torch and transformers: pip install -e ".[test]"')
 
 
 # ------------------------------------------------------------------ running a page

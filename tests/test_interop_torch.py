@@ -188,6 +188,7 @@ def test_the_benchmarks_module_holds_the_layout_and_computes_the_same_logits(ben
 
 
 def test_the_benchmarks_module_refuses_what_the_layout_cannot_hold(benchmarks_module):
+    pytest.importorskip("torch")
     config = nn.Transformer(VOCAB, seed=2, positional="learned", **SMALL).config
     with pytest.raises(TorchStateError, match="build_torch_model: positional='learned'"):
         benchmarks_module.build_torch_model(config)
@@ -344,6 +345,7 @@ def test_an_export_writes_both_files_or_neither(tmp_path):
 
 
 def test_export_refuses_what_torch_cannot_hold_and_an_existing_file(corpus, tmp_path, capsys):
+    pytest.importorskip("torch")  # a .pt file is written by torch.save
     tokenizer = corpus[2]
     for name, extras in (("learned", {"positional": "learned"}), ("plain", {})):
         config = nn.TransformerConfig(src_vocab_size=len(tokenizer), **SMALL, **extras)

@@ -34,6 +34,8 @@ def write_pairs(prefix, pairs):
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory):
     """A small Marian folder with random weights, imported as a run; with transformers' model and tokenizer."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
     base = tmp_path_factory.mktemp("marian")
     folder, model, tokenizer = make_marian_folder(base / "marian")
     import_marian(folder, base / "imported")
