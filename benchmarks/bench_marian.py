@@ -106,6 +106,12 @@ def main(argv=None):
                 generated = timed("transformers beam 4", lambda: hf.generate(
                     **inputs, num_beams=4, max_new_tokens=limit, bad_words_ids=[[tokenizer.pad_id]]))
     theirs_beam = [_strip(row, tokenizer) for row in generated.tolist()]
+    import transformers
+    from provenance import header
+
+    command = "python benchmarks/bench_marian.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    versions = (f"torch {torch.__version__}", f"transformers {transformers.__version__}")
+    print(f"**Command:** {header(command.strip(), *versions)}\n")
     parameters = sum(p.size for p in model.parameters())
     print(f"- {parameters:,} parameters, model.safetensors {weights:.1f} MiB (made by transformers in {made:.1f} s)")
     print(f"- `import_marian`: {imported:.2f} s; `load_model` of the run: {loaded:.2f} s")
