@@ -35,6 +35,7 @@ import sys
 import time
 import tracemalloc
 
+import tinyformer  # noqa: F401  first: its OpenBLAS setting (common/blas_spin.py) must precede NumPy
 import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

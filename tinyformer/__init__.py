@@ -4,6 +4,8 @@ The public surface: ``Tensor`` and its ops, ``no_grad``, the gradient checker,
 the fused ops (``functional``), the layers (``nn``), ``optim`` and the array backend.
 """
 
+# before anything loads NumPy (and with it OpenBLAS): see common/blas_spin.py
+from .common import blas_spin  # noqa: F401  (isort: skip)
 from .common import filecache, validation
 from .engine import amp, backend, functional, kernels, ops, random
 from .model import nn, optim
