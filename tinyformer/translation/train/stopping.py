@@ -35,7 +35,7 @@ class StoppingRules:
         self.config, self.ranks, self.lead, self.checkpoint_note = config, ranks, lead, checkpoint_note
         self.interrupts = InterruptGuard(deferred=ranks > 1)
         self.interrupt_agreed = False  # several ranks: some rank had a Ctrl-C by the last step
-        self.clock = None              # the run's TrainingClock, from start()
+        self.clock = TrainingClock(config.time_limit, config.schedule == "time")  # start() restarts it
         self.seconds = 0.0             # the run's training seconds agreed on in the last step
         self.time_up = False           # rank 0's clock passed the deadline by the last step (agreed by all)
         self.early_stop = None         # why training ends before max_steps (time_limit, patience), once it does
@@ -80,7 +80,7 @@ class StoppingRules:
 
     def minutes_left(self):
         """Minutes of ``time_limit`` left by the last step (None without one)."""
-        return None if self.clock is None else self.clock.minutes_left(self.seconds)
+        return self.clock.minutes_left(self.seconds)
 
     def step_done(self, result):
         """After every step (applied or not): what its collective agreed, a Ctrl-C somewhere
