@@ -200,3 +200,18 @@ def test_the_cli_tests_the_average(tmp_path, monkeypatch, capsys):
     averaged, _, _ = checkpoint.load_checkpoint(tmp_path / "averaged.npz")
     np.testing.assert_array_equal(tested[0]["src_embed.weight"], averaged["src_embed.weight"])
     assert [r.get("averaged") for r in records(tmp_path) if r.get("split") == "test"] == [2]
+
+
+def test_a_run_of_the_recipe_says_its_values_and_the_minutes_left(tmp_path, ticking):
+    ticking(50.0)
+    said = []
+    trainer = Trainer(small_config(tmp_path, recipe="hour", max_steps=2), echo=said.append, progress=False)
+    trainer.run()
+    assert said[0].startswith("--recipe hour: --time-limit 60.0, --schedule time, --decay-fraction 1.0, "
+                              "--average-last 5, --save-every-minutes 2.0, --eval-every-minutes 15.0, "
+                              "--max-steps 2, --warmup-steps 4, --lr-factor 2.0")
+    assert train_records(tmp_path)[1]["minutes_left"] == pytest.approx((3600 - 50) / 60, abs=0.01)
+    assert any(line.startswith("step 2: val loss") and line.endswith("; 58.3 min of --time-limit left")
+               for line in said)
+    assert "trained 2 steps in 2.5 min" in said  # 50 s a step, and 50 s to the last reading
+    assert any("only 1 of --average-last 5 exist" in line for line in said) and trainer.averaged.count == 1
