@@ -3,8 +3,8 @@
 * **the end**: ``max_steps`` updates, or ``max_epochs`` epochs (``stop_reason``);
 * **an early stop**, after which the run validates, saves and says why (``early_stop``):
   ``time_limit`` minutes on rank 0's clock (``clock.TrainingClock``, read by ``lead_seconds`` and
-  agreed by every rank in a step's collective, acted on after the next applied update), or ``patience`` validations in a row
-  without a better greedy BLEU (``validated``);
+  agreed by every rank in a step's collective, acted on after the next applied update), or
+  ``patience`` validations in a row without a better greedy BLEU (``validated``);
 * **divergence** (``TrainingDiverged``; nothing bad is saved): ``max_bad_steps`` updates in a row
   skipped for a non-finite loss or gradient (``skipped``), or fp16's loss scale below
   ``min_loss_scale`` (``scale_floor_stops``);
