@@ -433,7 +433,7 @@ class Trainer:
                   "exact_match_greedy": round(exact, 4), "bleu_sentences": len(references), **(extra or {})}
         self.log(record)
         left = self.stopping.minutes_left() if label is None else None
-        self.echo(f"step {self.step}{f' ({label})' if label else ''}: val loss {loss:.3f}, ppl {record['ppl']:.2f}, "
+        self.echo(f"step {self.step}{f', {label}' if label else ''}: val loss {loss:.3f}, ppl {record['ppl']:.2f}, "
                   f"BLEU {bleu.score:.2f} (greedy, {len(references)} sentences), exact match {exact:.1%}"
                   + ("" if left is None else f"; {left:.1f} min of --time-limit left"))
         return record
