@@ -166,3 +166,18 @@ def test_ranks_started_differently_refuse_to_start_naming_the_difference(tmp_pat
     assert lines[0].startswith("tinyformer train: error: the ranks were not started alike: rank 1 has --seed 1 "
                                "(rank 0: 0), tinyformer code '0.1.0 (")
     assert not run_dir.exists()  # refused before anything was written
+
+
+def test_two_ranks_agree_on_the_clock_of_a_time_schedule(tmp_path):
+    """--schedule time on two ranks: rank 0's clock sets every rank's learning rate and minute-based
+    checkpoints (a parameter check every step would stop a run whose ranks disagreed), and --average-last
+    averages on rank 0 while the other waits."""
+    result = train("--nproc", "2", "--max-steps", "6", "--schedule", "time", "--time-limit", "30", "--check-every",
+                   "1", "--save-every", "100", "--save-every-minutes", "0.0001", "--average-last", "2",
+                   save_dir=tmp_path)
+    records = training_records(tmp_path)
+    assert [r["step"] for r in records] == list(range(1, 7)) and all(0 < r["minutes_left"] <= 30 for r in records)
+    assert [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(tmp_path)][-2:] == [5, 6]
+    assert result.stdout.count("averaged the last 2 checkpoints (steps 5..6)") == 1
+    _, meta = parameters(tmp_path, 6)
+    assert meta["train_seconds"] > 0

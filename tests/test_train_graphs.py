@@ -17,7 +17,7 @@ from tinyformer.engine import random as tf_random
 from tinyformer.engine.kernels import cublas
 from tinyformer.engine.kernels.arguments import DeviceSeed
 from tinyformer.translation.train import Trainer, graphs
-from tinyformer.translation.train import stopping as stopping_module
+from tinyformer.translation.train import clock as clock_module
 
 from emulated_capture import DeviceArray, EmulatedCapture, installed
 from test_train import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
@@ -247,7 +247,7 @@ def test_time_limit_stops_saves_and_validates(tmp_path, monkeypatch):
     class Clock:
         monotonic = staticmethod(lambda: float(next(clock)))
 
-    monkeypatch.setattr(stopping_module, "time", Clock)
+    monkeypatch.setattr(clock_module, "time", Clock)
     validated = []
     monkeypatch.setattr(Trainer, "validate", lambda self: validated.append(self.step) or {"bleu_greedy": 1.0})
     trainer = run(small_config(tmp_path, max_steps=50, eval_every=100, save_every=100, time_limit=2.0))

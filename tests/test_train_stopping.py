@@ -11,7 +11,7 @@ from tinyformer.translation.train.stopping import StoppingRules, TrainingDiverge
 
 def rules(ranks=1, **settings):
     config = types.SimpleNamespace(**{"max_steps": 10, "max_epochs": None, "time_limit": None, "patience": None,
-                                      "max_bad_steps": 3, "min_loss_scale": 1.0, **settings})
+                                      "max_bad_steps": 3, "min_loss_scale": 1.0, "schedule": "noam", **settings})
     made = StoppingRules(config, ranks, lead=True, checkpoint_note=lambda: "no checkpoint was written")
     made.start()
     return made

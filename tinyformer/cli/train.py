@@ -50,11 +50,15 @@ def run(args):
         print("no --test corpus was given: no test evaluation")
         return 0
     sources, references = load_corpus(trainer.config, "test")
+    model, averaged = trainer.model, trainer.averaged
+    if averaged is not None:  # --average-last: the average is what is tested
+        model = averaged.model
+        print(f"test, {averaged.label()}")
     with amp.autocast(trainer.config.precision):
-        result = evaluate(trainer.model, trainer.tokenizer, sources, references,
-                          trainer.config.beam_size, trainer.config.alpha)
+        result = evaluate(model, trainer.tokenizer, sources, references, trainer.config.beam_size, trainer.config.alpha)
     print_evaluation(result, sources, references, "test")
-    trainer.log({"step": trainer.step, "split": "test", **{k: v for k, v in result.items() if k != "hypotheses"}})
+    trainer.log({"step": trainer.step, "split": "test", **({"averaged": averaged.count} if averaged else {}),
+                 **{k: v for k, v in result.items() if k != "hypotheses"}})
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from .adam import Adam, clip_grad_norm
 from .grad_scaler import GradScaler, LossScaleTooSmall
-from .schedules import NoamSchedule
+from .schedules import NoamSchedule, TimeBudgetSchedule
 
-__all__ = ["Adam", "GradScaler", "LossScaleTooSmall", "NoamSchedule", "clip_grad_norm"]
+__all__ = ["Adam", "GradScaler", "LossScaleTooSmall", "NoamSchedule", "TimeBudgetSchedule",
+           "clip_grad_norm"]

@@ -24,7 +24,7 @@ from ...engine import random as tf_random
 from ..data.batching import ParallelData
 from ...model.nn import Transformer
 from ...engine.amp import get_precision
-from ...model.optim import Adam, GradScaler, NoamSchedule
+from ...model.optim import Adam, GradScaler, NoamSchedule, TimeBudgetSchedule
 from . import init_from
 from .config import check_languages, flag_of
 from .metrics_log import LOG_FILE, MetricsLog
@@ -43,7 +43,7 @@ class Parts:
     val_data: ParallelData
     val_text: tuple            # (sources, references) of the validation split, for greedy BLEU
     model: Transformer
-    adam: Adam                 # with the NoamSchedule as its lr
+    adam: Adam                 # with the run's schedule (NoamSchedule or TimeBudgetSchedule) as its lr
     position: Position         # step 0, or where the resumed checkpoint stood
     scaler: GradScaler  # fp16's dynamic loss scale (disabled in fp32 and bf16), resumed
 
@@ -336,8 +336,12 @@ def build_model(config, tokenizer, rank=0):
 
 
 def build_optimizer(config, model):
-    """Adam (β₁ 0.9, β₂ 0.98, ε 1e-9, §5.3) on the Noam schedule for ``model``'s d_model."""
-    schedule = NoamSchedule(model.d_model, config.warmup_steps, config.lr_factor)
+    """Adam (β₁ 0.9, β₂ 0.98, ε 1e-9, §5.3) on the run's schedule for ``model``'s d_model: Noam's, or
+    the time budget's (whose elapsed fraction the Trainer sets)."""
+    if config.schedule == "time":
+        schedule = TimeBudgetSchedule(model.d_model, config.warmup_steps, config.lr_factor, config.decay_fraction)
+    else:
+        schedule = NoamSchedule(model.d_model, config.warmup_steps, config.lr_factor)
     return Adam(model.parameters(), lr=schedule, max_grad_norm=config.max_grad_norm)
 
 

@@ -20,14 +20,16 @@ from ..data.multi30k import LANGUAGES as MULTI30K_LANGUAGES
 from ...model.nn import TransformerConfig
 from ...model.nn.presets import PRESETS, check_preset
 from .migration import migrate_config
+from .recipes import RECIPES
 from ...common.validation import check_int, check_probability, check_real
 
 __all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
            "DATASETS", "LANGUAGES", "MODEL_DEFINING", "flag_of", "default_save_dir", "check_languages",
-           "check_model_overrides"]
+           "check_model_overrides", "SCHEDULES"]
 
 # "files": a corpus of one's own (--train PREFIX), in any two languages (LANGUAGES None).
 DATASETS = ("synthetic", "multi30k", "files")
+SCHEDULES = ("noam", "time")
 LANGUAGES = {"synthetic": ("en", "de"), "multi30k": MULTI30K_LANGUAGES, "files": None}
 
 # Checks of tinyformer.common.validation: check(name, value) returns the value or raises a ValueError
@@ -63,6 +65,9 @@ class Option:
     resumable: bool = False   # --resume may change it: it does not change what is trained
     model_argument: tuple = ()  # the Transformer arguments it stands for: the run's, never model_overrides'
     training_only: bool = False  # they shape no parameter: models differing in them share an architecture
+    # The default resolved() fills in for None, for a field whose dataclass default is None so that a
+    # value given (or a recipe's) can be told from the default.
+    resolves_to: object = None
 
 
 def option(default=None, **facts):
@@ -79,6 +84,9 @@ def _one_of(choices):
 
 
 _check_data = _one_of(DATASETS)
+_check_schedule = _one_of(SCHEDULES)
+_check_recipe = _one_of(RECIPES)
+decay_interval = functools.partial(check_real, minimum=0, maximum=1, open_minimum=True)
 
 
 def _check_preset(name, value):
@@ -193,11 +201,20 @@ class TrainConfig:
     max_epochs: int = option(help="stop after this many epochs as well", unset="no limit", kind=int,
                              check=positive_int, resumable=True)
     # §5.3 warms up over 4,000 of 100,000 steps; these short runs over their first 20-27 %.
-    warmup_steps: int = option(help="warm-up steps of the Noam schedule, §5.3",
+    warmup_steps: int = option(help="warm-up steps of the learning-rate schedule, §5.3",
                                per_data={"synthetic": 200, "multi30k": 800, "files": 800},
                                kind=int, check=positive_int)
-    lr_factor: float = option(1.0, help="Noam factor: lr = factor * d_model^-0.5 * min(...)", kind=float,
+    lr_factor: float = option(help="Noam factor: lr = factor * d_model^-0.5 * min(...) (the peak of --schedule "
+                              "time is Noam's: factor * d_model^-0.5 * warmup^-0.5)", resolves_to=1.0, kind=float,
                               check=positive_real)
+    schedule: str = option(help="the learning-rate schedule: noam (§5.3: warm-up, then 1/sqrt(step)) or time "
+                           "(warm-up to Noam's peak, then linear decay to 0 at the end of --time-limit; needs "
+                           "--time-limit)", resolves_to="noam", choices=SCHEDULES, check=_check_schedule)
+    decay_fraction: float = option(help="--schedule time: the last fraction of --time-limit over which the learning "
+                                   "rate falls linearly to 0 (constant at the peak before it)", resolves_to=1.0,
+                                   kind=float, check=decay_interval)
+    recipe: str = option(help="a named set of defaults for the options not given: hour (one hour of a CPU; see "
+                         "docs/training.md)", unset="none", choices=tuple(RECIPES), check=_check_recipe)
     # §5.4: label smoothing of 0.1 hurts perplexity but improves accuracy and BLEU. A property of the
     # loss; named as a model argument because older checkpoints' model_config held it (so it is
     # ignored when architectures are compared) and model_overrides should point here.
@@ -256,15 +273,27 @@ class TrainConfig:
                                  "fewer graphs)", kind=int, check=positive_int, resumable=True)
     patience: int = option(help="stop when this many validations in a row have not improved the best greedy BLEU",
                            unset="never", kind=int, check=positive_int, resumable=True)
-    time_limit: float = option(help="stop training after this many minutes of this run (then save and evaluate "
-                               "as at max_steps)", unset="no limit", kind=float, check=positive_real, resumable=True)
+    time_limit: float = option(help="stop training after this many minutes (then save and evaluate as at "
+                               "max_steps): with --schedule noam, minutes of this invocation; with --schedule time, "
+                               "of the whole run, the parts before a --resume included", unset="no limit",
+                               kind=float, check=positive_real, resumable=True)
     save_dir: str = option(help="checkpoints, tokenizer and metrics.jsonl go here", unset="runs/<data>-<preset>",
                            resumable=True)
     save_every: int = option(500, help="checkpoint every N steps and at the end", kind=int, check=positive_int,
                              resumable=True)
-    keep_last: int = option(5, help="keep the newest K checkpoints", kind=int, check=positive_int, resumable=True)
+    save_every_minutes: float = option(help="also checkpoint when this many minutes of training have passed since "
+                                       "the last checkpoint", unset="off", kind=float, check=positive_real,
+                                       resumable=True)
+    keep_last: int = option(5, help="keep the newest K checkpoints (at least --average-last)", kind=int,
+                            check=positive_int, resumable=True)
+    average_last: int = option(help="when training ends, average the last N checkpoints into averaged.npz in "
+                               "--save-dir, validate it and test it", unset="no averaging", kind=int,
+                               check=positive_int, resumable=True)
     eval_every: int = option(500, help="validate every N steps: loss, perplexity, greedy BLEU", kind=int,
                              check=positive_int, resumable=True)
+    eval_every_minutes: float = option(help="also validate when this many minutes of training have passed since "
+                                       "the last validation", unset="off", kind=float, check=positive_real,
+                                       resumable=True)
     log_every: int = option(10, help="append training metrics to metrics.jsonl every N steps", kind=int,
                             check=positive_int, resumable=True)
     bleu_samples: int = option(500, help="validation sentences translated for BLEU", kind=int, check=positive_int,
@@ -285,8 +314,11 @@ class TrainConfig:
         elif self.tokenizer_file is not None:
             raise ConfigError("tokenizer_file", "tokenizer_file is set by --init-from (the name its run gave its "
                               "tokenizer), not given alone")
+        recipe = {} if self.recipe is None else RECIPES[_checked("recipe", OPTIONS["recipe"], self.recipe)]
         for name, opt in OPTIONS.items():
             value = data if name == "data" else getattr(self, name)
+            if value is None and name in recipe:
+                value = recipe[name]  # before the data's defaults; a value given wins
             if value is None and not (self.init_from is not None and name in MODEL_DEFINING):
                 value = opt.per_data[values["data"]] if opt.per_data else DEFAULTS[name]
             values[name] = value if value is None or opt.check is None else _checked(name, opt, value)
@@ -299,6 +331,9 @@ class TrainConfig:
             if values[name] is not None and values["data"] != "files":
                 raise ConfigError(name, f"{name} is a corpus of your own, which replaces --data {values['data']}: "
                                   "give one of them")
+        if values["schedule"] == "time" and values["time_limit"] is None:
+            raise ConfigError("schedule", "schedule 'time' ends the learning rate with the time limit: give "
+                              "--time-limit MINUTES")
         return TrainConfig(**values)
 
     def to_dict(self):
@@ -323,7 +358,9 @@ def _check_init_from(config):
 
 
 OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # per_data's where None
+# per_data's where None
+DEFAULTS = {f.name: f.default if OPTIONS[f.name].resolves_to is None else OPTIONS[f.name].resolves_to
+            for f in dataclasses.fields(TrainConfig)}
 RESUMABLE = frozenset(name for name, opt in OPTIONS.items() if opt.resumable)
 # The fields that define a new model, which a run --init-from another takes from its checkpoint instead.
 MODEL_DEFINING = ("preset", "paper", "vocab_size", "model_overrides")

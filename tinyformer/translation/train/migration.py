@@ -14,7 +14,8 @@ writer to today's fields, giving what it left out the meaning it had then:
   the checkpoint's model_config (``migrate_config``), the choices the paper does not make
   (``nn.PAPER_CHOICES``) are pinned in ``model_overrides`` where the preset now builds others, so
   that a run resumes as the model it trained, whatever a later version made of its preset;
-* ``skipped_updates``, added later, is 0.
+* ``skipped_updates`` and ``train_seconds`` (the training seconds of the run by the checkpoint's
+  step), added later, are 0: a run resumed from such a checkpoint counts its time from there.
 
 A format tag this version does not know is refused (``CheckpointError``) rather than misread;
 metadata without one (not written by a run) is read as the first format.
@@ -66,6 +67,7 @@ def _within_format_1(meta):
     if isinstance(meta.get("config"), dict):
         meta["config"] = migrate_config(meta["config"])
     meta.setdefault("skipped_updates", 0)
+    meta.setdefault("train_seconds", 0.0)
     return meta
 
 

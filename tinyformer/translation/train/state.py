@@ -32,6 +32,7 @@ class Position:
     batch_in_epoch: int = 0   # batches of this epoch consumed, those of skipped updates too
     tokens_seen: int = 0      # target tokens of the applied updates
     skipped_updates: int = 0  # updates skipped for a non-finite loss or gradient, over the whole run
+    train_seconds: float = 0.0  # seconds of training of the whole run by this step (clock.TrainingClock)
 
     def advance(self, batches, tokens, applied):
         """Past ``batches`` batches of ``tokens`` target tokens, one more step if ``applied``."""
@@ -47,7 +48,8 @@ class Position:
     @classmethod
     def from_metadata(cls, meta):
         """The Position of a checkpoint's metadata (``migration.migrate``d)."""
-        return cls(meta["step"], meta["epoch"], meta["batch_in_epoch"], meta["tokens_seen"], meta["skipped_updates"])
+        return cls(meta["step"], meta["epoch"], meta["batch_in_epoch"], meta["tokens_seen"], meta["skipped_updates"],
+                   float(meta.get("train_seconds", 0.0)))
 
 
 def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=None):

@@ -18,3 +18,4 @@ class StepResult:
     overflowed: bool = False   # fp16: skipped because the scaled gradients overflowed (the scale backed off)
     interrupted: bool = False  # several ranks: some rank had a Ctrl-C by this step (agreed in its collective)
     time_up: bool = False      # rank 0's clock passed time_limit's deadline by this step (agreed likewise)
+    seconds: float = 0.0       # the run's training seconds by this step, on rank 0's clock (agreed likewise)

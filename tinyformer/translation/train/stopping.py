@@ -2,9 +2,9 @@
 
 * **the end**: ``max_steps`` updates, or ``max_epochs`` epochs (``stop_reason``);
 * **an early stop**, after which the run validates, saves and says why (``early_stop``):
-  ``time_limit`` minutes on rank 0's clock (``lead_out_of_time``, agreed by every rank in a step's
-  collective, acted on after the next applied update), or ``patience`` validations in a row
-  without a better greedy BLEU (``validated``);
+  ``time_limit`` minutes on rank 0's clock (``clock.TrainingClock``, read by ``lead_seconds`` and
+  agreed by every rank in a step's collective, acted on after the next applied update), or
+  ``patience`` validations in a row without a better greedy BLEU (``validated``);
 * **divergence** (``TrainingDiverged``; nothing bad is saved): ``max_bad_steps`` updates in a row
   skipped for a non-finite loss or gradient (``skipped``), or fp16's loss scale below
   ``min_loss_scale`` (``scale_floor_stops``);
@@ -13,9 +13,9 @@
 """
 
 import contextlib
-import time
 
 from ...model.optim import LossScaleTooSmall
+from .clock import TrainingClock
 from .interrupts import InterruptGuard
 
 __all__ = ["StoppingRules", "TrainingDiverged"]
@@ -35,7 +35,8 @@ class StoppingRules:
         self.config, self.ranks, self.lead, self.checkpoint_note = config, ranks, lead, checkpoint_note
         self.interrupts = InterruptGuard(deferred=ranks > 1)
         self.interrupt_agreed = False  # several ranks: some rank had a Ctrl-C by the last step
-        self.deadline = None           # time.monotonic() at which time_limit ends this run's training
+        self.clock = TrainingClock(config.time_limit, config.schedule == "time")  # start() restarts it
+        self.seconds = 0.0             # the run's training seconds agreed on in the last step
         self.time_up = False           # rank 0's clock passed the deadline by the last step (agreed by all)
         self.early_stop = None         # why training ends before max_steps (time_limit, patience), once it does
         self.best_bleu = None          # patience: the best greedy BLEU of the validations so far
@@ -47,10 +48,12 @@ class StoppingRules:
         self.interrupts = InterruptGuard(deferred=self.ranks > 1)
         self.interrupt_agreed = False
 
-    def start(self):
-        """Training starts now: the time limit's clock runs from here; no early stop, no validation yet."""
-        limit = self.config.time_limit
-        self.deadline = None if limit is None else time.monotonic() + 60 * limit
+    def start(self, before=0.0):
+        """Training starts now, after ``before`` seconds of the run before a --resume: the clock runs from
+        here; no early stop, no validation yet."""
+        c = self.config
+        self.clock = TrainingClock(c.time_limit, c.schedule == "time", before)
+        self.seconds = float(before)
         self.time_up, self.early_stop = False, None
         self.best_bleu, self.without_gain = None, 0
 
@@ -71,15 +74,19 @@ class StoppingRules:
             raise KeyboardInterrupt
         self.interrupts.stop_if_asked()
 
-    def lead_out_of_time(self):
-        """Whether this is rank 0 and its clock has passed ``time_limit``'s deadline."""
-        return self.lead and self.deadline is not None and time.monotonic() >= self.deadline
+    def lead_seconds(self):
+        """Rank 0's reading of the run's training seconds; 0 on the other ranks (a step's collective sums them)."""
+        return self.clock.reading() if self.lead else 0.0
+
+    def minutes_left(self):
+        """Minutes of ``time_limit`` left by the last step (None without one)."""
+        return self.clock.minutes_left(self.seconds)
 
     def step_done(self, result):
         """After every step (applied or not): what its collective agreed, a Ctrl-C somewhere
-        (``result.interrupted``) and the time limit (``result.time_up``)."""
+        (``result.interrupted``), the run's seconds (``result.seconds``) and the time limit (``result.time_up``)."""
         self.interrupt_agreed = self.interrupts.deferred and result.interrupted
-        self.time_up = result.time_up
+        self.time_up, self.seconds = result.time_up, result.seconds
 
     def applied(self):
         """An update was applied: the bad steps in a row end; a time limit agreed by now stops the run."""

@@ -19,6 +19,11 @@ Mixed precision (``precision`` bf16 or fp16): the forward and backward passes ru
 is logged and counted (``overflow_skipped``), and is no bad step unless the scale falls below
 ``min_loss_scale``, which stops the run. A batch that does not fit the GPU stops the run with one
 line naming ``--max-tokens`` and the memory asked for and free; the last checkpoint stays intact.
+
+Time (``clock``): rank 0's clock, agreed on in each step's collective, ends the run at
+``time_limit``, drives ``schedule="time"``'s learning rate and the checkpoints and validations of
+``save_every_minutes``/``eval_every_minutes``; ``average_last`` averages the last checkpoints into
+averaged.npz when training ends and validates it (``averaged``).
 """
 
 import contextlib
@@ -31,12 +36,15 @@ import numpy
 from ...engine import amp, backend
 from .. import checkpoint, distributed
 from ...engine import random as tf_random
+from .averaging import average_and_load
 from .builders import build_parts
-from .config import ConfigError
+from .clock import Every
+from .config import ConfigError, flag_of
 from . import graphs
 from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
 from .metrics_log import LOG_FILE, MetricsLog, TokenRate
 from .progress import ProgressBar
+from .recipes import RECIPES
 from .state import Position, run_metadata
 from .step_result import StepResult
 from .stopping import StoppingRules
@@ -116,6 +124,9 @@ class Trainer:
         self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
         self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
         self.graphs = None            # the captured steps (graphs.GraphedStep) with cuda_graphs "on"
+        self.keep = max(c.keep_last, c.average_last or 0)  # checkpoints kept: at least those averaged
+        self.averaged = None          # rank 0, average_last: the AveragedModel of the run's end
+        self._save_timer = self._eval_timer = Every(None)  # save/eval_every_minutes, from the run's start
         if parts is not None:
             self._take(parts)
 
@@ -156,11 +167,13 @@ class Trainer:
         written), TrainingInterrupted on Ctrl-C (after checkpointing the last completed step).
         """
         self.stopping.new_run()
-        interrupts = self.stopping.interrupts
-        with blas_threads(self.config.threads), interrupts.installed():
+        interrupts, c = self.stopping.interrupts, self.config
+        self._say_settings()
+        with blas_threads(c.threads), interrupts.installed():
             with interrupts.cut_short_allowed():
                 self.setup()
-            bar = ProgressBar(self.progress, self.config.max_steps, self.step, self.echo)
+            first_step = self.step
+            bar = ProgressBar(self.progress, c.max_steps, self.step, self.echo)
             try:
                 last_val = self._loop(bar)
                 if self._saved_step != self.step:
@@ -171,14 +184,44 @@ class Trainer:
                 raise self._save_on_interrupt() from None
             finally:
                 bar.close()
+            self._say_time(self.step - first_step)
+            if c.average_last is not None:
+                with interrupts.cut_short_allowed():
+                    self._average()
         return last_val
+
+    def _say_settings(self):
+        """Once, when the run starts: the recipe's values in use, and a keep_last raised to average_last."""
+        c = self.config
+        if c.recipe is not None:
+            self.echo(f"--recipe {c.recipe}: " + ", ".join(f"{flag_of(name)} {getattr(c, name)}"
+                                                           for name in RECIPES[c.recipe]) + " (options given win)")
+        if self.keep > c.keep_last:
+            self.echo(f"--keep-last {c.keep_last} raised to {self.keep}: --average-last {c.average_last} "
+                      "averages that many checkpoints")
+
+    def _say_time(self, steps):
+        seconds = self.stopping.lead_seconds()  # rank 0 says it
+        before = self.stopping.clock.before
+        self.echo(f"trained {steps} steps in {(seconds - before) / 60:.1f} min"
+                  + (f" ({seconds / 60:.1f} min in all, the parts before --resume included)" if before else ""))
+
+    def _average(self):
+        """``average_last``: rank 0 averages the newest checkpoints into averaged.npz, loads and validates
+        it (``self.averaged``), while the other ranks wait."""
+        if self.lead:
+            self.averaged = average_and_load(self.save_dir, self.config.average_last, self.config.device, self.echo)
+            self._validate_model(self.averaged.model, {"averaged": self.averaged.count}, self.averaged.label())
+        self.comm.barrier(timeout=None)
 
     def _loop(self, bar):
         c, at, last_val, rate, rules = self.config, self.position, None, TokenRate(), self.stopping
         if c.init_from and at.step == 0 and not self.resume:
             self._validate_now()  # where fine-tuning starts: the --init-from model, logged as step 0
         self.model.train()
-        rules.start()
+        rules.start(at.train_seconds)
+        self._save_timer = Every(c.save_every_minutes, at.train_seconds)
+        self._eval_timer = Every(c.eval_every_minutes, at.train_seconds)
         while not rules.stop_reason(at):
             batches = self.train_data.batches(c.max_tokens, seed=c.seed, epoch=at.epoch)
             while at.batch_in_epoch < len(batches) and not rules.stop_reason(at):
@@ -195,10 +238,12 @@ class Trainer:
                     self._log_training(result, rate.take(), bar)
                 bar.advance()
                 rules.applied()
-                if at.step % c.eval_every == 0 or at.step == c.max_steps or rules.early_stop:
+                if (at.step % c.eval_every == 0 or at.step == c.max_steps or rules.early_stop
+                        or self._eval_timer.due(result.seconds)):
                     last_val = self._validate_now()
                     rules.validated(self.comm.broadcast_object(None if last_val is None else last_val["bleu_greedy"]))
-                if at.step % c.save_every == 0 or at.step == c.max_steps or rules.early_stop:
+                if (at.step % c.save_every == 0 or at.step == c.max_steps or rules.early_stop
+                        or self._save_timer.due(result.seconds)):
                     self.save()
             at.end_epoch_if_done(len(batches))
         if rules.early_stop:
@@ -256,16 +301,16 @@ class Trainer:
             if self.buckets is not None:
                 self.buckets.finish()
         self._boundary_rng = None
-        # the step's one collective: the loss totals, and whether some rank had a Ctrl-C and rank 0's clock ran out
+        # the step's one collective: the loss totals, whether some rank had a Ctrl-C, and rank 0's clock
         totals = self.comm.all_reduce(numpy.array([total_loss, total_nll, float(interrupts.pending),
-                                                   float(self.stopping.lead_out_of_time())]))
+                                                   self.stopping.lead_seconds()]))
 
         def update():
             grad_norm, overflowed = self.scaler.step(self.adam)
             return grad_norm, overflowed, grad_norm is not None and math.isfinite(grad_norm)
 
         return self._settle(batches, tokens, float(totals[0]), float(totals[1]), update,
-                            interrupted=totals[2] > 0, time_up=totals[3] > 0)
+                            interrupted=totals[2] > 0, seconds=float(totals[3]))
 
     def _replayed_step(self, batches):
         """``train_step`` with ``cuda_graphs="on"``: the step's device work is one captured graph
@@ -273,6 +318,8 @@ class Trainer:
         from its flag. A Ctrl-C waits for the step: its update is part of the graph."""
         tokens = sum(b.num_tokens for b in batches)
         scale = self.scaler.scale if self.scaler.enabled else 1.0
+        seconds = self.stopping.lead_seconds()  # one process: the update is in the graph, so before it
+        self._set_schedule_time(seconds)
         loss_sum, nll_sum, norm, applied = self.graphs.run(batches, tokens, scale)
 
         def update():  # already done on the device (a non-finite loss is never applied there either)
@@ -280,19 +327,28 @@ class Trainer:
                 self.scaler.update(not applied)
             return norm, self.scaler.enabled and not applied, applied
 
-        return self._settle(batches, tokens, loss_sum, nll_sum, update, time_up=self.stopping.lead_out_of_time())
+        return self._settle(batches, tokens, loss_sum, nll_sum, update, seconds=seconds)
 
-    def _settle(self, batches, tokens, loss_sum, nll_sum, update, interrupted=False, time_up=False):
+    def _set_schedule_time(self, seconds):
+        """A schedule of the time budget (``schedule="time"``) learns the elapsed fraction of the time limit."""
+        if hasattr(self.adam.lr, "elapsed_fraction"):
+            self.adam.lr.elapsed_fraction = self.stopping.clock.fraction(seconds)
+
+    def _settle(self, batches, tokens, loss_sum, nll_sum, update, interrupted=False, seconds=0.0):
         """What both steps share once the passes are done: the loss and NLL per target token; the
         update (``update()`` → (gradient norm, overflowed, applied)) only where the loss is finite,
-        under fp16's loss-scale floor; the position moved past ``batches``."""
+        under fp16's loss-scale floor, at the learning rate of the run's agreed ``seconds``; the
+        position moved past ``batches`` and to ``seconds``."""
         loss, nll = loss_sum / tokens, nll_sum / tokens
+        self._set_schedule_time(seconds)
+        self.position.train_seconds = seconds
+        time_up = self.stopping.clock.out_of_time(seconds)
         grad_norm, overflowed, applied = None, False, False
         if math.isfinite(loss):
             with self.stopping.scale_floor_stops(self.step + 1):
                 grad_norm, overflowed, applied = update()
         self.position.advance(len(batches), tokens, applied=applied)
-        return StepResult(loss, nll, tokens, grad_norm, applied, overflowed, bool(interrupted), bool(time_up))
+        return StepResult(loss, nll, tokens, grad_norm, applied, overflowed, bool(interrupted), bool(time_up), seconds)
 
     def _overflow_quietly(self):
         """fp16: a scaled gradient that overflows is the scaler's business (the step is skipped and
@@ -308,6 +364,9 @@ class Trainer:
                   "nll": round(result.nll, 5), "ppl": round(perplexity(result.nll), 4),
                   "lr": self.adam.current_lr(self.step), "grad_norm": round(result.grad_norm, 5),
                   "tokens_per_s": round(tokens_per_s, 1), "skipped_updates": self.skipped_updates}
+        left = self.stopping.minutes_left()
+        if left is not None:
+            record["minutes_left"] = round(left, 2)
         if self.scaler.enabled:
             record.update(loss_scale=self.scaler.scale, overflow_skipped=self.scaler.skipped_steps)
         if self.graphs is not None:
@@ -318,7 +377,8 @@ class Trainer:
             if hidden is not None:
                 record.update(allreduce_ms=round(1000 * seconds, 2), allreduce_hidden=round(hidden, 3))
         self.log(record)
-        bar.show(self.skipped_updates, loss=f"{result.loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}")
+        bar.show(self.skipped_updates, loss=f"{result.loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}",
+                 **({} if left is None else {"time_left": f"{left:.1f} min of --time-limit"}))
 
     def _skipped(self, result, bar):
         """Log and count an update skipped for a non-finite loss or gradient (``max_bad_steps`` in a row
@@ -353,22 +413,29 @@ class Trainer:
             with self.stopping.interrupts.cut_short_allowed():
                 record = self.validate()
         self.comm.barrier(timeout=None)
+        self._eval_timer.reset(self.position.train_seconds)
         self.model.train()
         return record
 
     def validate(self):
         """Validation loss, perplexity, greedy BLEU and exact match (of ``bleu_samples`` sentences), logged;
         in the run's precision."""
+        return self._validate_model(self.model)
+
+    def _validate_model(self, model, extra=None, label=None):
+        """``validate`` of ``model`` (the run's, or the average: ``extra`` {"averaged": N} joins its record)."""
         with amp.autocast(self.precision):
-            loss, nll = validation_loss(self.model, self.val_data, self.config.max_tokens, self.config.label_smoothing)
+            loss, nll = validation_loss(model, self.val_data, self.config.max_tokens, self.config.label_smoothing)
             sources, references = (side[:self.config.bleu_samples] for side in self.val_text)
-            _, bleu, exact = translation_scores(self.model, self.tokenizer, sources, references, beam_size=1)
+            _, bleu, exact = translation_scores(model, self.tokenizer, sources, references, beam_size=1)
         record = {"step": self.step, "split": "val", "loss": round(loss, 5), "nll": round(nll, 5),
                   "ppl": round(perplexity(nll), 4), "bleu_greedy": round(bleu.score, 2),
-                  "exact_match_greedy": round(exact, 4), "bleu_sentences": len(references)}
+                  "exact_match_greedy": round(exact, 4), "bleu_sentences": len(references), **(extra or {})}
         self.log(record)
-        self.echo(f"step {self.step}: val loss {loss:.3f}, ppl {record['ppl']:.2f}, "
-                  f"BLEU {bleu.score:.2f} (greedy, {len(references)} sentences), exact match {exact:.1%}")
+        left = self.stopping.minutes_left() if label is None else None
+        self.echo(f"step {self.step}{f', {label}' if label else ''}: val loss {loss:.3f}, ppl {record['ppl']:.2f}, "
+                  f"BLEU {bleu.score:.2f} (greedy, {len(references)} sentences), exact match {exact:.1%}"
+                  + ("" if left is None else f"; {left:.1f} min of --time-limit left"))
         return record
 
     # ------------------------------------------------------------------ checkpoints
@@ -383,8 +450,9 @@ class Trainer:
         if self.lead:
             checkpoint.save_checkpoint(path, self.model.state_dict(), self.metadata(rng_states),
                                        self.adam.state_dict())
-            checkpoint.prune_checkpoints(self.save_dir, self.config.keep_last)
+            checkpoint.prune_checkpoints(self.save_dir, self.keep)
         self._saved_step = self.step
+        self._save_timer.reset(self.position.train_seconds)
         self.comm.barrier(timeout=None)
         return path
 

@@ -1,0 +1,24 @@
+"""Recipes: named sets of TrainConfig defaults for a kind of run (``--recipe NAME``).
+
+``TrainConfig.resolved()`` applies a recipe's values to the fields the user left unset, before the
+per-data defaults; a value given explicitly wins. ``hour``: a model from one hour of a laptop's CPU
+(docs/training.md#a-run-of-one-hour): a learning rate that ends at the time limit, checkpoints
+every few minutes and the average of the last ones tested. Its values are provisional: the
+benchmark of issue 49 will set them.
+"""
+
+__all__ = ["RECIPES"]
+
+RECIPES = {
+    "hour": {
+        "time_limit": 60.0,           # minutes of the whole run, --resume included (with schedule "time")
+        "schedule": "time",
+        "decay_fraction": 1.0,
+        "average_last": 5,
+        "save_every_minutes": 2.0,
+        "eval_every_minutes": 15.0,
+        "max_steps": 1_000_000,       # the clock ends the run
+        "warmup_steps": 400,
+        "lr_factor": 2.0,
+    },
+}
