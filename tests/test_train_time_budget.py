@@ -11,6 +11,7 @@ from tinyformer.model.optim import NoamSchedule, TimeBudgetSchedule
 from tinyformer.translation import checkpoint, train
 from tinyformer.translation.train import ConfigError, TrainConfig, Trainer, load_model
 from tinyformer.translation.train import clock as clock_module
+from tinyformer.translation.train.config import flag_of
 from tinyformer.translation.train.recipes import RECIPES
 
 from test_train import QUIET, cached_corpus, records, small_config, small_corpus, small_load_corpus  # noqa: F401
@@ -104,7 +105,7 @@ def test_the_hour_recipe_sets_what_was_not_given_and_given_options_win(tmp_path)
     assert (given.lr_factor, given.warmup_steps, given.time_limit, given.schedule) == (1.0, 800, 30, "noam")
     assert given.average_last == 5
     corpus = TrainConfig(train_data=str(tmp_path / "corpus"), recipe="hour").resolved()
-    assert corpus.data == "files" and corpus.schedule == "time" and corpus.time_limit == 60
+    assert corpus.data == "files" and corpus.schedule == "time" and corpus.time_limit == RECIPES["hour"]["time_limit"]
 
 
 # ---------------------------------------------------------------------------- the clock in a run
@@ -207,11 +208,13 @@ def test_a_run_of_the_recipe_says_its_values_and_the_minutes_left(tmp_path, tick
     said = []
     trainer = Trainer(small_config(tmp_path, recipe="hour", max_steps=2), echo=said.append, progress=False)
     trainer.run()
-    assert said[0].startswith("--recipe hour: --time-limit 60.0, --schedule time, --decay-fraction 1.0, "
-                              "--average-last 5, --save-every-minutes 2.0, --eval-every-minutes 15.0, "
-                              "--max-steps 2, --warmup-steps 4, --lr-factor 2.0")
-    assert train_records(tmp_path)[1]["minutes_left"] == pytest.approx((3600 - 50) / 60, abs=0.01)
-    assert any(line.startswith("step 2: val loss") and line.endswith("; 58.3 min of --time-limit left")
-               for line in said)
+    values = {**RECIPES["hour"], "max_steps": 2}  # small_config's given options win
+    values.update({name: getattr(trainer.config, name) for name in values})
+    assert said[0] == ("--recipe hour: " + ", ".join(f"{flag_of(name)} {value}" for name, value in values.items())
+                       + " (options given win)")
+    limit = 60 * RECIPES["hour"]["time_limit"]
+    assert train_records(tmp_path)[1]["minutes_left"] == pytest.approx((limit - 50) / 60, abs=0.01)
+    assert any(line.startswith("step 2: val loss")
+               and line.endswith(f"; {(limit - 100) / 60:.1f} min of --time-limit left") for line in said)
     assert "trained 2 steps in 2.5 min" in said  # 50 s a step, and 50 s to the last reading
     assert any("only 1 of --average-last 5 exist" in line for line in said) and trainer.averaged.count == 1

@@ -289,8 +289,8 @@ class TrainConfig:
     average_last: int = option(help="when training ends, average the last N checkpoints into averaged.npz in "
                                "--save-dir, validate it and test it", unset="no averaging", kind=int,
                                check=positive_int, resumable=True)
-    eval_every: int = option(500, help="validate every N steps: loss, perplexity, greedy BLEU", kind=int,
-                             check=positive_int, resumable=True)
+    eval_every: int = option(help="validate every N steps: loss, perplexity, greedy BLEU", resolves_to=500,
+                             kind=int, check=positive_int, resumable=True)
     eval_every_minutes: float = option(help="also validate when this many minutes of training have passed since "
                                        "the last validation", unset="off", kind=float, check=positive_real,
                                        resumable=True)
