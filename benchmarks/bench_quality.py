@@ -154,6 +154,85 @@ def plan_digest(plan):
     return digest.hexdigest()
 
 
+def linear_lr(step, steps, d_model, warmup_steps, lr_factor, decay_fraction=1.0):
+    """The learning rate of step ``step`` (1 .. ``steps``) of ``--schedule linear``, the step-count twin of
+    tinyformer's time-budget schedule (``TimeBudgetSchedule``, its elapsed fraction step / steps):
+    peak · min(step / warmup, 1) · min(1, (1 − step / steps) / decay_fraction), peak the Noam top
+    lr_factor · d_model^-0.5 · warmup^-0.5."""
+    peak = lr_factor * d_model ** -0.5 * warmup_steps ** -0.5
+    return peak * min(step / warmup_steps, 1.0) * min(1.0, (1.0 - step / steps) / decay_fraction)
+
+
+def lr_schedule(args, d_model):
+    """lr(step) for steps 1, 2, ...: the one schedule both engines' optimisers are given (``--schedule``:
+    noam, tinyformer's NoamSchedule; linear, ``linear_lr``)."""
+    import functools
+
+    from tinyformer.model.optim import NoamSchedule
+
+    if args.schedule == "linear":
+        return functools.partial(linear_lr, steps=args.steps, d_model=d_model, warmup_steps=args.warmup_steps,
+                                 lr_factor=args.lr_factor, decay_fraction=args.decay_fraction)
+    return NoamSchedule(d_model, args.warmup_steps, args.lr_factor)
+
+
+def validates_at(step, every, last):
+    """Whether ``--val-every`` validates after ``step``: every ``every`` steps and at the last step."""
+    return every > 0 and (step % every == 0 or step == last)
+
+
+def tinyformer_validation_nll(model, val_data, max_tokens):
+    """The validation NLL per target token (no label smoothing, dropout off: ``validation_loss``);
+    the model is left in training mode."""
+    from tinyformer.translation.train.evaluation import validation_loss
+
+    _, nll = validation_loss(model, val_data, max_tokens, 0.0)
+    model.train()
+    return nll
+
+
+def torch_validation_nll(torch_model, batches):
+    """The same arithmetic in PyTorch: the NLL summed over the target tokens of ``batches`` (padding
+    ignored, no label smoothing, eval mode) / their count; the model is left in training mode."""
+    import warnings
+
+    import torch
+    from torch.nn import functional as TF
+
+    from tinyformer.translation.data import PAD_ID
+
+    torch_model.eval()
+    vocab = torch_model.embed.weight.shape[0]
+    total = tokens = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the encoder's fast path: nested tensors are a prototype
+        for batch in batches:
+            src, tgt_in, tgt_out = (torch.from_numpy(numpy.asarray(a, dtype=numpy.int64))
+                                    for a in (batch.src, batch.tgt_in, batch.tgt_out))
+            logits = torch_model(src, tgt_in)
+            total += TF.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1), ignore_index=PAD_ID,
+                                      reduction="sum").item()
+            tokens += batch.num_tokens
+    torch_model.train()
+    return total / tokens
+
+
+def time_to_nll(validations, target):
+    """(training seconds, step) at which a curve of validations [(step, training seconds, NLL), ...]
+    first reaches NLL <= ``target``, linearly interpolated between the validation before the crossing
+    and the first at or under it (the first validation's own, if it is there already); None if never."""
+    before = None
+    for step, seconds, nll in validations:
+        if nll <= target:
+            if before is None:
+                return float(seconds), float(step)
+            step0, seconds0, nll0 = before
+            f = (nll0 - target) / (nll0 - nll)
+            return seconds0 + f * (seconds - seconds0), step0 + f * (step - step0)
+        before = (step, seconds, nll)
+    return None
+
+
 # ----------------------------------------------------------------------------- saving and resuming
 class Resume:
     """One engine's training state in ``--work``, saved every ``every`` steps (atomically: a
@@ -208,22 +287,30 @@ class Resume:
 
 
 # ----------------------------------------------------------------------------- the two engines
-def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None):
-    """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds).
+def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None, schedule=None, val_every=0):
+    """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds, lr).
+    ``schedule``: Adam's lr(step) (``lr_schedule``; default the run's). ``val_every``: the validation
+    NLL every that many steps, at the last and before the first, as (step, training seconds, NLL).
     With ``resume`` (a ``Resume``), continue from its last save and save every ``resume.every`` steps."""
     from tinyformer.engine import random as tf_random
     from tinyformer.translation.train import Trainer
 
+    if schedule is not None:
+        parts.adam.lr = schedule
     trainer = Trainer(config, parts=parts, echo=lambda *a, **k: None, progress=False)
     parts.model.train()
-    done = {"losses": [], "seconds": [], "skipped_updates": 0}
+    done = {"losses": [], "seconds": [], "lrs": [], "validations": [], "skipped_updates": 0}
+    validate = (lambda: tinyformer_validation_nll(parts.model, parts.val_data, config.max_tokens)) if val_every else None
     if resume is not None and (saved := resume.load_tinyformer()) is not None:
         state, done, adam_state, rng = saved
         parts.model.load_state_dict(state)
         parts.adam.load_state_dict(adam_state)
         tf_random.set_rng_state(rng)
         log(f"tinyformer: resumed after step {len(done['losses'])}")
+    if validate and not done["losses"]:
+        record_validation(done, 0, validate(), "tinyformer", log)
     for step in range(len(done["losses"]) + 1, len(plan) + 1):
+        done["lrs"].append(parts.adam.current_lr())  # the learning rate this step's update uses
         start = time.perf_counter()
         result = trainer.train_step([plan[step - 1]])
         loss, grad_norm = result.loss, result.grad_norm
@@ -232,27 +319,33 @@ def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None):
         done["skipped_updates"] += bool(grad_norm is None or not numpy.isfinite(grad_norm))
         if step % log_every == 0 or step == len(plan):
             log(f"tinyformer step {step}: loss {loss:.4f}, {statistics.median(done['seconds'][-log_every:]):.3f} s/step")
+        if validate and validates_at(step, val_every, len(plan)):
+            record_validation(done, step, validate(), "tinyformer", log)
         if resume is not None and (step % resume.every == 0 or step == len(plan)):
             resume.save_tinyformer(parts.model.state_dict(), done, parts.adam.state_dict(), tf_random.get_rng_state())
     return done
 
 
-def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None):
-    """Train the PyTorch model on ``plan``: torch.optim.Adam (0.9, 0.98, 1e-9) on the same Noam schedule,
-    F.cross_entropy with the run's label smoothing summed over the target tokens / their count.
-    With ``resume`` (a ``Resume``), continue from its last save and save every ``resume.every`` steps."""
+def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None, schedule=None, val_every=0,
+                val_batches=()):
+    """Train the PyTorch model on ``plan``: torch.optim.Adam (0.9, 0.98, 1e-9) on ``schedule`` (lr(step),
+    ``lr_schedule``; default Noam's of the run), F.cross_entropy with the run's label smoothing summed
+    over the target tokens / their count. ``val_every``: the validation NLL of ``val_batches`` as
+    ``train_tinyformer`` records it. With ``resume`` (a ``Resume``), continue from its last save and
+    save every ``resume.every`` steps."""
     import torch
     from torch.nn import functional as TF
 
     from tinyformer.translation.data import PAD_ID
     from tinyformer.model.optim import NoamSchedule
 
-    schedule = NoamSchedule(torch_model.embed.weight.shape[1], config.warmup_steps, config.lr_factor)
+    if schedule is None:
+        schedule = NoamSchedule(torch_model.embed.weight.shape[1], config.warmup_steps, config.lr_factor)
     optimizer = torch.optim.Adam(torch_model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: schedule(i + 1))  # LambdaLR counts from 0
     vocab = torch_model.embed.weight.shape[0]
     torch_model.train()
-    done = {"losses": [], "seconds": [], "skipped_updates": 0}
+    done = {"losses": [], "seconds": [], "lrs": [], "validations": [], "skipped_updates": 0}
     if resume is not None and (saved := resume.load_torch()) is not None:
         done = saved.pop("done")
         torch_model.load_state_dict(saved["model"])
@@ -261,11 +354,14 @@ def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None)
         torch.set_rng_state(saved["rng"])
         log(f"torch: resumed after step {len(done['losses'])}")
     losses, seconds = done["losses"], done["seconds"]
+    if val_every and not losses:
+        record_validation(done, 0, torch_validation_nll(torch_model, val_batches), "torch", log)
     for step in range(len(losses) + 1, len(plan) + 1):
         batch = plan[step - 1]
         src, tgt_in, tgt_out = (torch.from_numpy(numpy.asarray(a, dtype=numpy.int64))
                                 for a in (batch.src, batch.tgt_in, batch.tgt_out))
         start = time.perf_counter()
+        done["lrs"].append(optimizer.param_groups[0]["lr"])  # the learning rate this step's update uses
         optimizer.zero_grad(set_to_none=True)
         logits = torch_model(src, tgt_in)
         total = TF.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1), ignore_index=PAD_ID,
@@ -278,10 +374,20 @@ def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None)
         losses.append(loss)
         if step % log_every == 0 or step == len(plan):
             log(f"torch step {step}: loss {loss:.4f}, {statistics.median(seconds[-log_every:]):.3f} s/step")
+        if validates_at(step, val_every, len(plan)):
+            record_validation(done, step, torch_validation_nll(torch_model, val_batches), "torch", log)
         if resume is not None and (step % resume.every == 0 or step == len(plan)):
             resume.save_torch({"model": torch_model.state_dict(), "optimizer": optimizer.state_dict(),
                                "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "done": done})
     return done
+
+
+def record_validation(done, step, nll, engine, log):
+    """Append (step, training seconds so far, validation NLL) to ``done["validations"]``: the seconds
+    are the sum of the steps' own, so validation time is not counted."""
+    train_seconds = float(sum(done["seconds"]))
+    done["validations"].append([step, train_seconds, nll])
+    log(f"{engine} step {step}: validation NLL {nll:.4f} per token after {train_seconds:.1f} training s")
 
 
 def score(model, tokenizer, config, limit=None):
@@ -313,7 +419,13 @@ def run_engine(args, engine, log=print):
               "plan_digest": plan_digest(plan), "plan_batches": len(plan),
               "target_tokens": sum(b.num_tokens for b in plan), "tokenizer_sha256": parts.tokenizer.sha256,
               "versions": {"python": platform.python_version(), "numpy": numpy.__version__},
-              "commit": provenance.git_commit()}  # the code this engine read, at its start
+              "commit": provenance.git_commit(),  # the code this engine read, at its start
+              "schedule": args.schedule, "decay_fraction": args.decay_fraction, "val_every": args.val_every}
+    schedule = lr_schedule(args, parts.model.d_model)
+    val_batches = ()
+    if args.val_every:  # batched once, as validation_loss batches them: the same list on both sides
+        val_batches = list(parts.val_data.batches(config.max_tokens, shuffle=False))
+        result["val_digest"], result["val_tokens"] = plan_digest(val_batches), sum(b.num_tokens for b in val_batches)
     log(f"{engine}: {result['params']:,} parameters, {len(plan)} batches, plan {result['plan_digest'][:12]}")
     if engine == "tinyformer-ulp":
         for parameter in parts.model.parameters():
@@ -322,7 +434,7 @@ def run_engine(args, engine, log=print):
         if args.save_every else None
     with blas_threads(1):
         if engine != "torch":
-            result.update(train_tinyformer(parts, config, plan, log, args.log_every, resume))
+            result.update(train_tinyformer(parts, config, plan, log, args.log_every, resume, schedule, args.val_every))
         else:
             import torch
 
@@ -335,7 +447,8 @@ def run_engine(args, engine, log=print):
                 torch_transformer.copy_weights(parts.model, torch_model)
             result["torch_params"] = sum(p.numel() for p in torch_model.parameters())
             result["versions"]["torch"] = torch.__version__
-            result.update(train_torch(torch_model, config, plan, log, args.log_every, resume))
+            result.update(train_torch(torch_model, config, plan, log, args.log_every, resume, schedule, args.val_every,
+                                      val_batches))
             torch_transformer.copy_weights_back(torch_model, parts.model)  # decoded by tinyformer's search
         if args.score:
             # the validation split's loss and NLL per token, dropout off: deterministic for the weights
@@ -482,7 +595,16 @@ def parse_args(argv):
     parser.add_argument("--vocab-size", type=int, help="joint BPE pieces (default: tinyformer train's for the data)")
     parser.add_argument("--max-tokens", type=int, help="padded tokens per batch (default: tinyformer train's)")
     parser.add_argument("--warmup-steps", type=int, help="Noam warm-up (default: tinyformer train's, 800 for Multi30k)")
-    parser.add_argument("--lr-factor", type=float, default=1.0)
+    parser.add_argument("--lr-factor", type=float, default=1.0, help="Noam factor; with --schedule linear, its peak "
+                        "lr_factor * d_model^-0.5 * warmup^-0.5 is the linear schedule's (default 1)")
+    parser.add_argument("--schedule", choices=("noam", "linear"), default="noam", help="noam (default): warm-up, "
+                        "then 1/sqrt(step); linear: warm-up to the Noam peak, then linear decay to 0 at --steps "
+                        "(the step-count twin of tinyformer train --schedule time)")
+    parser.add_argument("--decay-fraction", type=float, default=1.0, help="--schedule linear: the last fraction of "
+                        "the steps over which lr falls to 0, in (0, 1] (default 1: from the start)")
+    parser.add_argument("--val-every", type=int, default=0, help="the validation NLL (no smoothing, dropout off) "
+                        "of both engines every N steps, at the last and before the first; the report's wall time "
+                        "to the same validation NLL (default 0: none)")
     parser.add_argument("--label-smoothing", type=float, default=0.1)
     parser.add_argument("--dropout", type=float, help="residual/embedding dropout p, also the extras' p "
                         "(default: the preset's)")
@@ -530,8 +652,10 @@ def parse_args(argv):
             parser.error("--equal-init: both engines have the same extras (give --tf-extras only)")
         torch_extras = args.tf_extras
     args.torch_extras = EXTRAS if torch_extras is None else torch_extras
-    if args.steps < 1 or args.window < 1 or args.log_every < 1 or args.save_every < 0:
-        parser.error("--steps, --window and --log-every must be positive, --save-every 0 or more")
+    if args.steps < 1 or args.window < 1 or args.log_every < 1 or args.save_every < 0 or args.val_every < 0:
+        parser.error("--steps, --window and --log-every must be positive, --save-every and --val-every 0 or more")
+    if not 0 < args.decay_fraction <= 1:
+        parser.error(f"--decay-fraction must be in (0, 1], got {args.decay_fraction:g}")
     return args
 
 
@@ -545,8 +669,11 @@ def parse_list(text, known):
 
 def run_label(args):
     equal = "-equal" if args.equal_init else ""
+    recipe = (f"-linear_w{args.warmup_steps}_f{args.lr_factor:g}_d{args.decay_fraction:g}"
+              if args.schedule == "linear" else "")
+    val = f"-val{args.val_every}" if args.val_every else ""
     return (f"{args.data}-{args.preset}-s{args.seed}-n{args.steps}-tf_{extras_text(args.tf_extras)}"
-            f"-torch_{extras_text(args.torch_extras)}{equal}").replace(",", "+")
+            f"-torch_{extras_text(args.torch_extras)}{equal}{recipe}{val}").replace(",", "+")
 
 
 def result_path(args, engine):
