@@ -300,7 +300,10 @@ def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None, 
     trainer = Trainer(config, parts=parts, echo=lambda *a, **k: None, progress=False)
     parts.model.train()
     done = {"losses": [], "seconds": [], "lrs": [], "validations": [], "skipped_updates": 0}
-    validate = (lambda: tinyformer_validation_nll(parts.model, parts.val_data, config.max_tokens)) if val_every else None
+    validate = None
+    if val_every:
+        def validate():
+            return tinyformer_validation_nll(parts.model, parts.val_data, config.max_tokens)
     if resume is not None and (saved := resume.load_tinyformer()) is not None:
         state, done, adam_state, rng = saved
         parts.model.load_state_dict(state)
@@ -475,6 +478,72 @@ def relative_differences(a, b):
     return numpy.abs(a - b) / numpy.abs(b)
 
 
+def schedule_text(args):
+    """The learning-rate schedule in words, for the report."""
+    if getattr(args, "schedule", "noam") == "linear":
+        return (f"linear schedule (warm-up {args.warmup_steps} steps to the Noam peak of factor {args.lr_factor:g}, "
+                f"then linear decay to 0 at step {args.steps} over the last {args.decay_fraction:g} of the steps)")
+    return f"Noam factor {args.lr_factor:g}, warm-up {args.warmup_steps}"
+
+
+def validation_section(results, engines):
+    """The report's validation NLL by step (each engine's cumulative training seconds beside it) and, with
+    two engines, the wall time to the same validation NLL: the target is the larger of the two final NLLs."""
+    names = [ENGINE_NAMES[e] for e in engines]
+    curves = {e: results[e]["validations"] for e in engines}
+    by_step = {e: {v[0]: v for v in curves[e]} for e in engines}
+    steps = sorted(set().union(*(by_step[e] for e in engines)))
+    header = ["step"] + [f"{n} {what}" for n in names for what in ("validation NLL", "training s")]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for step in steps:
+        row = [str(step)]
+        for e in engines:
+            v = by_step[e].get(step)
+            row += [f"{v[2]:.4f}", f"{v[1]:.1f}"] if v else ["", ""]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    digests = {results[e].get("val_digest") for e in engines}
+    first = results[engines[0]]
+    same = ("identical on both sides" if len(engines) == 2 and len(digests) == 1 and None not in digests
+            else "one engine only" if len(engines) == 1 else "DIFFERENT on the two sides")
+    lines.append(f"Validation NLL: per target token ({first.get('val_tokens', 0):,} tokens), no label smoothing, "
+                 f"dropout off (eval mode), on the validation split batched once through the same tokenizer "
+                 f"(batch list sha256 {str(first.get('val_digest'))[:16]}, {same}); tinyformer's ``validation_loss`` "
+                 "and the same sum / count in PyTorch. Training seconds: the sum of the engine's own step times "
+                 "(validation excluded), one thread per engine.")
+    if len(engines) == 2 and all(curves.values()):
+        target = max(curves[e][-1][2] for e in engines)
+        reached = {e: time_to_nll(curves[e], target) for e in engines}
+        lines += ["", f"Wall time to the same validation NLL: target {target:.4f} (the larger of the two final "
+                  "NLLs); each engine's training seconds when its validation NLL first reached it, linearly "
+                  "interpolated between the two validations around the crossing.", ""]
+        lines += ["| engine | training s to target | at step |", "|---|---:|---:|"]
+        for e, name in zip(engines, names):
+            r = reached[e]
+            lines.append(f"| {name} | {r[0]:.1f} | {r[1]:.0f} |" if r else f"| {name} | not reached | |")
+        lines.append("")
+        a, b = (reached[e] for e in engines)
+        if a and b and b[0] > 0:
+            ratio = a[0] / b[0]
+            lines.append(f"Time to validation NLL {target:.4f}, {names[0]} / {names[1]}: **{ratio:.2f}x** "
+                         f"({'≤' if ratio <= 0.7 else 'NOT ≤'} 0.7; issue 49's goal: ≤ 0.7x). Measured as "
+                         "training seconds (each step's own wall time, validation excluded), one thread per engine.")
+        else:
+            lines.append(f"Time to validation NLL {target:.4f}: no ratio (an engine did not reach it).")
+    return lines
+
+
+def lr_check(results, engines):
+    """One line: whether the engines used the same learning rate at every step (their recorded lrs)."""
+    lrs = [results[e].get("lrs") for e in engines]
+    if len(engines) != 2 or not all(lrs):
+        return None
+    if lrs[0] == lrs[1]:
+        return f"Learning rate: the same at each of the {len(lrs[0])} steps on both sides (recorded per step)."
+    step = next((i + 1 for i, (x, y) in enumerate(zip(*lrs)) if x != y), min(map(len, lrs)) + 1)
+    return f"Learning rate: DIFFERENT on the two sides, first at step {step}."
+
+
 def shown_command(argv):
     """The command as the report shows it: folders of this machine (--work, --data-dir, an absolute
     --report) as placeholders."""
@@ -530,13 +599,15 @@ def report(args, argv, results, wall):
     lines.append(f"Data: {first['plan_batches']} batches of up to {args.max_tokens} padded tokens "
                  f"({first['target_tokens']:,} target tokens), tinyformer's order for seed {args.seed}; batch list "
                  f"sha256 {first['plan_digest'][:16]}, {same}. Joint BPE of {args.vocab_size} pieces (tinyformer's, "
-                 f"sha256 {first['tokenizer_sha256'][:12]}). Noam factor {args.lr_factor:g}, warm-up "
-                 f"{args.warmup_steps}, label smoothing {args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); {threads}.")
+                 f"sha256 {first['tokenizer_sha256'][:12]}). {schedule_text(args)}, label smoothing "
+                 f"{args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); {threads}.")
     if args.equal_init and "tinyformer-ulp" in engines:
         lines.append("Equal init, the control: tinyformer against itself with every initial weight moved one unit "
                      "in the last place (float32 nextafter towards +inf); dropout 0 everywhere.")
     elif args.equal_init:
         lines.append("Equal init: PyTorch starts from tinyformer's initial weights; dropout 0 everywhere.")
+    if (same_lr := lr_check(results, engines)) is not None:
+        lines.append(same_lr)
     lines.append("")
     header = ["engine", "extras", "parameters", "loss, first step", "loss, last step", "median step s",
               "training min"]
@@ -578,6 +649,8 @@ def report(args, argv, results, wall):
         lines += ["| steps | mean loss |", "|---|---:|"]
         for lo, hi in windows(len(r["losses"]), args.window):
             lines.append(f"| {lo}-{hi} | {numpy.mean(r['losses'][lo - 1:hi]):.4f} |")
+    if getattr(args, "val_every", 0) and all(results[e].get("validations") for e in engines):
+        lines += ["", "### Validation NLL by step", ""] + validation_section(results, engines)
     lines.append(f"Wall time of the invocation: {wall / 60:.1f} min.")
     return "\n".join(lines) + "\n"
 
