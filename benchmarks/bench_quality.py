@@ -23,6 +23,20 @@ switched one by one with ``--tf-extras`` and ``--torch-extras`` (comma-separated
 feed-forward biases U(+-1/sqrt(fan_in))). Defaults: tinyformer ``preset``, the preset's own model as
 ``tinyformer train`` builds it (``small``: all four; ``none`` is the paper's model), PyTorch all (stock).
 
+The recipe comparison (issue 49: "the same recipe in PyTorch, side by side on identical batches:
+tinyformer's wall time to the same validation NLL <= 0.7x PyTorch's"): ``--schedule linear`` gives
+both engines the step-count twin of ``tinyformer train --schedule time``, lr(step) = peak *
+min(step / warmup, 1) * min(1, (1 - step / steps) / decay_fraction) with Noam's peak lr_factor *
+d_model^-0.5 * warmup^-0.5 (``--decay-fraction``, default 1), from one function (``linear_lr``) both
+children call; each records the lr of every step, and the report says whether they were the same.
+``--val-every N`` has each engine compute the validation NLL (per target token, no label smoothing,
+dropout off, the validation split batched once through the same tokenizer: tinyformer's
+``validation_loss``, the same sum / count in PyTorch) before the first step, every N steps and at the
+last, with its cumulative training seconds (the steps' own times: validation excluded). The report
+tabulates them and gives the wall time to the same validation NLL: the target is the larger of the two
+final NLLs, each engine's training seconds at its first validation at or under it (interpolated
+linearly from the one before), and their ratio tinyformer / PyTorch.
+
 ``--equal-init`` tests the engines themselves: PyTorch starts from tinyformer's initial weights,
 dropout is off everywhere, both have the same extras, and the report gives the largest relative
 difference of the two loss curves in each window of 100 steps. Its control, ``--equal-init --engines
@@ -32,11 +46,14 @@ unit in the last place: how far float32 rounding alone parts two curves over the
     python benchmarks/bench_quality.py --steps 800 --seed 0 [--tf-extras preset] [--torch-extras all]
     python benchmarks/bench_quality.py --steps 300 --equal-init --no-score
     python benchmarks/bench_quality.py --steps 300 --equal-init --no-score --engines tinyformer,tinyformer-ulp
+    python benchmarks/bench_quality.py --steps 2600 --schedule linear --warmup-steps 400 --lr-factor 2 --val-every 200
     python benchmarks/bench_quality.py --data synthetic --preset tiny --steps 20 --limit 50   (a smoke run)
+    python benchmarks/bench_quality.py --data synthetic --preset tiny --steps 20 --schedule linear --warmup-steps 5 \
+        --val-every 5 --no-score   (a smoke run of the recipe comparison)
 
 ``--report FILE`` appends the markdown report (command, date, commit, machine) to FILE;
 ``--work DIR`` (default runs/bench-quality) holds the shared tokenizer, each engine's log and its
-JSON result (every step's loss and time).
+JSON result (every step's loss, time and learning rate; the validations).
 """
 
 import argparse
