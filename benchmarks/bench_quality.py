@@ -527,7 +527,7 @@ def validation_section(results, engines, threads="one thread per engine"):
             else "one engine only" if len(engines) == 1 else "DIFFERENT on the two sides")
     lines.append(f"Validation NLL: per target token ({first.get('val_tokens', 0):,} tokens), no label smoothing, "
                  f"dropout off (eval mode), on the validation split batched once through the same tokenizer "
-                 f"(batch list sha256 {str(first.get('val_digest'))[:16]}, {same}); tinyformer's ``validation_loss`` "
+                 f"(batch list sha256 {str(first.get('val_digest'))[:16]}, {same}); tinyformer's `validation_loss` "
                  "and the same sum / count in PyTorch. Training seconds: the sum of the engine's own step times "
                  f"(validation excluded); {threads}.")
     if len(engines) == 2 and all(curves.values()):
