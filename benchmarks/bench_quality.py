@@ -326,6 +326,8 @@ def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None, 
         parts.model.load_state_dict(state)
         parts.adam.load_state_dict(adam_state)
         tf_random.set_rng_state(rng)
+        for key in ("lrs", "validations"):  # a state saved before these were recorded
+            done.setdefault(key, [])
         log(f"tinyformer: resumed after step {len(done['losses'])}")
     if validate and not done["losses"]:
         record_validation(done, 0, validate(), "tinyformer", log)
@@ -372,6 +374,8 @@ def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None,
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["rng"])
+        for key in ("lrs", "validations"):  # a state saved before these were recorded
+            done.setdefault(key, [])
         log(f"torch: resumed after step {len(done['losses'])}")
     losses, seconds = done["losses"], done["seconds"]
     if val_every and not losses:
