@@ -23,6 +23,20 @@ switched one by one with ``--tf-extras`` and ``--torch-extras`` (comma-separated
 feed-forward biases U(+-1/sqrt(fan_in))). Defaults: tinyformer ``preset``, the preset's own model as
 ``tinyformer train`` builds it (``small``: all four; ``none`` is the paper's model), PyTorch all (stock).
 
+The recipe comparison (issue 49: "the same recipe in PyTorch, side by side on identical batches:
+tinyformer's wall time to the same validation NLL <= 0.7x PyTorch's"): ``--schedule linear`` gives
+both engines the step-count twin of ``tinyformer train --schedule time``, lr(step) = peak *
+min(step / warmup, 1) * min(1, (1 - step / steps) / decay_fraction) with Noam's peak lr_factor *
+d_model^-0.5 * warmup^-0.5 (``--decay-fraction``, default 1), from one function (``linear_lr``) both
+children call; each records the lr of every step, and the report says whether they were the same.
+``--val-every N`` has each engine compute the validation NLL (per target token, no label smoothing,
+dropout off, the validation split batched once through the same tokenizer: tinyformer's
+``validation_loss``, the same sum / count in PyTorch) before the first step, every N steps and at the
+last, with its cumulative training seconds (the steps' own times: validation excluded). The report
+tabulates them and gives the wall time to the same validation NLL: the target is the larger of the two
+final NLLs, each engine's training seconds at its first validation at or under it (interpolated
+linearly from the one before), and their ratio tinyformer / PyTorch.
+
 ``--equal-init`` tests the engines themselves: PyTorch starts from tinyformer's initial weights,
 dropout is off everywhere, both have the same extras, and the report gives the largest relative
 difference of the two loss curves in each window of 100 steps. Its control, ``--equal-init --engines
@@ -32,11 +46,14 @@ unit in the last place: how far float32 rounding alone parts two curves over the
     python benchmarks/bench_quality.py --steps 800 --seed 0 [--tf-extras preset] [--torch-extras all]
     python benchmarks/bench_quality.py --steps 300 --equal-init --no-score
     python benchmarks/bench_quality.py --steps 300 --equal-init --no-score --engines tinyformer,tinyformer-ulp
+    python benchmarks/bench_quality.py --steps 2600 --schedule linear --warmup-steps 400 --lr-factor 2 --val-every 200
     python benchmarks/bench_quality.py --data synthetic --preset tiny --steps 20 --limit 50   (a smoke run)
+    python benchmarks/bench_quality.py --data synthetic --preset tiny --steps 20 --schedule linear --warmup-steps 5 \
+        --val-every 5 --no-score   (a smoke run of the recipe comparison)
 
 ``--report FILE`` appends the markdown report (command, date, commit, machine) to FILE;
 ``--work DIR`` (default runs/bench-quality) holds the shared tokenizer, each engine's log and its
-JSON result (every step's loss and time).
+JSON result (every step's loss, time and learning rate; the validations).
 """
 
 import argparse
@@ -154,6 +171,85 @@ def plan_digest(plan):
     return digest.hexdigest()
 
 
+def linear_lr(step, steps, d_model, warmup_steps, lr_factor, decay_fraction=1.0):
+    """The learning rate of step ``step`` (1 .. ``steps``) of ``--schedule linear``, the step-count twin of
+    tinyformer's time-budget schedule (``TimeBudgetSchedule``, its elapsed fraction step / steps):
+    peak · min(step / warmup, 1) · min(1, (1 − step / steps) / decay_fraction), peak the Noam top
+    lr_factor · d_model^-0.5 · warmup^-0.5."""
+    peak = lr_factor * d_model ** -0.5 * warmup_steps ** -0.5
+    return peak * min(step / warmup_steps, 1.0) * min(1.0, (1.0 - step / steps) / decay_fraction)
+
+
+def lr_schedule(args, d_model):
+    """lr(step) for steps 1, 2, ...: the one schedule both engines' optimisers are given (``--schedule``:
+    noam, tinyformer's NoamSchedule; linear, ``linear_lr``)."""
+    import functools
+
+    from tinyformer.model.optim import NoamSchedule
+
+    if args.schedule == "linear":
+        return functools.partial(linear_lr, steps=args.steps, d_model=d_model, warmup_steps=args.warmup_steps,
+                                 lr_factor=args.lr_factor, decay_fraction=args.decay_fraction)
+    return NoamSchedule(d_model, args.warmup_steps, args.lr_factor)
+
+
+def validates_at(step, every, last):
+    """Whether ``--val-every`` validates after ``step``: every ``every`` steps and at the last step."""
+    return every > 0 and (step % every == 0 or step == last)
+
+
+def tinyformer_validation_nll(model, val_data, max_tokens):
+    """The validation NLL per target token (no label smoothing, dropout off: ``validation_loss``);
+    the model is left in training mode."""
+    from tinyformer.translation.train.evaluation import validation_loss
+
+    _, nll = validation_loss(model, val_data, max_tokens, 0.0)
+    model.train()
+    return nll
+
+
+def torch_validation_nll(torch_model, batches):
+    """The same arithmetic in PyTorch: the NLL summed over the target tokens of ``batches`` (padding
+    ignored, no label smoothing, eval mode) / their count; the model is left in training mode."""
+    import warnings
+
+    import torch
+    from torch.nn import functional as TF
+
+    from tinyformer.translation.data import PAD_ID
+
+    torch_model.eval()
+    vocab = torch_model.embed.weight.shape[0]
+    total = tokens = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the encoder's fast path: nested tensors are a prototype
+        for batch in batches:
+            src, tgt_in, tgt_out = (torch.from_numpy(numpy.asarray(a, dtype=numpy.int64))
+                                    for a in (batch.src, batch.tgt_in, batch.tgt_out))
+            logits = torch_model(src, tgt_in)
+            total += TF.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1), ignore_index=PAD_ID,
+                                      reduction="sum").item()
+            tokens += batch.num_tokens
+    torch_model.train()
+    return total / tokens
+
+
+def time_to_nll(validations, target):
+    """(training seconds, step) at which a curve of validations [(step, training seconds, NLL), ...]
+    first reaches NLL <= ``target``, linearly interpolated between the validation before the crossing
+    and the first at or under it (the first validation's own, if it is there already); None if never."""
+    before = None
+    for step, seconds, nll in validations:
+        if nll <= target:
+            if before is None:
+                return float(seconds), float(step)
+            step0, seconds0, nll0 = before
+            f = (nll0 - target) / (nll0 - nll)
+            return seconds0 + f * (seconds - seconds0), step0 + f * (step - step0)
+        before = (step, seconds, nll)
+    return None
+
+
 # ----------------------------------------------------------------------------- saving and resuming
 class Resume:
     """One engine's training state in ``--work``, saved every ``every`` steps (atomically: a
@@ -208,22 +304,35 @@ class Resume:
 
 
 # ----------------------------------------------------------------------------- the two engines
-def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None):
-    """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds).
+def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None, schedule=None, val_every=0):
+    """Train ``parts.model`` on ``plan`` through ``Trainer.train_step``; per step (loss, seconds, lr).
+    ``schedule``: Adam's lr(step) (``lr_schedule``; default the run's). ``val_every``: the validation
+    NLL every that many steps, at the last and before the first, as (step, training seconds, NLL).
     With ``resume`` (a ``Resume``), continue from its last save and save every ``resume.every`` steps."""
     from tinyformer.engine import random as tf_random
     from tinyformer.translation.train import Trainer
 
+    if schedule is not None:
+        parts.adam.lr = schedule
     trainer = Trainer(config, parts=parts, echo=lambda *a, **k: None, progress=False)
     parts.model.train()
-    done = {"losses": [], "seconds": [], "skipped_updates": 0}
+    done = {"losses": [], "seconds": [], "lrs": [], "validations": [], "skipped_updates": 0}
+    validate = None
+    if val_every:
+        def validate():
+            return tinyformer_validation_nll(parts.model, parts.val_data, config.max_tokens)
     if resume is not None and (saved := resume.load_tinyformer()) is not None:
         state, done, adam_state, rng = saved
         parts.model.load_state_dict(state)
         parts.adam.load_state_dict(adam_state)
         tf_random.set_rng_state(rng)
+        for key in ("lrs", "validations"):  # a state saved before these were recorded
+            done.setdefault(key, [])
         log(f"tinyformer: resumed after step {len(done['losses'])}")
+    if validate and not done["losses"]:
+        record_validation(done, 0, validate(), "tinyformer", log)
     for step in range(len(done["losses"]) + 1, len(plan) + 1):
+        done["lrs"].append(parts.adam.current_lr())  # the learning rate this step's update uses
         start = time.perf_counter()
         result = trainer.train_step([plan[step - 1]])
         loss, grad_norm = result.loss, result.grad_norm
@@ -232,40 +341,51 @@ def train_tinyformer(parts, config, plan, log=print, log_every=50, resume=None):
         done["skipped_updates"] += bool(grad_norm is None or not numpy.isfinite(grad_norm))
         if step % log_every == 0 or step == len(plan):
             log(f"tinyformer step {step}: loss {loss:.4f}, {statistics.median(done['seconds'][-log_every:]):.3f} s/step")
+        if validate and validates_at(step, val_every, len(plan)):
+            record_validation(done, step, validate(), "tinyformer", log)
         if resume is not None and (step % resume.every == 0 or step == len(plan)):
             resume.save_tinyformer(parts.model.state_dict(), done, parts.adam.state_dict(), tf_random.get_rng_state())
     return done
 
 
-def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None):
-    """Train the PyTorch model on ``plan``: torch.optim.Adam (0.9, 0.98, 1e-9) on the same Noam schedule,
-    F.cross_entropy with the run's label smoothing summed over the target tokens / their count.
-    With ``resume`` (a ``Resume``), continue from its last save and save every ``resume.every`` steps."""
+def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None, schedule=None, val_every=0,
+                val_batches=()):
+    """Train the PyTorch model on ``plan``: torch.optim.Adam (0.9, 0.98, 1e-9) on ``schedule`` (lr(step),
+    ``lr_schedule``; default Noam's of the run), F.cross_entropy with the run's label smoothing summed
+    over the target tokens / their count. ``val_every``: the validation NLL of ``val_batches`` as
+    ``train_tinyformer`` records it. With ``resume`` (a ``Resume``), continue from its last save and
+    save every ``resume.every`` steps."""
     import torch
     from torch.nn import functional as TF
 
     from tinyformer.translation.data import PAD_ID
     from tinyformer.model.optim import NoamSchedule
 
-    schedule = NoamSchedule(torch_model.embed.weight.shape[1], config.warmup_steps, config.lr_factor)
+    if schedule is None:
+        schedule = NoamSchedule(torch_model.embed.weight.shape[1], config.warmup_steps, config.lr_factor)
     optimizer = torch.optim.Adam(torch_model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: schedule(i + 1))  # LambdaLR counts from 0
     vocab = torch_model.embed.weight.shape[0]
     torch_model.train()
-    done = {"losses": [], "seconds": [], "skipped_updates": 0}
+    done = {"losses": [], "seconds": [], "lrs": [], "validations": [], "skipped_updates": 0}
     if resume is not None and (saved := resume.load_torch()) is not None:
         done = saved.pop("done")
         torch_model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["rng"])
+        for key in ("lrs", "validations"):  # a state saved before these were recorded
+            done.setdefault(key, [])
         log(f"torch: resumed after step {len(done['losses'])}")
     losses, seconds = done["losses"], done["seconds"]
+    if val_every and not losses:
+        record_validation(done, 0, torch_validation_nll(torch_model, val_batches), "torch", log)
     for step in range(len(losses) + 1, len(plan) + 1):
         batch = plan[step - 1]
         src, tgt_in, tgt_out = (torch.from_numpy(numpy.asarray(a, dtype=numpy.int64))
                                 for a in (batch.src, batch.tgt_in, batch.tgt_out))
         start = time.perf_counter()
+        done["lrs"].append(optimizer.param_groups[0]["lr"])  # the learning rate this step's update uses
         optimizer.zero_grad(set_to_none=True)
         logits = torch_model(src, tgt_in)
         total = TF.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1), ignore_index=PAD_ID,
@@ -278,10 +398,20 @@ def train_torch(torch_model, config, plan, log=print, log_every=50, resume=None)
         losses.append(loss)
         if step % log_every == 0 or step == len(plan):
             log(f"torch step {step}: loss {loss:.4f}, {statistics.median(seconds[-log_every:]):.3f} s/step")
+        if validates_at(step, val_every, len(plan)):
+            record_validation(done, step, torch_validation_nll(torch_model, val_batches), "torch", log)
         if resume is not None and (step % resume.every == 0 or step == len(plan)):
             resume.save_torch({"model": torch_model.state_dict(), "optimizer": optimizer.state_dict(),
                                "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "done": done})
     return done
+
+
+def record_validation(done, step, nll, engine, log):
+    """Append (step, training seconds so far, validation NLL) to ``done["validations"]``: the seconds
+    are the sum of the steps' own, so validation time is not counted."""
+    train_seconds = float(sum(done["seconds"]))
+    done["validations"].append([step, train_seconds, nll])
+    log(f"{engine} step {step}: validation NLL {nll:.4f} per token after {train_seconds:.1f} training s")
 
 
 def score(model, tokenizer, config, limit=None):
@@ -313,7 +443,13 @@ def run_engine(args, engine, log=print):
               "plan_digest": plan_digest(plan), "plan_batches": len(plan),
               "target_tokens": sum(b.num_tokens for b in plan), "tokenizer_sha256": parts.tokenizer.sha256,
               "versions": {"python": platform.python_version(), "numpy": numpy.__version__},
-              "commit": provenance.git_commit()}  # the code this engine read, at its start
+              "commit": provenance.git_commit(),  # the code this engine read, at its start
+              "schedule": args.schedule, "decay_fraction": args.decay_fraction, "val_every": args.val_every}
+    schedule = lr_schedule(args, parts.model.d_model)
+    val_batches = ()
+    if args.val_every:  # batched once, as validation_loss batches them: the same list on both sides
+        val_batches = list(parts.val_data.batches(config.max_tokens, shuffle=False))
+        result["val_digest"], result["val_tokens"] = plan_digest(val_batches), sum(b.num_tokens for b in val_batches)
     log(f"{engine}: {result['params']:,} parameters, {len(plan)} batches, plan {result['plan_digest'][:12]}")
     if engine == "tinyformer-ulp":
         for parameter in parts.model.parameters():
@@ -322,7 +458,7 @@ def run_engine(args, engine, log=print):
         if args.save_every else None
     with blas_threads(1):
         if engine != "torch":
-            result.update(train_tinyformer(parts, config, plan, log, args.log_every, resume))
+            result.update(train_tinyformer(parts, config, plan, log, args.log_every, resume, schedule, args.val_every))
         else:
             import torch
 
@@ -335,7 +471,8 @@ def run_engine(args, engine, log=print):
                 torch_transformer.copy_weights(parts.model, torch_model)
             result["torch_params"] = sum(p.numel() for p in torch_model.parameters())
             result["versions"]["torch"] = torch.__version__
-            result.update(train_torch(torch_model, config, plan, log, args.log_every, resume))
+            result.update(train_torch(torch_model, config, plan, log, args.log_every, resume, schedule, args.val_every,
+                                      val_batches))
             torch_transformer.copy_weights_back(torch_model, parts.model)  # decoded by tinyformer's search
         if args.score:
             # the validation split's loss and NLL per token, dropout off: deterministic for the weights
@@ -360,6 +497,76 @@ def relative_differences(a, b):
     """|a - b| / |b| per step."""
     a, b = numpy.asarray(a, dtype=numpy.float64), numpy.asarray(b, dtype=numpy.float64)
     return numpy.abs(a - b) / numpy.abs(b)
+
+
+def schedule_text(args):
+    """The learning-rate schedule in words, for the report."""
+    if getattr(args, "schedule", "noam") == "linear":
+        decay = ("from the start" if args.decay_fraction == 1
+                 else f"over the last {args.decay_fraction:g} of the steps, after a plateau")
+        return (f"Linear schedule (warm-up {args.warmup_steps} steps to the Noam peak of factor {args.lr_factor:g}, "
+                f"then linear decay to 0 at step {args.steps}, {decay})")
+    return f"Noam factor {args.lr_factor:g}, warm-up {args.warmup_steps}"
+
+
+def validation_section(results, engines, threads="one thread per engine"):
+    """The report's validation NLL by step (each engine's cumulative training seconds beside it) and, with
+    two engines, the wall time to the same validation NLL: the target is the larger of the two final NLLs."""
+    names = [ENGINE_NAMES[e] for e in engines]
+    curves = {e: results[e]["validations"] for e in engines}
+    by_step = {e: {v[0]: v for v in curves[e]} for e in engines}
+    steps = sorted(set().union(*(by_step[e] for e in engines)))
+    header = ["step"] + [f"{n} {what}" for n in names for what in ("validation NLL", "training s")]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for step in steps:
+        row = [str(step)]
+        for e in engines:
+            v = by_step[e].get(step)
+            row += [f"{v[2]:.4f}", f"{v[1]:.2f}"] if v else ["", ""]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    digests = {results[e].get("val_digest") for e in engines}
+    first = results[engines[0]]
+    same = ("identical on both sides" if len(engines) == 2 and len(digests) == 1 and None not in digests
+            else "one engine only" if len(engines) == 1 else "DIFFERENT on the two sides")
+    lines.append(f"Validation NLL: per target token ({first.get('val_tokens', 0):,} tokens), no label smoothing, "
+                 f"dropout off (eval mode), on the validation split batched once through the same tokenizer "
+                 f"(batch list sha256 {str(first.get('val_digest'))[:16]}, {same}); tinyformer's `validation_loss` "
+                 "and the same sum / count in PyTorch. Training seconds: the sum of the engine's own step times "
+                 f"(validation excluded); {threads}.")
+    if len(engines) == 2 and all(curves.values()):
+        target = max(curves[e][-1][2] for e in engines)
+        reached = {e: time_to_nll(curves[e], target) for e in engines}
+        lines += ["", f"Wall time to the same validation NLL: target {target:.4f} (the larger of the two final "
+                  "NLLs); each engine's training seconds when its validation NLL first reached it, linearly "
+                  "interpolated between the two validations around the crossing.", ""]
+        lines += ["| engine | training s to target | at step |", "|---|---:|---:|"]
+        for e, name in zip(engines, names):
+            r = reached[e]
+            lines.append(f"| {name} | {r[0]:.2f} | {r[1]:.1f} |" if r else f"| {name} | not reached | |")
+        lines.append("")
+        a, b = (reached[e] for e in engines)
+        if a and b and b[0] > 0:
+            ratio = a[0] / b[0]
+            lines.append(f"Time to validation NLL {target:.4f}, {names[0]} / {names[1]}: **{ratio:.2f}x** "
+                         f"({'≤' if ratio <= 0.7 else 'NOT ≤'} 0.7, issue 49's goal). Measured as training seconds "
+                         f"(each step's own wall time, summed; validation excluded), {threads}.")
+        elif a and b:
+            lines.append(f"Time to validation NLL {target:.4f}: no ratio ({names[1]} was there before its first step).")
+        else:
+            lines.append(f"Time to validation NLL {target:.4f}: no ratio (an engine did not reach it).")
+    return lines
+
+
+def lr_check(results, engines):
+    """One line: whether the engines used the same learning rate at every step (their recorded lrs)."""
+    lrs = [results[e].get("lrs") for e in engines]
+    if len(engines) != 2 or not all(lrs):
+        return None
+    if lrs[0] == lrs[1]:
+        return f"Learning rate: the same at each of the {len(lrs[0])} steps on both sides (recorded per step)."
+    step = next((i + 1 for i, (x, y) in enumerate(zip(*lrs)) if x != y), min(map(len, lrs)) + 1)
+    return f"Learning rate: DIFFERENT on the two sides, first at step {step}."
 
 
 def shown_command(argv):
@@ -417,13 +624,15 @@ def report(args, argv, results, wall):
     lines.append(f"Data: {first['plan_batches']} batches of up to {args.max_tokens} padded tokens "
                  f"({first['target_tokens']:,} target tokens), tinyformer's order for seed {args.seed}; batch list "
                  f"sha256 {first['plan_digest'][:16]}, {same}. Joint BPE of {args.vocab_size} pieces (tinyformer's, "
-                 f"sha256 {first['tokenizer_sha256'][:12]}). Noam factor {args.lr_factor:g}, warm-up "
-                 f"{args.warmup_steps}, label smoothing {args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); {threads}.")
+                 f"sha256 {first['tokenizer_sha256'][:12]}). {schedule_text(args)}, label smoothing "
+                 f"{args.label_smoothing:g}, Adam (0.9, 0.98, 1e-9); {threads}.")
     if args.equal_init and "tinyformer-ulp" in engines:
         lines.append("Equal init, the control: tinyformer against itself with every initial weight moved one unit "
                      "in the last place (float32 nextafter towards +inf); dropout 0 everywhere.")
     elif args.equal_init:
         lines.append("Equal init: PyTorch starts from tinyformer's initial weights; dropout 0 everywhere.")
+    if (same_lr := lr_check(results, engines)) is not None:
+        lines.append(same_lr)
     lines.append("")
     header = ["engine", "extras", "parameters", "loss, first step", "loss, last step", "median step s",
               "training min"]
@@ -465,6 +674,8 @@ def report(args, argv, results, wall):
         lines += ["| steps | mean loss |", "|---|---:|"]
         for lo, hi in windows(len(r["losses"]), args.window):
             lines.append(f"| {lo}-{hi} | {numpy.mean(r['losses'][lo - 1:hi]):.4f} |")
+    if getattr(args, "val_every", 0) and all(results[e].get("validations") for e in engines):
+        lines += ["", "### Validation NLL by step", ""] + validation_section(results, engines, threads) + [""]
     lines.append(f"Wall time of the invocation: {wall / 60:.1f} min.")
     return "\n".join(lines) + "\n"
 
@@ -482,7 +693,16 @@ def parse_args(argv):
     parser.add_argument("--vocab-size", type=int, help="joint BPE pieces (default: tinyformer train's for the data)")
     parser.add_argument("--max-tokens", type=int, help="padded tokens per batch (default: tinyformer train's)")
     parser.add_argument("--warmup-steps", type=int, help="Noam warm-up (default: tinyformer train's, 800 for Multi30k)")
-    parser.add_argument("--lr-factor", type=float, default=1.0)
+    parser.add_argument("--lr-factor", type=float, default=1.0, help="Noam factor; with --schedule linear, its peak "
+                        "lr_factor * d_model^-0.5 * warmup^-0.5 is the linear schedule's (default 1)")
+    parser.add_argument("--schedule", choices=("noam", "linear"), default="noam", help="noam (default): warm-up, "
+                        "then 1/sqrt(step); linear: warm-up to the Noam peak, then linear decay to 0 at --steps "
+                        "(the step-count twin of tinyformer train --schedule time)")
+    parser.add_argument("--decay-fraction", type=float, default=1.0, help="--schedule linear: the last fraction of "
+                        "the steps over which lr falls to 0, in (0, 1] (default 1: from the start)")
+    parser.add_argument("--val-every", type=int, default=0, help="the validation NLL (no smoothing, dropout off) "
+                        "of both engines every N steps, at the last and before the first; the report's wall time "
+                        "to the same validation NLL (default 0: none)")
     parser.add_argument("--label-smoothing", type=float, default=0.1)
     parser.add_argument("--dropout", type=float, help="residual/embedding dropout p, also the extras' p "
                         "(default: the preset's)")
@@ -530,8 +750,10 @@ def parse_args(argv):
             parser.error("--equal-init: both engines have the same extras (give --tf-extras only)")
         torch_extras = args.tf_extras
     args.torch_extras = EXTRAS if torch_extras is None else torch_extras
-    if args.steps < 1 or args.window < 1 or args.log_every < 1 or args.save_every < 0:
-        parser.error("--steps, --window and --log-every must be positive, --save-every 0 or more")
+    if args.steps < 1 or args.window < 1 or args.log_every < 1 or args.save_every < 0 or args.val_every < 0:
+        parser.error("--steps, --window and --log-every must be positive, --save-every and --val-every 0 or more")
+    if not 0 < args.decay_fraction <= 1:
+        parser.error(f"--decay-fraction must be in (0, 1], got {args.decay_fraction:g}")
     return args
 
 
@@ -545,8 +767,11 @@ def parse_list(text, known):
 
 def run_label(args):
     equal = "-equal" if args.equal_init else ""
+    recipe = (f"-linear_w{args.warmup_steps}_f{args.lr_factor:g}_d{args.decay_fraction:g}"
+              if args.schedule == "linear" else "")
+    val = f"-val{args.val_every}" if args.val_every else ""
     return (f"{args.data}-{args.preset}-s{args.seed}-n{args.steps}-tf_{extras_text(args.tf_extras)}"
-            f"-torch_{extras_text(args.torch_extras)}{equal}").replace(",", "+")
+            f"-torch_{extras_text(args.torch_extras)}{equal}{recipe}{val}").replace(",", "+")
 
 
 def result_path(args, engine):

@@ -525,3 +525,115 @@ def test_the_summary_bootstraps_each_run_against_pytorch_on_its_seed(tmp_path):
     assert sorted(rows) == ["none", "torch-init"]
     assert rows["torch-init"][4:8] == ["100.00", "100.00", "+0.00", "— |"]
     assert float(rows["none"][6]) < -10 and float(rows["none"][7][:-2]) < 0.01
+
+
+# ---------------------------------------------------------------------------- the recipe comparison (issue 49)
+def test_the_linear_schedule_is_the_time_budget_schedule_counted_in_steps(work):
+    from tinyformer.model.optim import NoamSchedule, TimeBudgetSchedule
+
+    peak = 2.0 * 64 ** -0.5 * 4 ** -0.5
+    assert bench.linear_lr(4, 10, 64, 4, 2.0) == pytest.approx(peak * 0.6)  # top of the warm-up, decaying already
+    assert bench.linear_lr(2, 10, 64, 4, 2.0) == pytest.approx(peak * 0.5 * 0.8)
+    assert bench.linear_lr(10, 10, 64, 4, 2.0) == 0.0
+    assert bench.linear_lr(4, 10, 64, 4, 2.0, decay_fraction=0.5) == pytest.approx(peak)  # the plateau
+    assert bench.linear_lr(8, 10, 64, 4, 2.0, decay_fraction=0.5) == pytest.approx(peak * 0.4)
+    twin = TimeBudgetSchedule(64, 4, 2.0, decay_fraction=0.3)
+    for step in range(1, 11):
+        twin.elapsed_fraction = step / 10
+        assert bench.linear_lr(step, 10, 64, 4, 2.0, 0.3) == pytest.approx(twin(step), rel=1e-12)
+    args = bench_args(work, "--schedule", "linear", "--warmup-steps", "3", "--lr-factor", "2",
+                      "--decay-fraction", "0.5")
+    schedule = bench.lr_schedule(args, 64)
+    assert [schedule(s) for s in (1, 2, 3, 4)] == [bench.linear_lr(s, 4, 64, 3, 2.0, 0.5) for s in (1, 2, 3, 4)]
+    noam = bench.lr_schedule(bench_args(work), 64)  # the default: today's Noam schedule
+    assert [noam(s) for s in (1, 50, 400)] == [NoamSchedule(64, 200, 1.0)(s) for s in (1, 50, 400)]
+    for bad in ("0", "1.5"):
+        with pytest.raises(SystemExit):
+            bench_args(work, "--decay-fraction", bad)
+    assert bench.run_label(args) != bench.run_label(bench_args(work))  # results of the two recipes kept apart
+
+
+def test_the_time_to_a_validation_nll_is_interpolated_between_the_validations_around_the_crossing():
+    curve = [(0, 0.0, 5.0), (10, 20.0, 4.0), (20, 40.0, 3.0), (30, 60.0, 2.5)]
+    assert bench.time_to_nll(curve, 3.5) == pytest.approx((30.0, 15.0))  # halfway from 4.0 to 3.0
+    assert bench.time_to_nll(curve, 3.0) == pytest.approx((40.0, 20.0))  # reached exactly at a validation
+    assert bench.time_to_nll(curve, 2.6) == pytest.approx((56.0, 28.0))
+    assert bench.time_to_nll(curve, 6.0) == (0.0, 0.0)  # there already at the first validation
+    assert bench.time_to_nll(curve, 2.0) is None  # never reached
+    assert bench.time_to_nll([(0, 0.0, 5.0), (10, 20.0, 5.0), (20, 30.0, 3.0)], 4.0) == pytest.approx((25.0, 15.0))
+    results = {"tinyformer": {"validations": curve, "val_digest": "a" * 64, "val_tokens": 1000},
+               "torch": {"validations": [(0, 0.0, 5.0), (10, 10.0, 3.0), (20, 20.0, 2.6)], "val_digest": "a" * 64,
+                         "val_tokens": 1000}}
+    text = "\n".join(bench.validation_section(results, ["tinyformer", "torch"]))
+    assert "| 10 | 4.0000 | 20.00 | 3.0000 | 10.00 |" in text and "identical on both sides" in text
+    assert "target 2.6000" in text  # the larger (worse) final NLL: PyTorch's
+    assert "| tinyformer | 56.00 | 28.0 |" in text and "| PyTorch | 20.00 | 20.0 |" in text
+    assert "tinyformer / PyTorch: **2.80x** (NOT ≤ 0.7" in text
+    results["torch"]["validations"] = [(0, 0.0, 5.0), (10, 100.0, 3.0), (20, 200.0, 2.5)]
+    text = "\n".join(bench.validation_section(results, ["tinyformer", "torch"]))
+    assert "tinyformer / PyTorch: **0.30x** (≤ 0.7" in text
+    results["tinyformer"]["validations"] = curve[:2] + [(20, 40.0, 1.0)]  # reaches the target between validations
+    results["torch"]["validations"] = [(0, 0.0, 5.0), (10, 10.0, 3.0), (20, 20.0, 4.5)]  # worse at the end than ever
+    text = "\n".join(bench.validation_section(results, ["tinyformer", "torch"]))
+    assert "target 4.5000" in text and "| PyTorch | 2.50 | 2.5 |" in text and "| tinyformer | 10.00 | 5.0 |" in text
+    # the target is one of the final NLLs, so both engines reach it in the section; one there before any
+    # training (at 0 s) gives no ratio rather than a division by zero
+    results["torch"]["validations"] = [(0, 0.0, 5.0)]
+    results["tinyformer"]["validations"] = [(0, 0.0, 5.5), (10, 10.0, 5.2)]
+    text = "\n".join(bench.validation_section(results, ["tinyformer", "torch"]))
+    assert "| tinyformer | 10.00 | 10.0 |" in text and "| PyTorch | 0.00 | 0.0 |" in text
+    assert "validation NLL 5.2000: no ratio (PyTorch was there before its first step)" in text
+
+
+def test_both_engines_use_the_same_learning_rate_and_validate_on_the_same_batches(work):
+    """--schedule linear --val-every: the children's lr at every step is ``linear_lr``'s, the same on
+    both sides; each records (step, training seconds, NLL) before the first step, every N and at the last."""
+    args = bench_args(work / "recipe", "--schedule", "linear", "--warmup-steps", "2", "--lr-factor", "2",
+                      "--decay-fraction", "0.5", "--val-every", "2", "--steps", "5", "--no-score")
+    bench.prepare_tokenizer(args)
+    tf = bench.run_engine(args, "tinyformer", log=lambda line: None)
+    d_model = tf["model_config"]["d_model"]
+    expected = [bench.linear_lr(s, 5, d_model, 2, 2.0, 0.5) for s in range(1, 6)]
+    assert tf["lrs"] == expected and tf["lrs"][-1] == 0.0 and tf["schedule"] == "linear"
+    assert [v[0] for v in tf["validations"]] == [0, 2, 4, 5]
+    assert [v[1] for v in tf["validations"]] == pytest.approx([0.0, *(sum(tf["seconds"][:n]) for n in (2, 4, 5))])
+    assert all(0 < v[2] < 20 for v in tf["validations"])  # (lr this high over 5 steps: no claim it falls)
+    config = bench.run_config(args, "tinyformer")
+    parts = build_parts(config, **QUIET)  # the initial weights: the step-0 validation is validation_loss's NLL
+    from tinyformer.translation.train.evaluation import validation_loss
+
+    assert tf["validations"][0][2] == pytest.approx(validation_loss(parts.model, parts.val_data, config.max_tokens,
+                                                                    0.0)[1], rel=1e-6)
+    pytest.importorskip("torch")
+    pt = bench.run_engine(args, "torch", log=lambda line: None)
+    assert pt["lrs"] == tf["lrs"]
+    assert pt["val_digest"] == tf["val_digest"] and pt["val_tokens"] == tf["val_tokens"] > 0
+    assert [v[0] for v in pt["validations"]] == [0, 2, 4, 5] and all(0 < v[2] < 20 for v in pt["validations"])
+    noam = bench_args(work / "recipe", "--no-score", "--steps", "3", "--warmup-steps", "2")
+    from tinyformer.model.optim import NoamSchedule
+
+    results = {e: bench.run_engine(noam, e, log=lambda line: None) for e in ("tinyformer", "torch")}
+    assert results["tinyformer"]["lrs"] == results["torch"]["lrs"] == [NoamSchedule(d_model, 2)(s) for s in (1, 2, 3)]
+    assert "validations" in results["torch"] and results["torch"]["validations"] == []  # --val-every 0: none
+
+
+def test_a_smoke_run_of_the_recipe_comparison_writes_the_nll_table(work):
+    pytest.importorskip("torch")
+    report = work / "recipe.md"
+    result = children.run([children.PYTHON, str(ROOT / "benchmarks" / "bench_quality.py"), "--data", "synthetic",
+                           "--preset", "tiny", "--vocab-size", "120", "--max-tokens", "512", "--steps", "10",
+                           "--schedule", "linear", "--warmup-steps", "3", "--lr-factor", "2", "--val-every", "5",
+                           "--no-score", "--save-every", "0", "--work", str(work / "recipe-e2e"),
+                           "--report", str(report)], timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = report.read_text(encoding="utf-8")
+    assert "Linear schedule (warm-up 3 steps to the Noam peak of factor 2, then linear decay to 0 at step 10" in text
+    assert "Learning rate: the same at each of the 10 steps on both sides" in text
+    assert "### Validation NLL by step" in text
+    assert ("| step | tinyformer validation NLL | tinyformer training s | PyTorch validation NLL "
+            "| PyTorch training s |") in text
+    for step in (0, 5, 10):
+        assert f"\n| {step} | " in text
+    assert "the same tokenizer (batch list sha256 " in text and text.count("identical on both sides") == 2
+    assert "Wall time to the same validation NLL: target " in text and "tinyformer / PyTorch: **" in text
+    assert "validation excluded), one thread per engine, both training at the same time." in text
