@@ -1,9 +1,6 @@
 """common/blas_spin.py: OpenBLAS's idle threads sleep at once, set before NumPy loads OpenBLAS."""
 
-import os
-import subprocess
-import sys
-
+from children import PYTHON, run
 from tinyformer.common import blas_spin
 
 PROBE = ("import os, sys; {first}import tinyformer; "
@@ -11,9 +8,9 @@ PROBE = ("import os, sys; {first}import tinyformer; "
 
 
 def probe(first="", **environ):
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"} | environ
-    done = subprocess.run([sys.executable, "-c", PROBE.format(first=first)], env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
+    done = run([PYTHON, "-c", PROBE.format(first=first)], env={"OPENBLAS_THREAD_TIMEOUT": None} | environ,
+               timeout=120)
+    assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -44,7 +41,6 @@ def test_numpy_sees_the_setting_in_a_fresh_process():
     code = ("import tinyformer, os, numpy; from threadpoolctl import threadpool_info; "
             "libs = [i['internal_api'] for i in threadpool_info() if i['user_api'] == 'blas']; "
             "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], libs)")
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=True).stdout
-    assert out.startswith("4 ") and "openblas" in out
+    done = run([PYTHON, "-c", code], env={"OPENBLAS_THREAD_TIMEOUT": None}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("4 ") and "openblas" in done.stdout

@@ -218,9 +218,9 @@ def test_the_metadata_of_an_older_writer_is_read_with_todays_fields():
                                      "encoder_layers": None, "decoder_layers": None, "scale_embedding": True,
                                      "logits_bias": False}
     assert today["config"] == {"paper": True, "preset": "tiny", "label_smoothing": 0.1}
-    assert today["skipped_updates"] == 0
+    assert today["skipped_updates"] == 0 and today["train_seconds"] == 0.0
     assert "label_smoothing" in older["model_config"] and "skipped_updates" not in older  # left as the file holds it
-    newer = {"format": FORMAT, "skipped_updates": 2, "config": {"paper": False},
+    newer = {"format": FORMAT, "skipped_updates": 2, "train_seconds": 125.5, "config": {"paper": False},
              "model_config": {"final_norm": True, "init": "torch", "activation": "silu", "encoder_layers": 2,
                               "decoder_layers": 1, "scale_embedding": False, "logits_bias": True}}
     assert migrate(newer, "c.npz") == newer  # today's fields are kept as they are
