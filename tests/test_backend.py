@@ -116,6 +116,52 @@ def test_map_row_blocks_covers_every_row_once_in_order(monkeypatch, set_threads)
                                                                              [(0, 2), (2, 5), (5, 7), (7, 10)])
 
 
+def test_cache_sized_pieces_cover_each_threads_rows_in_order(monkeypatch, set_threads):
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(backend.threads, "CACHE_BLOCK_ELEMENTS", 6)
+
+    def pieces(rows, row_size=2):
+        return backend.map_row_blocks(lambda a, b: (a, b), rows, np.zeros(1), row_size, cache_sized=True)
+
+    set_threads(1)
+    assert pieces(10) == [(0, 3), (3, 6), (6, 9), (9, 10)]  # 6 elements: 3 rows of 2
+    assert pieces(3, row_size=50) == [(0, 1), (1, 2), (2, 3)]  # at least one row
+    assert pieces(0) == [(0, 0)]
+    set_threads(2)
+    assert pieces(10) == [(0, 3), (3, 5), (5, 8), (8, 10)]
+    assert backend.map_row_blocks(lambda a, b: (a, b), 10, np.zeros(1), 2) == [(0, 5), (5, 10)]  # not asked
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_work_in_cache_sized_pieces_is_bit_for_bit_the_one_piece_work(monkeypatch, set_threads, threads):
+    """The callers of ``cache_sized=True`` (the loss's softmax and gradient, layer norm, the bias,
+    ReLU and dropout passes, Adam) compute the same float32 values one row per piece as in one piece."""
+    import tinyformer.engine.functional as F
+
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 1)
+    set_threads(threads)
+    rng = np.random.default_rng(5)
+    x, w1 = rng.standard_normal((2, 7, 12)).astype(np.float32), rng.standard_normal((16, 12)).astype(np.float32)
+    b1, gamma, beta = (rng.standard_normal(n).astype(np.float32) for n in (16, 16, 16))
+    w2, target = rng.standard_normal((11, 16)).astype(np.float32), rng.integers(0, 11, (2, 7))
+
+    def run(piece):
+        monkeypatch.setattr(backend.threads, "CACHE_BLOCK_ELEMENTS", piece)
+        leaves = [tf.Tensor(a.copy(), requires_grad=True) for a in (x, w1, b1, gamma, beta, w2)]
+        h = F.linear_relu_dropout(leaves[0], leaves[1], leaves[2], 0.3, generator=np.random.default_rng(1))
+        h = F.dropout(F.layer_norm(h, leaves[3], leaves[4]), 0.2, generator=np.random.default_rng(2))
+        loss, nll = F.cross_entropy(F.linear(h, leaves[5]), target, 0.1, ignore_index=0, return_nll=True)
+        (loss + 0.5 * nll).backward()
+        adam = tf.optim.Adam([tf.nn.Parameter(a.copy()) for a in (w1, w2)], lr=0.01)
+        for parameter, leaf in zip(adam.params, (leaves[1], leaves[5])):
+            parameter.grad = leaf.grad.copy()
+        adam.step()
+        return [loss.data, nll.data] + [leaf.grad for leaf in leaves] + [p.data for p in adam.params]
+
+    for one_piece, row_pieces in zip(run(1 << 40), run(1)):
+        np.testing.assert_array_equal(row_pieces, one_piece)
+
+
 def test_set_num_threads_refuses_nonsense():
     with pytest.raises(ValueError, match="count must be a positive int"):
         backend.set_num_threads(0)

@@ -218,3 +218,27 @@ def test_a_run_of_the_recipe_says_its_values_and_the_minutes_left(tmp_path, tick
                and line.endswith(f"; {(limit - 100) / 60:.1f} min of --time-limit left") for line in said)
     assert "trained 2 steps in 2.5 min" in said  # 50 s a step, and 50 s to the last reading
     assert any("only 1 of --average-last 5 exist" in line for line in said) and trainer.averaged.count == 1
+
+
+def test_a_corpus_of_ones_own_trains_by_the_recipe_until_its_time_limit_and_tests_the_average(tmp_path, ticking,
+                                                                                                capsys):
+    """`tinyformer train --train PREFIX --valid PREFIX --test PREFIX --recipe hour`: the clock (600 s a
+    step here) ends the run at the recipe's time limit, a checkpoint by the minute at each step, and
+    the test decodes the average of the last five."""
+    from test_train_corpus import built_in, write_corpus
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    files = {split: write_corpus(data / split, built_in(split, n)) for split, n in
+             (("train", 600), ("val", 30), ("test", 20))}
+    ticking(600.0)
+    code = cli.main(["train", "--train", str(files["train"]), "--valid", str(files["val"]), "--test",
+                     str(files["test"]), "--recipe", "hour", "--preset", "tiny", "--vocab-size", "200",
+                     "--max-tokens", "512", "--bleu-samples", "4", "--threads", "1", "--no-progress",
+                     "--save-dir", str(run)])
+    out = capsys.readouterr().out
+    assert code == 0
+    steps, minutes = re.search(r"trained (\d+) steps in ([\d.]+) min", out).groups()
+    assert int(steps) == 6 and float(minutes) >= RECIPES["hour"]["time_limit"]  # 6 × 600 s ≥ 56 min
+    assert "test, averaged over the last 5 checkpoints (steps 2..6)" in out
+    assert re.search(r"^test: BLEU \d", out, re.MULTILINE)
+    assert [r.get("averaged") for r in records(run) if r.get("split") == "test"] == [5]

@@ -17,6 +17,8 @@ from .devices import is_cupy_array
 _num_threads = None
 _pool, _pool_size = None, 0
 ROW_BLOCK_MIN_ELEMENTS = 1 << 18  # elements per thread below which splitting costs more than it saves
+# elements of one cache-sized piece (1 MB of float32): a piece's several passes stay in the cache
+CACHE_BLOCK_ELEMENTS = 1 << 18
 
 
 def get_num_threads():
@@ -36,20 +38,35 @@ def set_num_threads(count):
     return old
 
 
-def map_row_blocks(fn, rows, like, row_size=1, min_elements=None):
+def map_row_blocks(fn, rows, like, row_size=1, min_elements=None, cache_sized=False):
     """``[fn(start, stop), ...]`` over consecutive row blocks covering ``range(rows)``, in parallel
     threads when ``like`` is a NumPy array, several threads are allowed and the work is large
     (each thread gets at least ``min_elements``, default ROW_BLOCK_MIN_ELEMENTS, of
-    rows × row_size); otherwise one call ``fn(0, rows)``. Blocks must write disjoint rows."""
+    rows × row_size); otherwise one call ``fn(0, rows)``. Blocks must write disjoint rows.
+
+    ``cache_sized=True`` (NumPy arrays only): each thread walks its rows in pieces of about
+    CACHE_BLOCK_ELEMENTS elements (at least one row), one call of ``fn`` per piece, in order, so
+    that ``fn``'s several passes over a piece read it from the cache instead of memory. For ``fn``
+    whose results per row do not depend on which other rows share the call (elementwise or row-wise
+    work): the outputs are the same bit for bit."""
     global _pool, _pool_size
     min_elements = ROW_BLOCK_MIN_ELEMENTS if min_elements is None else min_elements
     threads = min(get_num_threads(), (rows * row_size) // max(min_elements, 1), rows)
-    if threads <= 1 or is_cupy_array(like):
+    if is_cupy_array(like):
         return [fn(0, rows)]
+    call = _in_cache_sized_pieces(fn, row_size) if cache_sized else (lambda start, stop: [fn(start, stop)])
+    if threads <= 1:
+        return call(0, rows)
     if _pool_size < threads:
         _pool, _pool_size = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="tinyformer"), threads
     bounds = [(rows * i // threads, rows * (i + 1) // threads) for i in range(threads)]
-    return list(_pool.map(lambda b: fn(*b), bounds))
+    return [result for part in _pool.map(lambda b: call(*b), bounds) for result in part]
+
+
+def _in_cache_sized_pieces(fn, row_size):
+    """``(start, stop) -> [fn(a, b), ...]`` over pieces of [start, stop) of about CACHE_BLOCK_ELEMENTS."""
+    step = max(1, CACHE_BLOCK_ELEMENTS // max(row_size, 1))
+    return lambda start, stop: [fn(a, min(a + step, stop)) for a in range(start, stop, step)] or [fn(start, stop)]
 
 
 def blockwise(ufunc, *operands):
@@ -68,5 +85,5 @@ def blockwise(ufunc, *operands):
     def block(start, stop):
         ufunc(*[f[start:stop] if hasattr(f, "shape") else f for f in flat], out=out[start:stop])
 
-    map_row_blocks(block, size, out)
+    map_row_blocks(block, size, out, cache_sized=True)
     return out.reshape(shape)

@@ -56,7 +56,7 @@ class CrossEntropy(KernelFunction):
             out /= z_total[:, None]
             return target_value, shifted_total, z_total
 
-        blocks = backend.map_row_blocks(softmax_rows, len(t), flat, row_size=vocab)
+        blocks = backend.map_row_blocks(softmax_rows, len(t), flat, row_size=vocab, cache_sized=True)
         shifted_target = xp.concatenate([b[0] for b in blocks])
         shifted_sum = xp.concatenate([b[1] for b in blocks]) if smoothing else None
         total = xp.concatenate([b[2] for b in blocks])
@@ -95,7 +95,7 @@ class CrossEntropy(KernelFunction):
                 block -= uniform[start:stop]
             block *= self.weight[start:stop, None]
 
-        backend.map_row_blocks(gradient_rows, len(grad), grad, row_size=vocab)
+        backend.map_row_blocks(gradient_rows, len(grad), grad, row_size=vocab, cache_sized=True)
         return grad.reshape(self.shape), None
 
     def forward_kernel(self, logits, target, smoothing, ignore_index, reduction):

@@ -55,7 +55,7 @@ def _scaled_by_mask(x, keep, scale):
         xp.multiply(flat_x[start:stop], flat_keep[start:stop], out=out[start:stop])
         out[start:stop] *= scale
 
-    backend.map_row_blocks(block, flat_x.size, x)
+    backend.map_row_blocks(block, flat_x.size, x, cache_sized=True)
     return out.reshape(x.shape)
 
 

@@ -51,7 +51,7 @@ class LayerNorm(KernelFunction):
             xp.multiply(block, weight, out=y[start:stop])
             y[start:stop] += bias
 
-        backend.map_row_blocks(normalize, len(rows), x, row_size=n)
+        backend.map_row_blocks(normalize, len(rows), x, row_size=n, cache_sized=True)
         self.xhat, self.rstd = xhat.reshape(x.shape), rstd.reshape(x.shape[:-1] + (1,))
         return y.reshape(x.shape)
 

@@ -66,7 +66,7 @@ class Linear(Function):
             y[start:stop] += bias
 
         if bias is not None:
-            backend.map_row_blocks(add_bias, len(y), y, row_size=y.shape[1])
+            backend.map_row_blocks(add_bias, len(y), y, row_size=y.shape[1], cache_sized=True)
 
     def backward(self, g):
         if self.half is not None:
@@ -89,7 +89,7 @@ class LinearRelu(Linear):
             _xp(y).greater(block, 0, out=positive[start:stop])
             _xp(y).maximum(block, 0, out=block)
 
-        backend.map_row_blocks(rows, len(y), y, row_size=y.shape[1])
+        backend.map_row_blocks(rows, len(y), y, row_size=y.shape[1], cache_sized=True)
 
     def backward(self, g):
         positive = self.positive.reshape(g.shape)

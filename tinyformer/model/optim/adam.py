@@ -77,7 +77,7 @@ def _update_flat(theta, g, m, v, tmp, betas, bias2, eps, step_size):
         t_ *= step_size
         theta[start:stop] -= t_
 
-    backend.map_row_blocks(update, theta.size, theta)
+    backend.map_row_blocks(update, theta.size, theta, cache_sized=True)
 
 
 def _effective_gradient(g, theta, multiplier, weight_decay):

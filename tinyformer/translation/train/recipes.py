@@ -3,16 +3,16 @@
 ``TrainConfig.resolved()`` applies a recipe's values to the fields the user left unset, before the
 per-data defaults; a value given explicitly wins. ``hour``: a model from one hour of a laptop's CPU
 (docs/training.md#a-run-of-one-hour): a learning rate that ends at the time limit, checkpoints
-every few minutes and the average of the last ones tested. Its values are provisional: the
-benchmark of issue 49 will set them.
+every few minutes and the average of the last ones tested. Its values were chosen before the
+measured runs of ``benchmarks/bench_hour.py`` (``benchmarks/results/hour.md``), not by a sweep.
 """
 
 __all__ = ["RECIPES"]
 
 RECIPES = {
     "hour": {
-        # Minutes of training: with the BPE and data (about a minute on Multi30k) and the end (the
-        # averaged model's validation and the test decoding, a minute or two) about an hour in all.
+        # Minutes of training: with the BPE and data before and the end after (the averaged model's
+        # validation and the test decoding) within an hour; about 15 s on Multi30k, 2 cores.
         "time_limit": 56.0,
         "schedule": "time",
         "decay_fraction": 1.0,
