@@ -54,19 +54,17 @@ def map_row_blocks(fn, rows, like, row_size=1, min_elements=None, cache_sized=Fa
     threads = min(get_num_threads(), (rows * row_size) // max(min_elements, 1), rows)
     if is_cupy_array(like):
         return [fn(0, rows)]
-    call = _in_cache_sized_pieces(fn, row_size) if cache_sized else (lambda start, stop: [fn(start, stop)])
+    piece = max(1, CACHE_BLOCK_ELEMENTS // max(row_size, 1)) if cache_sized else max(rows, 1)
+
+    def in_pieces(start, stop):  # fn over [start, stop) a piece at a time (one piece unless cache_sized)
+        return [fn(a, min(a + piece, stop)) for a in range(start, stop, piece)] or [fn(start, stop)]
+
     if threads <= 1:
-        return call(0, rows)
+        return in_pieces(0, rows)
     if _pool_size < threads:
         _pool, _pool_size = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="tinyformer"), threads
     bounds = [(rows * i // threads, rows * (i + 1) // threads) for i in range(threads)]
-    return [result for part in _pool.map(lambda b: call(*b), bounds) for result in part]
-
-
-def _in_cache_sized_pieces(fn, row_size):
-    """``(start, stop) -> [fn(a, b), ...]`` over pieces of [start, stop) of about CACHE_BLOCK_ELEMENTS."""
-    step = max(1, CACHE_BLOCK_ELEMENTS // max(row_size, 1))
-    return lambda start, stop: [fn(a, min(a + step, stop)) for a in range(start, stop, step)] or [fn(start, stop)]
+    return [result for part in _pool.map(lambda b: in_pieces(*b), bounds) for result in part]
 
 
 def blockwise(ufunc, *operands):
