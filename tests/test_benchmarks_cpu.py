@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import children
+import mpi_helpers
 import step_benchmark
 from scripts import load_script
 
@@ -154,3 +155,35 @@ def test_graphed_runner_times_replayed_steps_with_the_emulated_capture():
     assert capture.replays == bench.PRIMING_STEPS - 1 + args.warmup + args.repeats
     assert result["tf_graphs_median"] > 0 and result["tf_median"] > 0
     assert np.isfinite(result["tf_graphs_loss"]) and np.isfinite(result["tf_loss"])
+
+
+# ---------------------------------------------------------------- bench_ddp (issue 49: two ranks against two threads)
+def test_ddp_benchmark_ranks_share_out_the_rows_of_the_one_process_batch():
+    """Each rank takes a consecutive part of bench_step's batch: together exactly its rows and its
+    target tokens, so the two runs compute the same step (the MFU of both counts the whole batch)."""
+    from types import SimpleNamespace
+
+    bench = load("bench_ddp")
+    args = SimpleNamespace(tokens=300, length=16, vocab=60, seed=3)
+    whole, arrays = bench.the_batch(args)
+    halves = [bench.the_batch(args, rank, 2)[0] for rank in (0, 1)]
+    assert whole.num_tokens == arrays["tgt_tokens"] == sum(h.num_tokens for h in halves) >= 300
+    assert np.array_equal(np.concatenate([h.indices for h in halves]), np.arange(len(arrays["src"])))
+    assert all(len(h) > 0 for h in halves)
+    for name in ("src", "tgt_in", "tgt_out"):
+        assert np.array_equal(np.concatenate([getattr(h, name) for h in halves]), arrays[name])
+
+
+@mpi_helpers.requires_mpi
+def test_ddp_benchmark_reports_both_runs_with_their_share_of_the_peak():
+    result = mpi_helpers.run([children.PYTHON, os.path.join(ROOT, "benchmarks", "bench_ddp.py"), "--preset", "tiny",
+                              "--tokens", "128", "--vocab", "60", "--length", "16", "--steps", "1", "--rounds", "1",
+                              "--repeats", "1"], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| 1 process")
+            or line.startswith("| 2 ranks")]
+    assert [r[0] for r in rows] == ["| 1 process × 2 threads", "| 2 ranks × 1 thread (--nproc 2)"]
+    for row in rows:
+        assert row[3].endswith("%") and 0 < float(row[3][:-1]) <= 100  # MFU
+    assert "sgemm peak" in result.stdout and "speed-up of two ranks" in result.stdout
+    assert sum(line.startswith("| ") and " MiB |" in line for line in result.stdout.splitlines()) == 7
