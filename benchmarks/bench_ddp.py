@@ -21,10 +21,8 @@ The two-rank part runs this file again under ``mpiexec -n 2`` (the mpi extra).
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,10 +32,10 @@ import tinyformer  # noqa: F401  first: its OpenBLAS setting (common/blas_spin.p
 import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import PAD, make_batch, model_flops, sgemm_peak  # noqa: E402  (benchmarks/ is not a package)
+import provenance  # noqa: E402  (benchmarks/ is not a package)
+from bench_step import LABEL_SMOOTHING, PAD, make_batch, model_flops, sgemm_peak  # noqa: E402
 
 SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
-LABEL_SMOOTHING = 0.1
 
 
 def the_batch(args, rank=0, size=1):
@@ -139,14 +137,6 @@ def two_ranks(last):
     return json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
 
 
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), check=False).stdout.strip() or "?"
-    except OSError:
-        return "?"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
@@ -181,8 +171,8 @@ def main():
                  ("2 ranks × 1 thread (--nproc 2)", ranks["train"],
                   f"{ranks['train']['allreduce_ms']:.1f} ms ({ranks['train']['buckets']} buckets)",
                   f"{100 * ranks['train']['hidden']:.0f} %")]
-    print(f"bench_ddp: {datetime.date.today()}, commit {commit()}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores; preset {args.preset} ({single['parameters']:,} parameters, vocabulary "
+    print(provenance.header("python benchmarks/bench_ddp.py " + " ".join(sys.argv[1:])))
+    print(f"preset {args.preset} ({single['parameters']:,} parameters, vocabulary "
           f"{args.vocab}); one batch of {single['rows']} pairs padded to {args.length}, {single['tokens']:,} target "
           f"tokens per step (the ranks: half of its rows each); median of {args.steps} steps after {args.warmup}; "
           f"{args.rounds} round(s), alternating; buckets of {args.bucket_mb:g} MiB; sgemm peak {peak:,.0f} GFLOP/s "
