@@ -770,8 +770,14 @@ def run_label(args):
     recipe = (f"-linear_w{args.warmup_steps}_f{args.lr_factor:g}_d{args.decay_fraction:g}"
               if args.schedule == "linear" else "")
     val = f"-val{args.val_every}" if args.val_every else ""
+    # Options a recipe sweep varies, named only when they differ from tinyformer train's defaults
+    # (so that the names of earlier runs stay as they were).
+    from tinyformer.translation.train.config import OPTIONS
+
+    dropout = f"-drop{args.dropout:g}" if args.dropout is not None else ""
+    tokens = f"-tok{args.max_tokens}" if args.max_tokens != OPTIONS["max_tokens"].per_data[args.data] else ""
     return (f"{args.data}-{args.preset}-s{args.seed}-n{args.steps}-tf_{extras_text(args.tf_extras)}"
-            f"-torch_{extras_text(args.torch_extras)}{equal}{recipe}{val}").replace(",", "+")
+            f"-torch_{extras_text(args.torch_extras)}{equal}{recipe}{val}{dropout}{tokens}").replace(",", "+")
 
 
 def result_path(args, engine):

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -551,6 +552,16 @@ def test_the_linear_schedule_is_the_time_budget_schedule_counted_in_steps(work):
         with pytest.raises(SystemExit):
             bench_args(work, "--decay-fraction", bad)
     assert bench.run_label(args) != bench.run_label(bench_args(work))  # results of the two recipes kept apart
+
+
+def test_a_recipe_sweeps_points_are_kept_apart_and_the_defaults_keep_earlier_names(work):
+    """recipe_sweep.sh varies the dropout and the batch size over one --work: each point its own
+    result (--skip-done must not take one point's result for another's)."""
+    plain = bench.run_label(bench.parse_args(["--data", "synthetic", "--steps", "4", "--work", str(work)]))
+    assert not re.search(r"-drop[0-9]|-tok[0-9]", plain)  # defaults: the names of runs made before the sweep
+    labels = {bench.run_label(bench_args(work, *extra))
+              for extra in ((), ("--dropout", "0.2"), ("--dropout", "0.3"), ("--max-tokens", "2048"))}
+    assert len(labels) == 4
 
 
 def test_the_time_to_a_validation_nll_is_interpolated_between_the_validations_around_the_crossing():
