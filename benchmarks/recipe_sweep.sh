@@ -17,6 +17,7 @@
 #   dropout  base with dropout 0.2 (residual, embeddings, attention and ReLU)
 #   tokens   8,192 tokens a batch for STEPS/2 steps (the same tokens seen), base's peak
 #   warmup   base's peak after a warm-up of STEPS/8
+#   decay    base's peak held until half of the steps, then the linear decay to zero (--decay-fraction 0.5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-runs/recipe}
@@ -44,7 +45,8 @@ point_options() {
         tokens) echo "--steps $((steps / 2)) --warmup-steps $((warmup / 2)) --lr-factor $(factor 2.5e-3 $((warmup / 2)))" \
                      "--val-every $((val / 2)) --max-tokens 8192" ;;
         warmup) echo "--steps $steps --warmup-steps $((warmup / 2)) --lr-factor $(factor 2.5e-3 $((warmup / 2))) --val-every $val" ;;
-        *) echo "recipe_sweep.sh: unknown point '$1' in POINTS (known: base peak low dropout tokens warmup)" >&2; exit 2 ;;
+        decay) echo "--steps $steps --warmup-steps $warmup --lr-factor $(factor 2.5e-3 $warmup) --val-every $val --decay-fraction 0.5" ;;
+        *) echo "recipe_sweep.sh: unknown point '$1' in POINTS (known: base peak low dropout tokens warmup decay)" >&2; exit 2 ;;
     esac
 }
 
