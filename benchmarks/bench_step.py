@@ -169,8 +169,10 @@ class TinyformerRunner:
         from tinyformer.engine import amp, backend, functional as F
         from tinyformer.model import optim
         from tinyformer.model.nn import Transformer
+        from tinyformer.translation.data.batching import Batch
+        from tinyformer.translation.train.evaluation import batch_loss
 
-        self.F, self.tf, self.amp, self.precision = F, tf, amp, precision
+        self.F, self.tf, self.amp, self.precision, self.batch_loss = F, tf, amp, precision, batch_loss
         tf.manual_seed(seed)
         self.model = Transformer.from_preset(preset, vocab_size=vocab, pad_id=PAD, seed=seed)
         self.config = self.model.config
@@ -183,6 +185,9 @@ class TinyformerRunner:
                                     betas=(0.9, 0.98), eps=1e-9)
         move = (lambda a: backend.to_device(a, "cuda")) if device == "cuda" else (lambda a: a)
         self.src, self.tgt_in, self.tgt_out = (move(batch[k]) for k in ("src", "tgt_in", "tgt_out"))
+        # The trainer's batch (host arrays, as Trainer.train_step hands them to batch_loss)
+        self.batch = Batch(batch["src"], batch["tgt_in"], batch["tgt_out"], numpy.arange(len(batch["src"])),
+                           pad_id=PAD)
         self.device = device
         self.smoothing = LABEL_SMOOTHING
         self.scaler = optim.GradScaler(enabled=amp.get_precision(precision).loss_scaling)
@@ -191,10 +196,12 @@ class TinyformerRunner:
         return self.model.num_parameters()
 
     def step(self):
+        """One training step as ``Trainer.train_step`` computes its loss (``batch_loss``: on the CPU the
+        logits of the counted target positions only), divided by the batch's target tokens."""
         self.optimizer.zero_grad()
         with self.amp.autocast(self.precision):
-            logits = self.model(self.src, self.tgt_in)
-            loss = self.F.cross_entropy(logits, self.tgt_out, label_smoothing=self.smoothing, ignore_index=PAD)
+            loss_sum, _ = self.batch_loss(self.model, self.batch, self.smoothing)
+            loss = loss_sum / self.batch.num_tokens
             self.scaler.scale_loss(loss).backward()
         self.scaler.step(self.optimizer)
         value = loss.item()
@@ -224,11 +231,8 @@ class TinyformerGraphedRunner(TinyformerRunner):
     def __init__(self, preset, vocab, batch, device, seed, precision="fp32", capture=None):
         super().__init__(preset, vocab, batch, device, seed, precision)
         from tinyformer.engine import backend
-        from tinyformer.translation.data.batching import Batch
         from tinyformer.translation.train.graphs import GraphedStep
 
-        self.batch = Batch(batch["src"], batch["tgt_in"], batch["tgt_out"], numpy.arange(len(batch["src"])),
-                           pad_id=PAD)
         rows, src_len, tgt_len = self.batch.shape
         # A capture that is given up is reported from GraphedStep.failed (unavailable()), not as a warning.
         self.graphed = GraphedStep(self.model, self.optimizer, self.amp.get_precision(precision), self.smoothing,

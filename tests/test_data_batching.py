@@ -150,6 +150,45 @@ def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
         np.testing.assert_allclose(grads_padded[name], grads[name], rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+def test_the_loss_asks_for_the_counted_logits_only_and_equals_the_padded_logits_loss(monkeypatch):
+    """On the CPU batch_loss asks the model for the logits of the non-padding target positions only
+    (``positions=``): the same loss, NLL and gradients as from the padded logits (float64, dropout
+    off, a random upstream gradient), with the vocabulary projection made for the counted rows."""
+    import tinyformer as tf
+    from tinyformer.translation.train.evaluation import batch_loss
+
+    model = tf.nn.Transformer(30, d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=5).to(dtype=np.float64)
+    batch = make_batch([[4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17, 18, 19], [20]])
+    calls = []
+    forward = type(model).forward
+
+    def spy(self, *args, positions=None, **kwargs):
+        calls.append(positions)
+        logits = forward(self, *args, positions=positions, **kwargs)
+        calls.append(logits.shape)
+        return logits
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    upstream = np.random.default_rng(0).normal(size=2)
+    results = []
+    for padded_logits in (False, True):
+        model.zero_grad()
+        loss, nll = batch_loss(model, batch, 0.1, padded_logits=padded_logits)
+        (loss * upstream[0] + nll * upstream[1]).backward()
+        results.append((loss.item(), nll.item(), {n: p.grad.copy() for n, p in model.named_parameters()}))
+    counted, counted_shape, padded, padded_shape = calls
+    np.testing.assert_array_equal(counted, batch.tgt_out != PAD_ID)
+    assert counted_shape == (batch.num_tokens, 30) and padded is None and padded_shape == (3, 6, 30)
+    (loss, nll, grads), (loss_padded, nll_padded, grads_padded) = results
+    assert loss == pytest.approx(loss_padded, rel=1e-12) and nll == pytest.approx(nll_padded, rel=1e-12)
+    for name in grads:
+        np.testing.assert_allclose(grads[name], grads_padded[name], rtol=1e-9, atol=1e-12, err_msg=name)
+    calls.clear()
+    full = make_batch([[4, 5], [6, 7]], [[8, 9], [10, 11]])  # nothing to skip: the plain call
+    batch_loss(model, full, 0.1)
+    assert calls[0] is None
+
+
 def test_a_batch_knows_its_source_lengths_and_makes_its_key_mask():
     batch = make_batch([[5, 6, 7], [8]], [[9], [10, 11]])
     np.testing.assert_array_equal(batch.src_lengths, [4, 2])  # with EOS

@@ -165,6 +165,40 @@ def test_whole_tiny_model_gradcheck():
     assert len(report.inputs) == len(params)
 
 
+def test_the_logits_of_chosen_positions_are_those_rows_with_their_gradients():
+    """``positions=`` (a boolean (batch, len_tgt) array) gives the logits of those positions only,
+    (count, vocab) in row-major order: the rows of the full logits, and in float64 the same
+    parameter gradients as the full logits with the upstream gradient (random) on those rows only."""
+    model = small_model(seed=3)
+    positions = TGT != 9  # two positions left out
+    full = model(SRC, TGT)
+    chosen = model(SRC, TGT, positions=positions)
+    assert chosen.shape == (int(positions.sum()), 11)
+    np.testing.assert_allclose(chosen.data, full.data[positions], rtol=1e-12, atol=1e-12)
+    upstream = np.random.default_rng(7).standard_normal(chosen.shape)
+    padded_upstream = np.zeros(full.shape)
+    padded_upstream[positions] = upstream
+    grads = []
+    for logits, g in ((chosen, upstream), (full, padded_upstream)):
+        model.zero_grad()
+        (logits * tf.Tensor(g)).sum().backward()
+        grads.append({n: p.grad.copy() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        np.testing.assert_allclose(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-13, err_msg=name)
+    tf.gradcheck(lambda *ps: model(SRC, TGT, positions=positions), model.parameters(), mode="fast", seed=4)
+
+
+def test_positions_of_the_wrong_kind_or_shape_are_named():
+    model = small_model()
+    with pytest.raises(TypeError, match=r"positions must be a boolean array of tgt_in's shape \(3, 4\), got dtype int64"):
+        model(SRC, TGT, positions=(TGT != 9).astype(np.int64))
+    with pytest.raises(ValueError, match=r"positions must have tgt_in's shape \(3, 4\), got \(3, 3\)"):
+        model(SRC, TGT, positions=np.ones((3, 3), dtype=bool))
+    memory = model.encode(SRC)
+    with pytest.raises(TypeError, match=r"positions must be a boolean array of tgt's shape \(3, 4\), got list"):
+        model.decode(TGT, memory, positions=[[True] * 4] * 3)
+
+
 def test_gradient_reaches_memory():
     model = small_model()
     memory = tf.Tensor(np.random.default_rng(1).standard_normal((3, 5, 8)), requires_grad=True)

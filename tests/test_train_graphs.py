@@ -333,8 +333,8 @@ def test_emulated_device_arrays_refuse_host_reads_while_capturing(read):
 def test_a_host_read_in_the_step_refuses_the_capture(tmp_path, monkeypatch):
     """A read-back added inside the step (``float`` of the loss: on a GPU the capture would fail,
     or freeze the value) makes the emulated capture refuse: one warning, the steps run eagerly."""
-    def batch_loss_read_back(*args):
-        loss, nll = loss_of_batch(*args)
+    def batch_loss_read_back(*args, **kwargs):
+        loss, nll = loss_of_batch(*args, **kwargs)
         float(loss.data)
         return loss, nll
 

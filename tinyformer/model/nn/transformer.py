@@ -238,13 +238,17 @@ class Transformer(Module):
             src_mask = self.source_mask(src)
         return self.encoder(self._embed(self.src_embed, src), src_mask)
 
-    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, state=None):
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, state=None, positions=None):
         """Target ids (batch, len_tgt) and memory -> logits (batch, len_tgt, tgt_vocab).
 
         Self-attention is causal. With ``state`` (from ``init_state``) ``tgt`` holds
-        only the new tokens: earlier keys and values come from the cache.
+        only the new tokens: earlier keys and values come from the cache. ``positions``, a
+        boolean (batch, len_tgt) array, asks for the logits of those positions only, as
+        (count, tgt_vocab) in row-major order: the output projection and what follows it (the
+        loss's softmax over the vocabulary) skip the others, e.g. the padding.
         """
         _check_ids_2d(tgt, "tgt")
+        _check_positions(positions, tgt)
         if memory.ndim != 3 or memory.shape[0] != tgt.shape[0] or memory.shape[-1] != self.d_model:
             raise ValueError(f"Transformer.decode: memory must be (batch, len_src, d_model) = "
                              f"({tgt.shape[0]}, len_src, {self.d_model}) for tgt of shape {tuple(tgt.shape)}, "
@@ -254,23 +258,27 @@ class Transformer(Module):
         h = self.decoder(x, memory, src_mask, tgt_mask, state)
         if state is not None:
             state.position += tgt.shape[1]
+        if positions is not None:
+            h = h[positions]  # (count, d_model); the backward scatters the rows back, zeros elsewhere
         return F.linear(h, self.tgt_embed.weight, self.logits_bias)
 
     def init_state(self):
         """An empty DecoderState for incremental decoding."""
         return DecoderState(len(self.decoder.layers))
 
-    def forward(self, src, tgt_in, src_mask=None, tgt_mask=None):
-        """Teacher-forced logits (batch, len_tgt, tgt_vocab) for target inputs ``tgt_in``."""
+    def forward(self, src, tgt_in, src_mask=None, tgt_mask=None, positions=None):
+        """Teacher-forced logits (batch, len_tgt, tgt_vocab) for target inputs ``tgt_in``; with
+        ``positions`` (boolean, the shape of ``tgt_in``) only theirs, (count, tgt_vocab) (see ``decode``)."""
         _check_ids_2d(src, "src")
         _check_ids_2d(tgt_in, "tgt_in")
+        _check_positions(positions, tgt_in, "tgt_in")
         if src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer: src {tuple(src.shape)} and tgt_in {tuple(tgt_in.shape)} must hold "
                              "the same number of sentences (batch)")
         if src_mask is None:
             src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
-        return self.decode(tgt_in, memory, src_mask, tgt_mask)
+        return self.decode(tgt_in, memory, src_mask, tgt_mask, positions=positions)
 
     def extra_repr(self):
         c = self.config
@@ -306,6 +314,18 @@ def _torch_init(*stacks, generator=None):
                 for linear in (module.linear1, module.linear2):
                     linear.weight.data[...] = init.xavier_uniform(linear.out_features, linear.in_features, generator)
                     linear.bias.data[...] = init.fan_in_uniform(linear.out_features, linear.in_features, generator)
+
+
+def _check_positions(positions, tgt, name="tgt"):
+    """``positions`` must be None or a boolean array of ``tgt``'s shape; raise naming both otherwise."""
+    if positions is None:
+        return
+    shape, dtype = getattr(positions, "shape", None), getattr(positions, "dtype", None)
+    if shape is None or dtype is None or dtype.kind != "b":
+        raise TypeError(f"Transformer: positions must be a boolean array of {name}'s shape {tuple(tgt.shape)}, "
+                        f"got {f'dtype {dtype}' if dtype is not None else type(positions).__name__}")
+    if tuple(shape) != tuple(tgt.shape):
+        raise ValueError(f"Transformer: positions must have {name}'s shape {tuple(tgt.shape)}, got {tuple(shape)}")
 
 
 def _check_ids_2d(ids, name):

@@ -3,22 +3,40 @@ validation compute it), the validation loss, and BLEU and exact match of its tra
 
 import math
 
+import numpy
+
 from .. import decode, metrics
+from ...engine import backend
 from ...engine import functional as F
 from ...engine.tensor import no_grad
 
 __all__ = ["batch_loss", "validation_loss", "perplexity", "translation_scores", "evaluate"]
 
 
-def batch_loss(model, batch, label_smoothing):
+def batch_loss(model, batch, label_smoothing, padded_logits=False):
     """(label-smoothed loss, NLL) summed over the batch's target tokens, as Tensors; the padding is the
     model's ``pad_id`` (its tokenizer's, which the batches pad with).
 
     The source mask is made once for the batch on the model's device (``Batch.src_key_mask``),
-    not uploaded and checked by every attention layer."""
+    not uploaded and checked by every attention layer. On the CPU the model is asked for the
+    logits of the counted (non-padding) target positions only (``Transformer(..., positions=)``),
+    so that the output projection and the vocabulary softmax skip the padding. On a GPU, while a
+    CUDA graph is captured, or with ``padded_logits``, the logits keep the padded shape (the
+    padding then costs work instead of a selection whose size depends on the batch) and the loss
+    ignores the padding; the sums are the same either way."""
     like = next(iter(model.parameters())).data
-    logits = model(batch.src, batch.tgt_in, src_mask=batch.src_key_mask(like))
-    return F.cross_entropy(logits, batch.tgt_out, label_smoothing, ignore_index=model.pad_id, reduction="sum",
+    src_mask = batch.src_key_mask(like)
+    on_host = isinstance(like, numpy.ndarray) and isinstance(batch.tgt_out, numpy.ndarray)
+    counted = None
+    if on_host and not padded_logits and not backend.is_capturing():
+        counted = batch.tgt_out != model.pad_id
+        counted = None if counted.all() else counted
+    if counted is None:
+        logits, targets = model(batch.src, batch.tgt_in, src_mask=src_mask), batch.tgt_out
+    else:
+        logits = model(batch.src, batch.tgt_in, src_mask=src_mask, positions=counted)
+        targets = batch.tgt_out[counted]
+    return F.cross_entropy(logits, targets, label_smoothing, ignore_index=model.pad_id, reduction="sum",
                            return_nll=True)
 
 

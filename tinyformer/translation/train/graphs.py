@@ -200,7 +200,7 @@ class GraphedStep:
         self.totals.fill(0)
         for static in statics:
             with amp.autocast(self.precision):
-                loss, nll = batch_loss(self.model, static, self.label_smoothing)
+                loss, nll = batch_loss(self.model, static, self.label_smoothing, padded_logits=True)
                 (loss * Tensor(static.multiplier)).backward()
             self.totals[0:1] += loss.data.astype(numpy.float64)
             self.totals[1:2] += nll.data.astype(numpy.float64)
