@@ -6,9 +6,10 @@ and its mean, at the end and along the way.
 A point is every finished tinyformer run of ``bench_quality.py --schedule linear`` in ``WORK/results``
 that shares all options but the seed (its file name without the seed). Its facts come from the runs'
 records, not from the options: the steps, the warm-up (the step of the highest learning rate) and that
-peak, the dropout, and the target tokens a step (the mean over the run's batches). The validation NLL
+highest rate (below the schedule's nominal peak, lr_factor · d_model^-0.5 · warmup^-0.5, where the
+decay runs from the start: at the end of the warm-up it has taken its share already), the dropout, and the target tokens a step (the mean over the run's batches). The validation NLL
 is bench_quality's (no label smoothing, dropout off, the whole validation split); "along the way"
-gives it at each quarter of the run, the mean over the point's seeds. The rows are ordered by peak,
+gives it at each quarter of the run, the mean over the point's seeds. The rows are ordered by highest rate,
 dropout, tokens a step and then the longer warm-up first; "vs first" is a point's mean final NLL
 minus the first row's over the same seeds (``--reference TEXT``: the point whose file name contains
 TEXT comes first instead).
@@ -37,7 +38,7 @@ def point_runs(folder, data="multi30k", preset="small"):
 
 
 def facts(record):
-    """steps, warm-up, peak learning rate, dropout and mean target tokens a step of one run."""
+    """steps, warm-up, highest learning rate, dropout and mean target tokens a step of one run."""
     lrs = record["lrs"]
     peak = max(lrs)
     steps = len(lrs)
@@ -62,10 +63,10 @@ def summary(points, reference=None):
         rows.insert(0, chosen[0])
     seeds = sorted({seed for _, runs, _ in rows for seed in runs})
     first = rows[0][1]
-    header = (["steps", "warm-up", "peak lr", "dropout", "target tokens a step"]
+    header = (["steps", "warm-up", "highest lr", "dropout", "target tokens a step"]
               + [f"seed {s}" for s in seeds] + ["mean", "vs first (same seeds)", "median step s"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    curve = ["| steps | warm-up | peak lr | dropout | target tokens a step | 1/4 | 1/2 | 3/4 | end |",
+    curve = ["| steps | warm-up | highest lr | dropout | target tokens a step | 1/4 | 1/2 | 3/4 | end |",
              "|" + "---:|" * 9]
     for name, runs, f in rows:
         final = {seed: record["validations"][-1][2] for seed, record in runs.items()}

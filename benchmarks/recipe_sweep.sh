@@ -10,8 +10,10 @@
 #
 #   WORK=runs/recipe REPORT=runs/recipe/sweep.md SEEDS="0 1" POINTS="base peak dropout tokens" benchmarks/recipe_sweep.sh
 #
-# The points (STEPS steps of up to 4,096 padded tokens; peak = lr_factor * 256^-0.5 * warmup^-0.5):
-#   base     warm-up STEPS/4 to a peak of 2.5e-3 (the hour's), `small`'s dropout 0.1
+# The points (STEPS steps of up to 4,096 padded tokens; the nominal peak = lr_factor * 256^-0.5 *
+# warmup^-0.5, as `--recipe hour` sets it; the decay runs from the start, so the highest rate reached,
+# at the end of the warm-up, is (1 - warmup/STEPS) of it: 0.75 of it for base):
+#   base     warm-up STEPS/4 to a nominal peak of 2.5e-3 (the hour's), `small`'s dropout 0.1
 #   peak     the same warm-up to 3.75e-3 (1.5x)
 #   low      the same warm-up to 1.67e-3 (1/1.5)
 #   dropout  base with dropout 0.2 (residual, embeddings, attention and ReLU)
