@@ -15,6 +15,7 @@
 # at the end of the warm-up, is (1 - warmup/STEPS) of it: 0.75 of it for base):
 #   base     warm-up STEPS/4 to a nominal peak of 2.5e-3 (the hour's), `small`'s dropout 0.1
 #   peak     the same warm-up to 3.75e-3 (1.5x)
+#   higher   the same warm-up to 5e-3 (2x)
 #   low      the same warm-up to 1.67e-3 (1/1.5)
 #   dropout  base with dropout 0.2 (residual, embeddings, attention and ReLU)
 #   tokens   8,192 tokens a batch for STEPS/2 steps (the same tokens seen), base's peak
@@ -42,13 +43,14 @@ point_options() {
     case $1 in
         base) echo "--steps $steps --warmup-steps $warmup --lr-factor $(factor 2.5e-3 $warmup) --val-every $val" ;;
         peak) echo "--steps $steps --warmup-steps $warmup --lr-factor $(factor 3.75e-3 $warmup) --val-every $val" ;;
+        higher) echo "--steps $steps --warmup-steps $warmup --lr-factor $(factor 5e-3 $warmup) --val-every $val" ;;
         low) echo "--steps $steps --warmup-steps $warmup --lr-factor $(factor 1.6667e-3 $warmup) --val-every $val" ;;
         dropout) echo "--steps $steps --warmup-steps $warmup --lr-factor $(factor 2.5e-3 $warmup) --val-every $val --dropout 0.2" ;;
         tokens) echo "--steps $((steps / 2)) --warmup-steps $((warmup / 2)) --lr-factor $(factor 2.5e-3 $((warmup / 2)))" \
                      "--val-every $((val / 2)) --max-tokens 8192" ;;
         warmup) echo "--steps $steps --warmup-steps $((warmup / 2)) --lr-factor $(factor 2.5e-3 $((warmup / 2))) --val-every $val" ;;
         decay) echo "--steps $steps --warmup-steps $warmup --lr-factor $(factor 2.5e-3 $warmup) --val-every $val --decay-fraction 0.5" ;;
-        *) echo "recipe_sweep.sh: unknown point '$1' in POINTS (known: base peak low dropout tokens warmup decay)" >&2; exit 2 ;;
+        *) echo "recipe_sweep.sh: unknown point '$1' in POINTS (known: base peak higher low dropout tokens warmup decay)" >&2; exit 2 ;;
     esac
 }
 
