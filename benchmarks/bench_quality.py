@@ -754,6 +754,8 @@ def parse_args(argv):
         parser.error("--steps, --window and --log-every must be positive, --save-every and --val-every 0 or more")
     if not 0 < args.decay_fraction <= 1:
         parser.error(f"--decay-fraction must be in (0, 1], got {args.decay_fraction:g}")
+    if args.schedule != "linear" and args.decay_fraction != 1:
+        parser.error(f"--decay-fraction {args.decay_fraction:g} shapes --schedule linear only, not noam")
     return args
 
 
@@ -766,14 +768,17 @@ def parse_list(text, known):
 
 
 def run_label(args):
+    from tinyformer.translation.train.config import OPTIONS
+
     equal = "-equal" if args.equal_init else ""
-    recipe = (f"-linear_w{args.warmup_steps}_f{args.lr_factor:g}_d{args.decay_fraction:g}"
-              if args.schedule == "linear" else "")
+    if args.schedule == "linear":
+        recipe = f"-linear_w{args.warmup_steps}_f{args.lr_factor:g}_d{args.decay_fraction:g}"
+    else:  # Noam's warm-up and factor, named only when they are not tinyformer train's defaults
+        default = (OPTIONS["warmup_steps"].per_data[args.data], 1.0)
+        recipe = "" if (args.warmup_steps, args.lr_factor) == default else f"-noam_w{args.warmup_steps}_f{args.lr_factor:g}"
     val = f"-val{args.val_every}" if args.val_every else ""
     # Options a recipe sweep varies, named only when they differ from tinyformer train's defaults
     # (so that the names of earlier runs stay as they were).
-    from tinyformer.translation.train.config import OPTIONS
-
     dropout = f"-drop{args.dropout:g}" if args.dropout is not None else ""
     tokens = f"-tok{args.max_tokens}" if args.max_tokens != OPTIONS["max_tokens"].per_data[args.data] else ""
     return (f"{args.data}-{args.preset}-s{args.seed}-n{args.steps}-tf_{extras_text(args.tf_extras)}"

@@ -551,6 +551,8 @@ def test_the_linear_schedule_is_the_time_budget_schedule_counted_in_steps(work):
     for bad in ("0", "1.5"):
         with pytest.raises(SystemExit):
             bench_args(work, "--decay-fraction", bad)
+    with pytest.raises(SystemExit):  # Noam's schedule has no linear decay to shape
+        bench_args(work, "--decay-fraction", "0.5")
     assert bench.run_label(args) != bench.run_label(bench_args(work))  # results of the two recipes kept apart
 
 
@@ -558,10 +560,11 @@ def test_a_recipe_sweeps_points_are_kept_apart_and_the_defaults_keep_earlier_nam
     """recipe_sweep.sh varies the dropout and the batch size over one --work: each point its own
     result (--skip-done must not take one point's result for another's)."""
     plain = bench.run_label(bench.parse_args(["--data", "synthetic", "--steps", "4", "--work", str(work)]))
-    assert not re.search(r"-drop[0-9]|-tok[0-9]", plain)  # defaults: the names of runs made before the sweep
+    assert not re.search(r"-drop[0-9]|-tok[0-9]|-noam_", plain)  # defaults: the names of runs made before the sweep
     labels = {bench.run_label(bench_args(work, *extra))
-              for extra in ((), ("--dropout", "0.2"), ("--dropout", "0.3"), ("--max-tokens", "2048"))}
-    assert len(labels) == 4
+              for extra in ((), ("--dropout", "0.2"), ("--dropout", "0.3"), ("--max-tokens", "2048"),
+                            ("--warmup-steps", "400"), ("--lr-factor", "2"))}
+    assert len(labels) == 6
 
 
 def test_the_time_to_a_validation_nll_is_interpolated_between_the_validations_around_the_crossing():

@@ -79,6 +79,8 @@ def test_the_time_schedules_state_round_trips_without_the_clock():
     ({"schedule": "cosine"}, "schedule", "schedule must be one of ('noam', 'time')"),
     ({"schedule": "time", "time_limit": 5, "decay_fraction": 0.0}, "decay_fraction", "decay_fraction must be"),
     ({"decay_fraction": 1.5}, "decay_fraction", "decay_fraction must be"),
+    ({"decay_fraction": 0.5}, "decay_fraction", "decay_fraction 0.5 shapes the decay of schedule 'time' only, not of "
+                                                "schedule 'noam'"),
     ({"recipe": "day"}, "recipe", "recipe must be one of ('hour',)"),
     ({"save_every_minutes": 0}, "save_every_minutes", "save_every_minutes must be a positive number"),
     ({"average_last": 0}, "average_last", "average_last must be"),
@@ -93,6 +95,13 @@ def test_the_command_line_names_the_flag_of_a_time_schedule_without_a_time_limit
     assert cli.main(["train", "--schedule", "time"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tinyformer train: error: --schedule 'time' ends the learning rate") and "--time-limit" in err
+
+
+def test_the_command_line_names_a_decay_fraction_without_a_time_schedule(capsys):
+    assert cli.main(["train", "--decay-fraction", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tinyformer train: error: --decay-fraction 0.5 shapes the decay of schedule 'time' only")
+    assert TrainConfig(recipe="hour", schedule="noam").resolved().decay_fraction == 1.0  # a recipe's value is no error
 
 
 def test_the_hour_recipe_sets_what_was_not_given_and_given_options_win(tmp_path):

@@ -334,6 +334,10 @@ class TrainConfig:
         if values["schedule"] == "time" and values["time_limit"] is None:
             raise ConfigError("schedule", "schedule 'time' ends the learning rate with the time limit: give "
                               "--time-limit MINUTES")
+        if values["schedule"] != "time" and values["decay_fraction"] not in (None, 1.0):
+            raise ConfigError("decay_fraction", f"decay_fraction {values['decay_fraction']:g} shapes the decay of "
+                              f"schedule 'time' only, not of schedule '{values['schedule']}': give --schedule time "
+                              "(with --time-limit) or leave it out")
         return TrainConfig(**values)
 
     def to_dict(self):
