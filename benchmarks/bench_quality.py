@@ -775,7 +775,8 @@ def run_label(args):
         recipe = f"-linear_w{args.warmup_steps}_f{args.lr_factor:g}_d{args.decay_fraction:g}"
     else:  # Noam's warm-up and factor, named only when they are not tinyformer train's defaults
         default = (OPTIONS["warmup_steps"].per_data[args.data], 1.0)
-        recipe = "" if (args.warmup_steps, args.lr_factor) == default else f"-noam_w{args.warmup_steps}_f{args.lr_factor:g}"
+        given = (args.warmup_steps, args.lr_factor)
+        recipe = "" if given == default else f"-noam_w{args.warmup_steps}_f{args.lr_factor:g}"
     val = f"-val{args.val_every}" if args.val_every else ""
     # Options a recipe sweep varies, named only when they differ from tinyformer train's defaults
     # (so that the names of earlier runs stay as they were).
