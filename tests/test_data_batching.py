@@ -150,10 +150,11 @@ def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
         np.testing.assert_allclose(grads_padded[name], grads[name], rtol=1e-9, atol=1e-12, err_msg=name)
 
 
-def test_the_loss_asks_for_the_counted_logits_only_and_equals_the_padded_logits_loss(monkeypatch):
-    """On the CPU batch_loss asks the model for the logits of the non-padding target positions only
-    (``positions=``): the same loss, NLL and gradients as from the padded logits (float64, dropout
-    off, a random upstream gradient), with the vocabulary projection made for the counted rows."""
+def test_the_loss_runs_on_packed_rows_and_equals_the_padded_loss(monkeypatch):
+    """On the CPU batch_loss runs the model on packed rows (``packed=True``: no padding but in
+    attention) and asks for the logits of the non-padding target positions only (``positions=``):
+    the same loss, NLL and gradients as the padded model's (float64, dropout off, a random upstream
+    gradient), with the vocabulary projection made for the counted rows."""
     import tinyformer as tf
     from tinyformer.translation.train.evaluation import batch_loss
 
@@ -162,9 +163,9 @@ def test_the_loss_asks_for_the_counted_logits_only_and_equals_the_padded_logits_
     calls = []
     forward = type(model).forward
 
-    def spy(self, *args, positions=None, **kwargs):
-        calls.append(positions)
-        logits = forward(self, *args, positions=positions, **kwargs)
+    def spy(self, *args, positions=None, packed=False, **kwargs):
+        calls.append((positions, packed))
+        logits = forward(self, *args, positions=positions, packed=packed, **kwargs)
         calls.append(logits.shape)
         return logits
 
@@ -176,17 +177,14 @@ def test_the_loss_asks_for_the_counted_logits_only_and_equals_the_padded_logits_
         loss, nll = batch_loss(model, batch, 0.1, padded_logits=padded_logits)
         (loss * upstream[0] + nll * upstream[1]).backward()
         results.append((loss.item(), nll.item(), {n: p.grad.copy() for n, p in model.named_parameters()}))
-    counted, counted_shape, padded, padded_shape = calls
+    (counted, packed), counted_shape, (padded, padded_packed), padded_shape = calls
     np.testing.assert_array_equal(counted, batch.tgt_out != PAD_ID)
-    assert counted_shape == (batch.num_tokens, 30) and padded is None and padded_shape == (3, 6, 30)
+    assert packed and counted_shape == (batch.num_tokens, 30)
+    assert padded is None and not padded_packed and padded_shape == (3, 6, 30)
     (loss, nll, grads), (loss_padded, nll_padded, grads_padded) = results
     assert loss == pytest.approx(loss_padded, rel=1e-12) and nll == pytest.approx(nll_padded, rel=1e-12)
     for name in grads:
         np.testing.assert_allclose(grads[name], grads_padded[name], rtol=1e-9, atol=1e-12, err_msg=name)
-    calls.clear()
-    full = make_batch([[4, 5], [6, 7]], [[8, 9], [10, 11]])  # nothing to skip: the plain call
-    batch_loss(model, full, 0.1)
-    assert calls[0] is None
 
 
 def test_a_batch_knows_its_source_lengths_and_makes_its_key_mask():

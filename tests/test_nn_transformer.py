@@ -638,3 +638,56 @@ def test_tiny_model_overfits_a_few_pairs():
         token = model.decode(token, memory, mask, state=state).data[:, -1].argmax(axis=-1)[:, None]
         decoded.append(token)
     np.testing.assert_array_equal(np.concatenate(decoded, axis=1), tgt)
+
+
+TGT_PADDED = np.array([[1, 3, 4, 2], [1, 8, 0, 0], [1, 2, 10, 0]])  # pad_id 0, as SRC's
+
+
+def test_packed_rows_give_the_padded_models_logits_and_gradients():
+    """``packed=True`` (the layers on the positions that are not padding, attention in the padded
+    layout): the logits of the non-padding target positions and, in float64 with a random upstream
+    gradient, every parameter gradient equal the padded model's; central differences agree."""
+    model = small_model(seed=6)
+    counted = TGT_PADDED != 0
+    full = model(SRC, TGT_PADDED)
+    packed = model(SRC, TGT_PADDED, packed=True)
+    assert packed.shape == (int(counted.sum()), 11)
+    np.testing.assert_allclose(packed.data, full.data[counted], rtol=1e-12, atol=1e-12)
+    upstream = np.random.default_rng(8).standard_normal(packed.shape)
+    padded_upstream = np.zeros(full.shape)
+    padded_upstream[counted] = upstream
+    grads = []
+    for logits, g in ((packed, upstream), (full, padded_upstream)):
+        model.zero_grad()
+        (logits * tf.Tensor(g)).sum().backward()
+        grads.append({n: p.grad.copy() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        np.testing.assert_allclose(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-13, err_msg=name)
+    tf.gradcheck(lambda *ps: model(SRC, TGT_PADDED, packed=True), model.parameters(), mode="fast", seed=5)
+
+
+def test_packed_rows_serve_any_positions_even_padding_ones():
+    """Chosen positions, a padding position among them, come out as the padded model's rows: each
+    target runs up to its last chosen or non-padding position, all that causal attention needs."""
+    model = small_model(seed=7)
+    positions = np.array([[False, True, False, False], [True, False, False, True], [False, False, True, False]])
+    full = model(SRC, TGT_PADDED)
+    packed = model(SRC, TGT_PADDED, positions=positions, packed=True)
+    np.testing.assert_allclose(packed.data, full.data[positions], rtol=1e-12, atol=1e-12)
+    from tinyformer.model.nn.packing import PackedRows
+
+    rows = PackedRows.prefixes(positions | (TGT_PADDED != 0))
+    np.testing.assert_array_equal(rows.mask, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])
+    np.testing.assert_array_equal(PackedRows.prefixes(np.zeros((1, 3), bool)).mask, [[0, 0, 0]])
+
+
+def test_packed_rows_refuse_masks_of_their_own():
+    model = small_model()
+    with pytest.raises(ValueError, match="packed=True hides the padding itself; give no src_mask or tgt_mask"):
+        model(SRC, TGT_PADDED, src_mask=model.source_mask(SRC), packed=True)
+    attention = nn.MultiHeadAttention(8, 2)
+    from tinyformer.model.nn.packing import PackedRows
+
+    rows = PackedRows(TGT_PADDED != 0)
+    with pytest.raises(ValueError, match=r"query must be its 9 packed rows \(9, 8\), got shape \(3, 4, 8\)"):
+        attention(tf.Tensor(np.zeros((3, 4, 8))), query_rows=rows)

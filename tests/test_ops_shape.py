@@ -309,3 +309,33 @@ def test_dtype_preserved(name, dtype):
     assert all(g.dtype == dtype for g in (raw if isinstance(raw, tuple) else (raw,)) if g is not None)
     out.backward(numpy.ones(out.shape))
     assert x.grad.dtype == dtype
+
+
+@settings(max_examples=10, deadline=None)
+@given(shape=shapes(min_dims=2, max_dims=3), seed=seeds)
+def test_pack_rows_and_unpack_rows_move_rows_and_their_gradients(shape, seed):
+    """pack_rows takes the chosen rows of the last axis, unpack_rows puts them back with zeros
+    elsewhere; each is the other's gradient (float64 central differences, random upstream)."""
+    from tinyformer.engine.ops import pack_rows, unpack_rows
+
+    rng = numpy.random.default_rng(seed)
+    a = uniform(rng, shape)
+    rows = a.reshape(-1, shape[-1])
+    index = numpy.flatnonzero(rng.random(rows.shape[0]) < 0.6)
+    packed = pack_rows(leaf(a), index)
+    numpy.testing.assert_array_equal(packed.numpy(), rows[index])
+    back = numpy.zeros_like(rows)
+    back[index] = rows[index]
+    numpy.testing.assert_array_equal(unpack_rows(leaf(rows[index]), index, shape).numpy(), back.reshape(shape))
+    tinyformer.gradcheck(lambda x: pack_rows(x, index), [leaf(a)])
+    tinyformer.gradcheck(lambda x: unpack_rows(x, index, shape), [leaf(rows[index])])
+
+
+def test_unpack_rows_names_a_wrong_shape():
+    from tinyformer.engine.ops import pack_rows, unpack_rows
+
+    message = r"unpack_rows: x must be \(2, 3\) for 2 rows of shape \(2, 2, 3\), got \(3, 3\)"
+    with pytest.raises(ValueError, match=message):
+        unpack_rows(leaf(numpy.ones((3, 3))), numpy.array([0, 3]), (2, 2, 3))
+    with pytest.raises(ValueError, match=r"pack_rows: x must have rows"):
+        pack_rows(leaf(numpy.ones(3)), numpy.array([0]))

@@ -72,6 +72,39 @@ class GetItem(Function):
         return grad
 
 
+class PackRows(Function):
+    """z = the rows ``index`` of x seen as rows of its last axis, (prod(x.shape[:-1]), d)[index]:
+    (count, d), ``index`` sorted and without repeats;  dx = zeros of x's shape, with dz's rows put
+    back at ``index`` (an assignment: no row is taken twice, so none needs adding up)."""
+
+    def forward(self, x, index):
+        self.in_shape, self.index = x.shape, index
+        return backend.get_array_module(x).take(x.reshape(-1, x.shape[-1]), index, axis=0)
+
+    def backward(self, g):
+        grad = backend.get_array_module(g).zeros((_rows(self.in_shape), g.shape[-1]), dtype=g.dtype)
+        grad[self.index] = g
+        return grad.reshape(self.in_shape)
+
+
+class UnpackRows(Function):
+    """PackRows' inverse: z of shape ``shape`` (…, d) is zero except that its rows, seen as
+    (prod(shape[:-1]), d), take x's rows at ``index``;  dx = dz's rows ``index``."""
+
+    def forward(self, x, index, shape):
+        self.index = index
+        out = backend.get_array_module(x).zeros((_rows(shape), x.shape[-1]), dtype=x.dtype)
+        out[index] = x
+        return out.reshape(shape)
+
+    def backward(self, g):
+        return backend.get_array_module(g).take(g.reshape(-1, g.shape[-1]), self.index, axis=0)
+
+
+def _rows(shape):
+    return int(numpy.prod(shape[:-1], dtype=numpy.int64))
+
+
 class Concat(Function):
     """z = [x₁, x₂, ...] joined along ``axis``;  dxᵢ = the slice of dz that xᵢ filled."""
 
@@ -203,6 +236,24 @@ def _describe_index(index):
     shown = [f"array of shape {tuple(p.shape)} and dtype {p.dtype}" if hasattr(p, "shape") and p.ndim
              else repr(p) for p in map(_raw, parts)]
     return shown[0] if not isinstance(index, tuple) else "(" + ", ".join(shown) + ")"
+
+
+def pack_rows(x, index):
+    """The rows ``index`` (sorted, no repeats, an integer array) of ``x`` (…, d) seen as rows of its
+    last axis: (len(index), d). ``unpack_rows`` puts them back."""
+    if x.ndim < 2:
+        raise ValueError(f"pack_rows: x must have rows (…, d), got shape {x.shape}")
+    return PackRows.apply(x, index=backend.like(_raw(index), x.data))
+
+
+def unpack_rows(x, index, shape):
+    """A tensor of ``shape`` (…, d), zero except at the rows ``index`` (of ``pack_rows``), which hold
+    ``x``'s rows (len(index), d) in order."""
+    shape = tuple(shape)
+    if x.ndim != 2 or x.shape[1] != shape[-1] or x.shape[0] != len(index):
+        raise ValueError(f"unpack_rows: x must be ({len(index)}, {shape[-1]}) for {len(index)} rows of shape "
+                         f"{shape}, got {x.shape}")
+    return UnpackRows.apply(x, index=backend.like(_raw(index), x.data), shape=shape)
 
 
 def concat(tensors, axis=0):

@@ -49,18 +49,21 @@ class MultiHeadAttention(Module):
         self.keep_attention = keep_attention
         self.last_weights = self.attention_probs = None
 
-    def _split(self, x):
-        """(batch, len, d_model) -> (batch, heads, len, d_k)."""
+    def _split(self, x, rows=None):
+        """(batch, len, d_model), or its packed ``rows`` (count, d_model) -> (batch, heads, len, d_k)."""
+        if rows is not None:
+            x = rows.unpack(x)
         batch, length = x.shape[0], x.shape[1]
         return x.reshape(batch, length, self.heads, self.d_k).transpose(0, 2, 1, 3)
 
-    def _merge(self, x):
-        """(batch, heads, len, d_k) -> (batch, len, d_model)."""
+    def _merge(self, x, rows=None):
+        """(batch, heads, len, d_k) -> (batch, len, d_model), or its packed ``rows`` (count, d_model)."""
         batch, length = x.shape[0], x.shape[2]
-        return x.transpose(0, 2, 1, 3).reshape(batch, length, self.d_model)
+        merged = x.transpose(0, 2, 1, 3).reshape(batch, length, self.d_model)
+        return merged if rows is None else rows.pack(merged)
 
     def forward(self, query, key=None, value=None, mask=None, causal=False, cache=None,
-                static_kv=False, need_weights=False):
+                static_kv=False, need_weights=False, query_rows=None, key_rows=None):
         """Attend from ``query`` (batch, len_q, d_model) to ``key``/``value`` (batch, len_k, d_model).
 
         ``key`` and ``value`` default to ``query`` (self-attention). ``mask`` is a
@@ -70,6 +73,11 @@ class MultiHeadAttention(Module):
         keys and values are appended to the cached ones; for attention over a fixed
         memory (``static_kv=True``) they are projected once and reused. With
         ``need_weights=True`` the probabilities are kept in ``last_weights`` (detached).
+
+        Packed rows (``nn.packing``): with ``query_rows`` (a ``PackedRows``) the query is its rows,
+        (count, d_model), and so is the output; ``key_rows`` likewise for key and value (default:
+        ``query_rows`` when the key is the query). The heads attend in the padded layout, where
+        ``mask`` must hide the positions the rows leave out; the projections run on the rows only.
 
         The hook point (§3.2.1). By default attention is one fused node
         (``F.scaled_dot_product_attention``) and the output's gradient never passes
@@ -82,23 +90,33 @@ class MultiHeadAttention(Module):
         the fused path's; it costs one extra P·V product. Wherever P is kept, on a GPU the
         reference path runs instead of the fused kernel (which never forms P).
         """
+        if key is None:
+            key_rows = query_rows if key_rows is None else key_rows
         key = query if key is None else key
         value = key if value is None else value
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            if x.ndim != 3 or x.shape[-1] != self.d_model:
+        for name, x, rows in (("query", query, query_rows), ("key", key, key_rows), ("value", value, key_rows)):
+            if rows is not None:
+                if x.shape != (rows.count, self.d_model):
+                    raise ValueError(f"MultiHeadAttention: {name} must be its {rows.count} packed rows "
+                                     f"({rows.count}, {self.d_model}), got shape {x.shape}")
+            elif x.ndim != 3 or x.shape[-1] != self.d_model:
                 raise ValueError(
                     f"MultiHeadAttention: {name} must be (batch, len, {self.d_model}), got shape {x.shape}"
                 )
-        if key.shape[0] not in (query.shape[0], 1) or value.shape[:2] != key.shape[:2]:
+        batch_q = query.shape[0] if query_rows is None else query_rows.shape[0]
+        key_shape = key.shape[:2] if key_rows is None else key_rows.shape
+        if key_shape[0] not in (batch_q, 1) or (key_rows is None and value.shape[:2] != key.shape[:2]):
             raise ValueError(
                 f"MultiHeadAttention: key {key.shape} and value {value.shape} need the same batch and "
-                f"length, and that batch must be the query's ({query.shape[0]}, from {query.shape}) or 1"
+                f"length, and that batch must be the query's ({batch_q}, from {query.shape}) or 1"
             )
-        q = self._split(self.w_q(query))
+        if cache is not None and (query_rows is not None or key_rows is not None):
+            raise ValueError("MultiHeadAttention: a decoding cache works on the padded layout, not packed rows")
+        q = self._split(self.w_q(query), query_rows)
         if cache is not None and static_kv and "k" in cache:
             k, v = cache["k"], cache["v"]
         else:
-            k, v = self._split(self.w_k(key)), self._split(self.w_v(value))
+            k, v = self._split(self.w_k(key), key_rows), self._split(self.w_v(value), key_rows)
             if cache is not None and not static_kv and "k" in cache:
                 k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
         if cache is not None:
@@ -118,7 +136,7 @@ class MultiHeadAttention(Module):
             out, weights = result if kept else (result, None)
         self.attention_probs = weights if self.keep_attention else None
         self.last_weights = weights.detach() if need_weights else None
-        return self.w_o(self._merge(out))
+        return self.w_o(self._merge(out, query_rows))
 
     def extra_repr(self):
         return f"d_model={self.d_model}, heads={self.heads}, dropout={self.dropout}"

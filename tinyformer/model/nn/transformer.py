@@ -1,5 +1,7 @@
 """Encoder and decoder stacks and the full Transformer (§3.1, §3.4, §3.5)."""
 
+import numpy
+
 from ...engine import functional as F
 from ...engine.random import make_generator
 from . import init
@@ -8,6 +10,7 @@ from .attention import MultiHeadAttention
 from .config import LABEL_SMOOTHING_MOVED, TransformerConfig
 from .layers import Dropout, Embedding, LayerNorm, PositionwiseFeedForward, positional_encoding, scale_embedding
 from .module import Module, ModuleList, Parameter
+from .packing import PackedRows
 from .presets import preset_config
 
 __all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState"]
@@ -42,8 +45,9 @@ class EncoderLayer(Module):
         self.attn_block = _Residual(d_model, dropout, norm_first, eps)
         self.ff_block = _Residual(d_model, dropout, norm_first, eps)
 
-    def forward(self, x, mask=None):
-        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask))
+    def forward(self, x, mask=None, rows=None):
+        """``rows`` (a ``PackedRows``): x is the packed rows (count, d_model) of those positions."""
+        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, query_rows=rows))
         return self.ff_block(x, self.feed_forward)
 
 
@@ -60,17 +64,18 @@ class DecoderLayer(Module):
         self.cross_block = _Residual(d_model, dropout, norm_first, eps)
         self.ff_block = _Residual(d_model, dropout, norm_first, eps)
 
-    def forward(self, x, memory, memory_mask=None, tgt_mask=None, cache=None):
-        """``cache`` ({"self": {}, "cross": {}}) holds keys/values between decoding steps."""
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, cache=None, rows=None, memory_rows=None):
+        """``cache`` ({"self": {}, "cross": {}}) holds keys/values between decoding steps. ``rows`` and
+        ``memory_rows`` (``PackedRows``): x and memory are the packed rows of those positions."""
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
         x = self.self_block(
-            x, lambda h: self.self_attn(h, mask=tgt_mask, causal=True, cache=self_cache)
+            x, lambda h: self.self_attn(h, mask=tgt_mask, causal=True, cache=self_cache, query_rows=rows)
         )
         x = self.cross_block(
-            x, lambda h: self.cross_attn(h, memory, memory, mask=memory_mask,
-                                         cache=cross_cache, static_kv=True)
+            x, lambda h: self.cross_attn(h, memory, memory, mask=memory_mask, cache=cross_cache,
+                                         static_kv=True, query_rows=rows, key_rows=memory_rows)
         )
         return self.ff_block(x, self.feed_forward)
 
@@ -99,9 +104,9 @@ class Encoder(_Stack):
 
     layer_class = EncoderLayer
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, rows=None):
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, rows)
         return self._finish(x)
 
 
@@ -110,9 +115,9 @@ class Decoder(_Stack):
 
     layer_class = DecoderLayer
 
-    def forward(self, x, memory, memory_mask=None, tgt_mask=None, state=None):
+    def forward(self, x, memory, memory_mask=None, tgt_mask=None, state=None, rows=None, memory_rows=None):
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, memory_mask, tgt_mask, None if state is None else state.caches[i])
+            x = layer(x, memory, memory_mask, tgt_mask, None if state is None else state.caches[i], rows, memory_rows)
         return self._finish(x)
 
 
@@ -266,19 +271,44 @@ class Transformer(Module):
         """An empty DecoderState for incremental decoding."""
         return DecoderState(len(self.decoder.layers))
 
-    def forward(self, src, tgt_in, src_mask=None, tgt_mask=None, positions=None):
+    def forward(self, src, tgt_in, src_mask=None, tgt_mask=None, positions=None, packed=False):
         """Teacher-forced logits (batch, len_tgt, tgt_vocab) for target inputs ``tgt_in``; with
-        ``positions`` (boolean, the shape of ``tgt_in``) only theirs, (count, tgt_vocab) (see ``decode``)."""
+        ``positions`` (boolean, the shape of ``tgt_in``) only theirs, (count, tgt_vocab) (see ``decode``).
+
+        ``packed=True`` computes the same logits (up to rounding; dropout draws other masks) without
+        the padding (``nn.packing``): the encoder runs on the source positions that are not
+        ``pad_id``, the decoder on each target up to its last position that is not padding (or in
+        ``positions``), and attention alone sees the padded layout. It returns the logits of
+        ``positions`` (default: the targets' positions that are not padding), (count, tgt_vocab).
+        Its masks are the padding's: no ``src_mask`` or ``tgt_mask``."""
         _check_ids_2d(src, "src")
         _check_ids_2d(tgt_in, "tgt_in")
         _check_positions(positions, tgt_in, "tgt_in")
         if src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer: src {tuple(src.shape)} and tgt_in {tuple(tgt_in.shape)} must hold "
                              "the same number of sentences (batch)")
+        if packed:
+            return self._forward_packed(src, tgt_in, src_mask, tgt_mask, positions)
         if src_mask is None:
             src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
         return self.decode(tgt_in, memory, src_mask, tgt_mask, positions=positions)
+
+    def _forward_packed(self, src, tgt_in, src_mask, tgt_mask, positions):
+        if src_mask is not None or tgt_mask is not None:
+            raise ValueError("Transformer: packed=True hides the padding itself; give no src_mask or tgt_mask")
+        src_ids, tgt_ids = _host_ids(src), _host_ids(tgt_in)
+        positions = tgt_ids != self.pad_id if positions is None else _host_ids(positions)
+        src_rows = PackedRows(src_ids != self.pad_id)
+        tgt_rows = PackedRows.prefixes((tgt_ids != self.pad_id) | positions)
+        src_mask = self.source_mask(src)
+        memory = self.encoder(src_rows.pack(self._embed(self.src_embed, src)), src_mask, src_rows)
+        h = self.decoder(tgt_rows.pack(self._embed(self.tgt_embed, tgt_in)), memory, src_mask, None,
+                         rows=tgt_rows, memory_rows=src_rows)
+        chosen = tgt_rows.select(positions)
+        if chosen is not None:
+            h = h[chosen]
+        return F.linear(h, self.tgt_embed.weight, self.logits_bias)
 
     def extra_repr(self):
         c = self.config
@@ -326,6 +356,12 @@ def _check_positions(positions, tgt, name="tgt"):
                         f"got {f'dtype {dtype}' if dtype is not None else type(positions).__name__}")
     if tuple(shape) != tuple(tgt.shape):
         raise ValueError(f"Transformer: positions must have {name}'s shape {tuple(tgt.shape)}, got {tuple(shape)}")
+
+
+def _host_ids(ids):
+    """Ids or a mask as a NumPy array (the packed rows are counted on the host)."""
+    ids = getattr(ids, "data", ids) if not hasattr(ids, "dtype") else ids
+    return ids.get() if hasattr(ids, "get") and not isinstance(ids, numpy.ndarray) else numpy.asarray(ids)
 
 
 def _check_ids_2d(ids, name):

@@ -234,10 +234,11 @@ def _multi_head_replacements(module, swap):
     own_forward = nn.MultiHeadAttention.forward
 
     def forward(self, query, key=None, value=None, mask=None, causal=False, cache=None, static_kv=False,
-                need_weights=False):
+                need_weights=False, query_rows=None, key_rows=None):
         if (cache is not None or need_weights or self.keep_attention or (self.training and self.dropout)
-                or not is_grad_enabled()):
-            return own_forward(self, query, key, value, mask, causal, cache, static_kv, need_weights)
+                or not is_grad_enabled() or query_rows is not None or key_rows is not None):
+            return own_forward(self, query, key, value, mask, causal, cache, static_kv, need_weights,
+                               query_rows, key_rows)
         key = query if key is None else key
         value = key if value is None else value
         mask = mask.mask if isinstance(mask, KeyLengthMask) else (mask.data if isinstance(mask, Tensor) else mask)

@@ -32,11 +32,11 @@ class ProbedAttention(MultiHeadAttention):
     offset = None
     heads_output = None
 
-    def _merge(self, x):
+    def _merge(self, x, rows=None):
         if self.offset is not None:
             x = x + Tensor(self.offset)
         self.heads_output = x
-        return super()._merge(x)
+        return super()._merge(x, rows)
 
 
 class ProbedEmbedding(Embedding):

@@ -17,25 +17,21 @@ def batch_loss(model, batch, label_smoothing, padded_logits=False):
     """(label-smoothed loss, NLL) summed over the batch's target tokens, as Tensors; the padding is the
     model's ``pad_id`` (its tokenizer's, which the batches pad with).
 
-    The source mask is made once for the batch on the model's device (``Batch.src_key_mask``),
-    not uploaded and checked by every attention layer. On the CPU the model is asked for the
-    logits of the counted (non-padding) target positions only (``Transformer(..., positions=)``),
-    so that the output projection and the vocabulary softmax skip the padding. On a GPU, while a
-    CUDA graph is captured, or with ``padded_logits``, the logits keep the padded shape (the
-    padding then costs work instead of a selection whose size depends on the batch) and the loss
-    ignores the padding; the sums are the same either way."""
+    On the CPU the model runs on packed rows (``Transformer(..., packed=True)``): every layer but
+    attention skips the padding, and the logits are those of the counted (non-padding) target
+    positions only, so that the output projection and the vocabulary softmax skip it too. On a GPU,
+    while a CUDA graph is captured, or with ``padded_logits``, the model keeps the padded layout (the
+    padding then costs work instead of a selection whose size depends on the batch), its source mask
+    made once for the batch on the model's device (``Batch.src_key_mask``), and the loss ignores the
+    padding; the sums are the same either way, up to rounding (with dropout, the masks differ)."""
     like = next(iter(model.parameters())).data
-    src_mask = batch.src_key_mask(like)
     on_host = isinstance(like, numpy.ndarray) and isinstance(batch.tgt_out, numpy.ndarray)
-    counted = None
     if on_host and not padded_logits and not backend.is_capturing():
         counted = batch.tgt_out != model.pad_id
-        counted = None if counted.all() else counted
-    if counted is None:
-        logits, targets = model(batch.src, batch.tgt_in, src_mask=src_mask), batch.tgt_out
-    else:
-        logits = model(batch.src, batch.tgt_in, src_mask=src_mask, positions=counted)
+        logits = model(batch.src, batch.tgt_in, positions=counted, packed=True)
         targets = batch.tgt_out[counted]
+    else:
+        logits, targets = model(batch.src, batch.tgt_in, src_mask=batch.src_key_mask(like)), batch.tgt_out
     return F.cross_entropy(logits, targets, label_smoothing, ignore_index=model.pad_id, reduction="sum",
                            return_nll=True)
 
