@@ -165,6 +165,24 @@ def test_whole_tiny_model_gradcheck():
     assert len(report.inputs) == len(params)
 
 
+def assert_rows_of_the_full_logits(model, chosen, full, rows, seed):
+    """``chosen`` (count, vocab) are ``full``'s logits at the boolean ``rows``, and in float64 a random
+    upstream gradient on them gives every parameter the gradient of that upstream placed on those
+    rows of ``full`` (zeros elsewhere)."""
+    assert chosen.shape == (int(rows.sum()), full.shape[-1])
+    np.testing.assert_allclose(chosen.data, full.data[rows], rtol=1e-12, atol=1e-12)
+    upstream = np.random.default_rng(seed).standard_normal(chosen.shape)
+    padded_upstream = np.zeros(full.shape)
+    padded_upstream[rows] = upstream
+    grads = []
+    for logits, g in ((chosen, upstream), (full, padded_upstream)):
+        model.zero_grad()
+        (logits * tf.Tensor(g)).sum().backward()
+        grads.append({n: p.grad.copy() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        np.testing.assert_allclose(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-13, err_msg=name)
+
+
 def test_the_logits_of_chosen_positions_are_those_rows_with_their_gradients():
     """``positions=`` (a boolean (batch, len_tgt) array) gives the logits of those positions only,
     (count, vocab) in row-major order: the rows of the full logits, and in float64 the same
@@ -173,18 +191,8 @@ def test_the_logits_of_chosen_positions_are_those_rows_with_their_gradients():
     positions = TGT != 9  # two positions left out
     full = model(SRC, TGT)
     chosen = model(SRC, TGT, positions=positions)
-    assert chosen.shape == (int(positions.sum()), 11)
-    np.testing.assert_allclose(chosen.data, full.data[positions], rtol=1e-12, atol=1e-12)
-    upstream = np.random.default_rng(7).standard_normal(chosen.shape)
-    padded_upstream = np.zeros(full.shape)
-    padded_upstream[positions] = upstream
-    grads = []
-    for logits, g in ((chosen, upstream), (full, padded_upstream)):
-        model.zero_grad()
-        (logits * tf.Tensor(g)).sum().backward()
-        grads.append({n: p.grad.copy() for n, p in model.named_parameters()})
-    for name in grads[0]:
-        np.testing.assert_allclose(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-13, err_msg=name)
+    assert chosen.shape[-1] == 11
+    assert_rows_of_the_full_logits(model, chosen, full, positions, seed=7)
     tf.gradcheck(lambda *ps: model(SRC, TGT, positions=positions), model.parameters(), mode="fast", seed=4)
 
 
@@ -651,18 +659,7 @@ def test_packed_rows_give_the_padded_models_logits_and_gradients():
     counted = TGT_PADDED != 0
     full = model(SRC, TGT_PADDED)
     packed = model(SRC, TGT_PADDED, packed=True)
-    assert packed.shape == (int(counted.sum()), 11)
-    np.testing.assert_allclose(packed.data, full.data[counted], rtol=1e-12, atol=1e-12)
-    upstream = np.random.default_rng(8).standard_normal(packed.shape)
-    padded_upstream = np.zeros(full.shape)
-    padded_upstream[counted] = upstream
-    grads = []
-    for logits, g in ((packed, upstream), (full, padded_upstream)):
-        model.zero_grad()
-        (logits * tf.Tensor(g)).sum().backward()
-        grads.append({n: p.grad.copy() for n, p in model.named_parameters()})
-    for name in grads[0]:
-        np.testing.assert_allclose(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-13, err_msg=name)
+    assert_rows_of_the_full_logits(model, packed, full, counted, seed=8)
     tf.gradcheck(lambda *ps: model(SRC, TGT_PADDED, packed=True), model.parameters(), mode="fast", seed=5)
 
 
