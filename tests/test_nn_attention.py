@@ -349,6 +349,10 @@ def test_hook_sees_dl_dp_equal_to_do_times_v_transposed_and_central_differences(
     v = split_heads(memory @ mha.w_v.weight.data.T + mha.w_v.bias.data)
     d_o = split_heads(upstream @ mha.w_o.weight.data)
     np.testing.assert_allclose(seen[0], d_o @ v.swapaxes(-1, -2), rtol=1e-12, atol=1e-14)
+    q_kept, _, v_kept = mha.attention_inputs  # the heads' inputs, kept beside P
+    np.testing.assert_allclose(v_kept.data, v, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(q_kept.data, split_heads(x.data @ mha.w_q.weight.data.T + mha.w_q.bias.data),
+                               rtol=1e-12, atol=1e-14)
 
     # Central differences of L(P) = ⟨dY, concat(P V) W_Oᵀ + b_O⟩ at the forward pass's P.
     def loss(p):
@@ -396,7 +400,7 @@ def test_keep_attention_with_need_weights_cache_and_switching_off():
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full.data, atol=1e-12)
     mha.keep_attention = False
     np.testing.assert_allclose(mha(x, causal=True).data, full.data, rtol=1e-12, atol=1e-14)
-    assert mha.attention_probs is None
+    assert mha.attention_probs is None and mha.attention_inputs is None
 
 
 def test_keep_attention_in_every_layer_of_a_transformer_changes_nothing_but_exposes_p():

@@ -211,6 +211,30 @@ def test_backward_frees_saved_arrays():
     assert probe() is None
 
 
+def test_the_graph_keeps_no_values_that_no_op_saved():
+    x = Tensor(rand(1000), requires_grad=True)
+    hidden = x * 2
+    probe = weakref.ref(hidden.data)
+    y = hidden.reshape(10, 100).sum()  # reshape's and sum's backward need shapes, not values
+    del hidden
+    gc.collect()
+    assert probe() is None  # the graph keeps the creator, shape and dtype of an intermediate input
+    upstream = rand(1, seed=1).reshape(())
+    y.backward(upstream)
+    np.testing.assert_allclose(x.grad, np.full(1000, 2 * upstream))
+
+
+def test_a_tensor_used_twice_is_one_edge_of_the_graph():
+    x = Tensor(rand(4), requires_grad=True)
+    h = x * 2
+    y = h * h
+    (first, second) = y.grad_fn.inputs
+    assert first is second and not isinstance(first, Tensor)  # its Edge, not the tensor with its values
+    assert first.grad_fn is h.grad_fn and first.shape == (4,)
+    assert first.dtype == np.float64
+    assert (x * 3).grad_fn.inputs[0] is x  # a leaf that requires grad is kept: its .grad is filled
+
+
 # ------------------------------------------------------------------- retain_grad and hooks
 def test_retain_grad_on_a_non_leaf():
     x = Tensor(rand(3), requires_grad=True)

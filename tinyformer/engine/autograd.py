@@ -4,8 +4,9 @@
 ``backward`` returns on to its inputs: gradients of non-leaf tensors are kept per (creator
 Function, output index), those of leaves per tensor, and added into each leaf's ``.grad``
 (``store_grad``) once complete, after the tensor's hooks. It works on the graph's attributes
-alone (``Tensor._ctx``, ``Function.inputs`` ...); ``tensor.backward`` and ``tensor.grad`` are its
-entry points.
+alone (``Tensor._ctx``, ``Function.inputs`` ...): an input that is not a leaf requiring grad is an
+``Edge`` there (creator, index, shape, dtype), so the walk never needs an intermediate's values;
+``tensor.backward`` and ``tensor.grad`` are its entry points.
 """
 
 import numpy
@@ -79,11 +80,11 @@ def run_backward(roots, root_grads, retain_graph, capture=None):
                 f"{source}.backward returned a gradient of shape {g.shape} "
                 f"for an input of shape {tensor.shape}"
             )
-        if g.dtype != tensor.data.dtype:
+        if g.dtype != tensor.dtype:
             # A float32 gradient too large for a float16 tensor becomes inf, as on a GPU: what the loss
             # scaler looks for (a skipped step), not a numerical accident to warn about.
             with numpy.errstate(over="ignore"):
-                g = g.astype(tensor.data.dtype)
+                g = g.astype(tensor.dtype)
         ctx = tensor._ctx
         if ctx is None:
             entry = leaf_grads.get(id(tensor))

@@ -52,7 +52,8 @@ class Tensor:
     (leaves, and non-leaves that called ``retain_grad``), else ``None``.
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_index", "_hooks", "_post_accumulate_hooks", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_index", "_hooks", "_post_accumulate_hooks", "_edge",
+                 "__weakref__")
     __array_ufunc__ = None  # numpy defers to Tensor's reflected operators: ndarray + Tensor -> Tensor
     __hash__ = object.__hash__  # comparisons return tensors, identity stays the hash
 
@@ -68,6 +69,7 @@ class Tensor:
         self._index = 0
         self._hooks = None
         self._post_accumulate_hooks = None
+        self._edge = None
 
     @classmethod
     def _make(cls, data, requires_grad=False, ctx=None, index=0):
@@ -80,6 +82,7 @@ class Tensor:
         t._index = index
         t._hooks = None
         t._post_accumulate_hooks = None
+        t._edge = None
         return t
 
     # ----------------------------------------------------------------- properties
@@ -216,6 +219,41 @@ class _RetainGrad:
             store_grad(tensor, grad)
 
 
+class Edge:
+    """What the graph keeps of a Function's input that is not a leaf requiring grad: where its
+    gradient goes (its creator ``grad_fn`` and output index), its shape and dtype, not its values.
+
+    So an intermediate array lives only as long as a Function saved it for backward (or the user
+    holds its tensor), as in PyTorch: a reshape, a residual sum or a packing of rows whose backward
+    needs no values keeps none. One Edge per tensor (``Tensor._edge``), so a tensor used twice is one
+    node; ``is_array`` marks an array passed to a Function as such (a mask, ids), not as a Tensor.
+    """
+
+    __slots__ = ("_ctx", "_index", "shape", "dtype", "requires_grad", "is_array")
+
+    def __init__(self, ctx, index, shape, dtype, requires_grad, is_array=False):
+        self._ctx, self._index, self.shape, self.dtype = ctx, index, tuple(shape), dtype
+        self.requires_grad, self.is_array = requires_grad, is_array
+
+    grad_fn = property(lambda self: self._ctx, doc="The Function that created the tensor, or None.")
+    is_leaf = property(lambda self: self._ctx is None)
+
+
+def _graph_input(x):
+    """What a recorded Function keeps of input ``x``: a leaf that requires grad itself (its ``.grad``
+    is filled), any other tensor or array as its ``Edge``, a Python value as it is."""
+    if isinstance(x, Tensor):
+        if x._ctx is None and x.requires_grad:
+            return x
+        edge = x._edge
+        if edge is None:
+            edge = x._edge = Edge(x._ctx, x._index, x.data.shape, x.data.dtype, x.requires_grad)
+        return edge
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return Edge(None, 0, x.shape, x.dtype, False, is_array=True)
+    return x
+
+
 class Function:
     """A node of the graph: ``forward`` and ``backward`` on raw arrays.
 
@@ -229,7 +267,7 @@ class Function:
     Inputs that are not Tensors (Python scalars) are passed through as they are.
     """
 
-    inputs = None  # set to the input tensors when the call is recorded; None once freed
+    inputs = None  # set when the call is recorded (leaves that require grad, else Edges); None once freed
     needs_input_grad = ()
     materialize_grads = True  # False: outputs no gradient reached arrive as None, not zeros
     # Set by the engine before each backward: False means the Function is released right
@@ -257,7 +295,7 @@ class Function:
             shapes = " and ".join(str(numpy.shape(a)) for a in arrays)
             raise ValueError(f"{cls.__name__}: {error} (input shapes {shapes})") from error
         if record:
-            fn.inputs = inputs
+            fn.inputs = tuple(_graph_input(x) for x in inputs)
         else:
             fn = None
         if type(out) is tuple:

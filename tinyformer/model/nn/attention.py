@@ -25,7 +25,8 @@ class MultiHeadAttention(Module):
     ``attention_probs``. In a pass that records the graph P is a graph tensor, the hook
     point for dL/dP (see ``forward``); under ``no_grad`` (``nn.inference``) it is the
     values alone and the output is computed as with the switch off (on a GPU by the
-    reference path, since the fused kernel never forms P). Off, ``attention_probs`` is None.
+    reference path, since the fused kernel never forms P). It keeps the heads' inputs Q, K, V
+    (batch, heads, len, d_k) too, as ``attention_inputs``. Off, both are None.
     ``forward(..., need_weights=True)`` asks one call for a detached copy of P,
     ``last_weights``, as PyTorch's argument of that name does.
     """
@@ -47,7 +48,7 @@ class MultiHeadAttention(Module):
         self.w_v = Linear(d_model, d_model, generator=generator)
         self.w_o = Linear(d_model, d_model, generator=generator)
         self.keep_attention = keep_attention
-        self.last_weights = self.attention_probs = None
+        self.last_weights = self.attention_probs = self.attention_inputs = None
 
     def _split(self, x, rows=None):
         """(batch, len, d_model), or its packed ``rows`` (count, d_model) -> (batch, heads, len, d_k)."""
@@ -135,6 +136,7 @@ class MultiHeadAttention(Module):
             )
             out, weights = result if kept else (result, None)
         self.attention_probs = weights if self.keep_attention else None
+        self.attention_inputs = (q, k, v) if self.keep_attention else None
         self.last_weights = weights.detach() if need_weights else None
         return self.w_o(self._merge(out, query_rows))
 

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ...engine.tensor import Tensor
+from ...engine.tensor import Edge, Tensor
 
 __all__ = ["GraphvizMissing", "to_dot", "render_dot", "RENDER_FORMATS"]
 
@@ -60,7 +60,11 @@ def to_dot(tensor, path=None, names=None):
     """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"to_dot: expected a Tensor, got {type(tensor).__name__}")
-    labels = {id(t): name for name, t in (names or {}).items()}
+    labels = {}
+    for name, t in (names or {}).items():  # a tensor that is not a leaf requiring grad is its Edge in the graph
+        labels[id(t)] = name
+        if t._edge is not None:
+            labels[id(t._edge)] = name
     dot, expanded, pending = _Dot(), set(), []
 
     def tensor_node(t, role=None):
@@ -86,10 +90,10 @@ def to_dot(tensor, path=None, names=None):
         if fn.inputs is None:
             raise ValueError(f"to_dot: the graph through {fn.name} was freed by backward(); call to_dot "
                              "before backward, or pass retain_graph=True to backward")
-        for x in fn.inputs:
-            if isinstance(x, Tensor):
+        for x in fn.inputs:  # leaves that require grad, Edges for the rest (autograd keeps no values)
+            if isinstance(x, Tensor) or (isinstance(x, Edge) and not x.is_array):
                 dot.edge(tensor_node(x), head)
-            elif hasattr(x, "shape") and hasattr(x, "dtype"):
+            elif isinstance(x, Edge):
                 note = dot.node(x, "c", f"array\n{_shape(x)} {x.dtype}", "shape=note, style=dashed")
                 dot.edge(note, head, "style=dashed")
     text = dot.text()

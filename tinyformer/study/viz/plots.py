@@ -78,16 +78,16 @@ HEADS_PER_ROW = 4
 @contextlib.contextmanager
 def _attention_kept(model):
     """``keep_attention`` on in every MultiHeadAttention of ``model``; on leaving, each module's
-    own switch and ``attention_probs`` are put back."""
+    own switch, ``attention_probs`` and ``attention_inputs`` are put back."""
     modules = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    before = [(m.keep_attention, m.attention_probs) for m in modules]
+    before = [(m.keep_attention, m.attention_probs, m.attention_inputs) for m in modules]
     for module in modules:
         module.keep_attention = True
     try:
         yield
     finally:
-        for module, (switch, probs) in zip(modules, before):
-            module.keep_attention, module.attention_probs = switch, probs
+        for module, (switch, probs, inputs) in zip(modules, before):
+            module.keep_attention, module.attention_probs, module.attention_inputs = switch, probs, inputs
 
 
 def _weights(attention):

@@ -137,7 +137,7 @@ def _run_pass(copy, src, tgt_in, tgt_out, positions, probs_grad_hook, parameter_
             probs = module.attention_probs
             if probs_grad_hook is not None:
                 probs.register_hook(probs_grad_hook)
-            q, k, v = probs.grad_fn.inputs[:3]
+            q, k, v = module.attention_inputs
             tensors = {"P": probs, "Q": q, "K": k, "V": v, "O": module.heads_output}
             for tensor in tensors.values():
                 tensor.retain_grad()
