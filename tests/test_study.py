@@ -191,14 +191,20 @@ def _swapped_classes():
                                                                      nn.MultiHeadAttention.__dict__["forward"]}
 
 
-def _model_gradients():
-    """The parameter gradients of a `tiny` Transformer (eval mode: no dropout) on one padded batch."""
+def _model_gradients(packed=False):
+    """The parameter gradients of a `tiny` Transformer (eval mode: no dropout) on one padded batch, or
+    on its packed rows (the CPU trainer's layout, ``batch_loss``)."""
     model = nn.Transformer.from_preset("tiny", vocab_size=23, pad_id=0, max_len=32, seed=3)
     model.eval()
     src = numpy.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
     tgt_in = numpy.array([[1, 11, 12, 13], [1, 14, 15, 0]])
     tgt_out = numpy.array([[11, 12, 13, 2], [14, 15, 2, 0]])
-    loss = F.cross_entropy(model(src, tgt_in), tgt_out, 0.1, ignore_index=0, reduction="sum")
+    if packed:
+        counted = tgt_out != 0
+        logits, targets = model(src, tgt_in, positions=counted, packed=True), tgt_out[counted]
+    else:
+        logits, targets = model(src, tgt_in), tgt_out
+    loss = F.cross_entropy(logits, targets, 0.1, ignore_index=0, reduction="sum")
     loss.backward()
     return [p.grad.copy() for p in model.parameters()]
 
@@ -214,18 +220,19 @@ def _doubled(module):
     return types.SimpleNamespace(**{**vars(module), "backward": backward})
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("number", [2, 3, 4, 5, 6])
-def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number, tmp_path):
+def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number, packed, tmp_path):
     before = _swapped_classes()
-    own = _model_gradients()
+    own = _model_gradients(packed)
     module, _ = load(solution(tmp_path, EXERCISES[number - 1].filename))
     with swap.swapped_in(number, module) as right:
-        readers = _model_gradients()
+        readers = _model_gradients(packed)
     assert right.calls > 0
     for mine, theirs in zip(readers, own):
         numpy.testing.assert_allclose(mine, theirs, rtol=2e-4, atol=2e-6)
     with swap.swapped_in(number, _doubled(module)) as wrong:
-        doubled = _model_gradients()
+        doubled = _model_gradients(packed)
     assert wrong.calls > 0
     assert any(not numpy.allclose(d, o, rtol=1e-2, atol=1e-5) for d, o in zip(doubled, own))
     assert _swapped_classes() == before
@@ -245,11 +252,12 @@ def test_the_swap_is_undone_after_an_error_or_ctrl_c(tmp_path):
             pass
 
 
-def test_a_right_backward_trains_a_tiny_model_with_a_falling_loss(tmp_path):
+@pytest.mark.parametrize("number", [4, 6])  # 6: the whole module, on the trainer's packed rows
+def test_a_right_backward_trains_a_tiny_model_with_a_falling_loss(number, tmp_path):
     before = _swapped_classes()
-    module, _ = load(solution(tmp_path, "04_attention.py"))
+    module, _ = load(solution(tmp_path, EXERCISES[number - 1].filename))
     shown = []
-    proof = swap.train(4, module, steps=40, max_tokens=256, echo=shown.append)
+    proof = swap.train(number, module, steps=40, max_tokens=256, echo=shown.append)
     assert proof.falling and proof.last < proof.first - 1.0, proof.losses
     assert proof.calls == 40 * 6  # 2 encoder self-attentions + 2 × (decoder self + cross) per step
     assert [line.split(":")[0].strip() for line in shown] == ["step  1", "step  8", "step 16", "step 24", "step 32",

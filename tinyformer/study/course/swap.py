@@ -24,8 +24,10 @@ back. The replacements are methods of the op classes (``forward_reference`` /
 6 multi-head    ``nn.MultiHeadAttention.forward``: a module is no single op, so its forward becomes
   attention     one autograd node, ``ReaderMultiHeadAttention`` (a ``Function`` whose forward is the
                 exercise's given forward and whose backward is the reader's, its inputs the three
-                input tensors and the eight parameters). Calls the node does not cover (a decoding
-                cache, kept weights, attention dropout) run the module's own forward.
+                input tensors and the eight parameters). Packed rows (the CPU trainer's layout)
+                reach it unpacked to the padded layout and its output is packed again. Calls the
+                node does not cover (a decoding cache, kept weights, attention dropout) run the
+                module's own forward.
 ==============  =====================================================================================
 
 ``train(number, module, steps)`` then trains the ``tiny`` preset on the built-in synthetic task
@@ -236,15 +238,23 @@ def _multi_head_replacements(module, swap):
     def forward(self, query, key=None, value=None, mask=None, causal=False, cache=None, static_kv=False,
                 need_weights=False, query_rows=None, key_rows=None):
         if (cache is not None or need_weights or self.keep_attention or (self.training and self.dropout)
-                or not is_grad_enabled() or query_rows is not None or key_rows is not None):
+                or not is_grad_enabled()):
             return own_forward(self, query, key, value, mask, causal, cache, static_kv, need_weights,
                                query_rows, key_rows)
+        if key is None:
+            key_rows = query_rows if key_rows is None else key_rows
         key = query if key is None else key
         value = key if value is None else value
+        # Packed rows (the CPU trainer's layout): the node sees the padded layout, whose padding the mask hides.
+        if query_rows is not None:
+            query = query_rows.unpack(query)
+        if key_rows is not None:
+            key, value = key_rows.unpack(key), key_rows.unpack(value)
         mask = mask.mask if isinstance(mask, KeyLengthMask) else (mask.data if isinstance(mask, Tensor) else mask)
         params = [p for layer in (self.w_q, self.w_k, self.w_v, self.w_o) for p in (layer.weight, layer.bias)]
-        return ReaderMultiHeadAttention.apply(query, key, value, *params, heads=self.heads, mask=mask, causal=causal,
-                                              module=module, swap=swap)
+        out = ReaderMultiHeadAttention.apply(query, key, value, *params, heads=self.heads, mask=mask, causal=causal,
+                                             module=module, swap=swap)
+        return out if query_rows is None else query_rows.pack(out)
 
     return [(nn.MultiHeadAttention, "forward", forward)]
 
