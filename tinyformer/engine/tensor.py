@@ -236,7 +236,6 @@ class Edge:
         self.requires_grad, self.is_array = requires_grad, is_array
 
     grad_fn = property(lambda self: self._ctx, doc="The Function that created the tensor, or None.")
-    is_leaf = property(lambda self: self._ctx is None)
 
 
 def _graph_input(x):

@@ -50,6 +50,14 @@ class MultiHeadAttention(Module):
         self.keep_attention = keep_attention
         self.last_weights = self.attention_probs = self.attention_inputs = None
 
+    @staticmethod
+    def key_value_defaults(query, key, value, query_rows, key_rows):
+        """(key, value, key_rows) as ``forward`` reads them: ``key`` defaults to ``query``
+        (self-attention, and then ``key_rows`` to ``query_rows``), ``value`` to ``key``."""
+        if key is None:
+            key, key_rows = query, query_rows if key_rows is None else key_rows
+        return key, key if value is None else value, key_rows
+
     def _split(self, x, rows=None):
         """(batch, len, d_model), or its packed ``rows`` (count, d_model) -> (batch, heads, len, d_k)."""
         if rows is not None:
@@ -91,10 +99,7 @@ class MultiHeadAttention(Module):
         the fused path's; it costs one extra P·V product. Wherever P is kept, on a GPU the
         reference path runs instead of the fused kernel (which never forms P).
         """
-        if key is None:
-            key_rows = query_rows if key_rows is None else key_rows
-        key = query if key is None else key
-        value = key if value is None else value
+        key, value, key_rows = self.key_value_defaults(query, key, value, query_rows, key_rows)
         for name, x, rows in (("query", query, query_rows), ("key", key, key_rows), ("value", value, key_rows)):
             if rows is not None:
                 if x.shape != (rows.count, self.d_model):

@@ -241,10 +241,7 @@ def _multi_head_replacements(module, swap):
                 or not is_grad_enabled()):
             return own_forward(self, query, key, value, mask, causal, cache, static_kv, need_weights,
                                query_rows, key_rows)
-        if key is None:
-            key_rows = query_rows if key_rows is None else key_rows
-        key = query if key is None else key
-        value = key if value is None else value
+        key, value, key_rows = self.key_value_defaults(query, key, value, query_rows, key_rows)
         # Packed rows (the CPU trainer's layout): the node sees the padded layout, whose padding the mask hides.
         if query_rows is not None:
             query = query_rows.unpack(query)
