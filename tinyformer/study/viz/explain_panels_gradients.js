@@ -166,12 +166,12 @@
     badge.dataset.status = all ? "pass" : "fail";
     badge.textContent = all ? "PASS" : "FAIL: " + passed.filter(function (p) { return !p; }).length + " of " +
       passed.length;
-    document.getElementById("check-note").textContent = "Central differences (L(x + ε) − L(x − ε)) / 2ε with ε = " +
+    document.getElementById("check-note").textContent = "Five-point differences (8·(L(x + h) − L(x − h)) − (L(x + 2h) − L(x − 2h))) / 12h with h = " +
       c.eps + " in float64, on this sentence: for each kind of attention two entries of P and two of S in its most " +
       "sensitive head (the largest |gradient| and a random one); the gate of the most sensitive head of all (" +
       data.kinds[c.head.kind].name + ", layer " + c.head.layer + ", head " + c.head.head + ") and two elements of " +
-      "each of its W_Q, W_K and W_V rows. Moving P_ij by ε moves row i of the head's output O = P·V by ε·V_j; moving " +
-      "S_ij by ε moves it by (softmax(S_i + ε e_j) − P_i)·V. Pass when |analytic − numeric| ≤ " + c.atol + " + " +
+      "each of its W_Q, W_K and W_V rows. Moving P_ij by h moves row i of the head's output O = P·V by h·V_j; moving " +
+      "S_ij by h moves it by (softmax(S_i + h e_j) − P_i)·V. Pass when |analytic − numeric| ≤ " + c.atol + " + " +
       c.rtol + "·|numeric| (tinyformer.study.gradcheck's rule).";
     const table = document.createElement("table");
     table.id = "check-table";
