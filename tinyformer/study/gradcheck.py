@@ -143,8 +143,8 @@ def five_point_difference(value_at, step):
     offset), a float: the derivative of a scalar f with an error of O(h⁴) instead of the two-point
     difference's O(h²), so that h can be ten times larger and the rounding noise of f, divided by
     h, ten times smaller (for a check that must resolve small gradients)."""
-    values = {offset: value_at(offset) for offset in (step, -step, 2 * step, -2 * step)}
-    return (8 * (values[step] - values[-step]) - (values[2 * step] - values[-2 * step])) / (12 * step)
+    plus, minus, plus2, minus2 = (value_at(offset) for offset in (step, -step, 2 * step, -2 * step))
+    return (8 * (plus - minus) - (plus2 - minus2)) / (12 * step)
 
 
 def central_differences(outputs_at, base, upstream, eps=EPS):

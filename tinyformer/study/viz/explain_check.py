@@ -3,8 +3,8 @@ along a sample of attention probabilities P, scores S, one head's gate and its W
 elements, against the gradients of the backward pass.
 
 The loss depends on a head's P only through its output O = P·V (dropout is off), so moving
-P_ij by ε is moving row i of O by ε·V_j, and moving S_ij by ε is moving row i of O by
-(softmax(S_i + ε e_j) − P_i)·V; the probed copy adds such offsets to O (``ProbedAttention``).
+P_ij by h is moving row i of O by h·V_j, and moving S_ij by h is moving row i of O by
+(softmax(S_i + h e_j) − P_i)·V; the probed copy adds such offsets to O (``ProbedAttention``).
 A head's gate ξ scales its output (O → ξ·O): dL/dξ at ξ = 1 is Σ P∘dL/dP, the head's
 sensitivity. Parameters are moved in place and put back. The pass rule and its relative
 tolerance are ``tinyformer.study.gradcheck``'s; the differences are its five-point ones, with a
@@ -17,8 +17,8 @@ from ..gradcheck import ATOL, RTOL, compare, five_point_difference
 from .probe import attention_modules, sentence_loss
 
 STEP = 1e-5
-"""The five-point differences' step h: their error is O(h⁴) (about 1e-20 here), their rounding
-noise about ``NOISE``·|L|, and a step this small rarely crosses a ReLU's kink (at 1e-4 a trained
+"""The five-point differences' step h: their error is O(h⁴), their rounding noise about
+``NOISE``·|L|, and a step this small rarely crosses a ReLU's kink (at 1e-4 a trained
 model's check did, and one of its rows was off by 4e-6)."""
 NOISE = 1e-10
 """The rounding noise of the differences, relative to |L|: at most 2e-10·|L| over the rows of the

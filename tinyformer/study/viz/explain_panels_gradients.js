@@ -166,8 +166,8 @@
     badge.dataset.status = all ? "pass" : "fail";
     badge.textContent = all ? "PASS" : "FAIL: " + passed.filter(function (p) { return !p; }).length + " of " +
       passed.length;
-    document.getElementById("check-note").textContent = "Five-point differences (8·(L(x + h) − L(x − h)) − (L(x + 2h) − L(x − 2h))) / 12h with h = " +
-      c.eps + " in float64, on this sentence: for each kind of attention two entries of P and two of S in its most " +
+    document.getElementById("check-note").textContent = "Five-point differences (8·(L(x + h) − L(x − h)) − (L(x + 2h) − L(x − 2h))) / 12h " +
+      "with h = " + c.eps + " in float64, on this sentence: for each kind of attention two entries of P and two of S in its most " +
       "sensitive head (the largest |gradient| and a random one); the gate of the most sensitive head of all (" +
       data.kinds[c.head.kind].name + ", layer " + c.head.layer + ", head " + c.head.head + ") and two elements of " +
       "each of its W_Q, W_K and W_V rows. Moving P_ij by h moves row i of the head's output O = P·V by h·V_j; moving " +
