@@ -199,3 +199,60 @@ def test_central_differences_project_each_output_on_its_upstream_gradient():
     upstream = [np.array([1.0, 2.0, -1.0]), np.array([3.0])]
     numeric = central_differences(lambda x: [x ** 2, np.array([x.sum()])], base, upstream)
     np.testing.assert_allclose(numeric, 2 * base * upstream[0] + upstream[1], rtol=1e-7)
+
+
+# ---------------------------------------------------------------------------- five_point_difference
+def two_point_difference(value_at, step):
+    """(f(x + h) − f(x − h)) / 2h: exact only up to quadratics, so the quartic check must reject it."""
+    return (value_at(step) - value_at(-step)) / (2 * step)
+
+
+def five_points_outer_sign_flipped(value_at, step):
+    """The five-point weights with the outer pair added instead of subtracted."""
+    return (8 * (value_at(step) - value_at(-step)) + (value_at(2 * step) - value_at(-2 * step))) / (12 * step)
+
+
+# (coefficients of 1, x, x², x³, x⁴; the point x; the step h): h as large as 0.5, where a two-point
+# difference is off by h²/6·f‴(x), tenths or more.
+QUARTICS = [((1.0, -2.0, 0.5, 3.0, -1.5), 0.75, 0.5),
+            ((0.0, 0.0, 0.0, 0.0, 1.0), -1.3, 0.25),
+            ((2.0, 1.0, -4.0, 0.0, 0.2), 2.0, 0.125)]
+
+
+def assert_exact_on_quartics(difference):
+    """``difference`` gives p′(x) of every quartic p above to float64 rounding: |error| ≤ 64 ulp of the
+    largest |p| it evaluates, divided by h (the rounding of p, amplified by the 1/h of the formula)."""
+    for coefficients, x, step in QUARTICS:
+        polynomial = np.polynomial.Polynomial(coefficients)
+        seen = []
+
+        def value_at(offset):
+            seen.append(abs(float(polynomial(x + offset))))
+            return float(polynomial(x + offset))
+
+        numeric = difference(value_at, step)
+        exact = float(polynomial.deriv()(x))
+        bound = 64 * np.finfo(np.float64).eps * max(seen) / step
+        assert abs(numeric - exact) <= bound, f"p = {coefficients}, x = {x}, h = {step}: {numeric} != {exact}"
+
+
+def test_five_point_difference_is_exact_on_quartics():
+    from tinyformer.study.gradcheck import five_point_difference
+
+    assert_exact_on_quartics(five_point_difference)
+
+
+@pytest.mark.parametrize("wrong", [two_point_difference, five_points_outer_sign_flipped])
+def test_the_quartic_check_rejects_a_wrong_difference(wrong):
+    with pytest.raises(AssertionError, match="!="):
+        assert_exact_on_quartics(wrong)
+
+
+def test_five_point_difference_errs_by_h_to_the_fourth_on_a_quintic():
+    """On x⁵ the error is exactly −h⁴/30·f⁽⁵⁾ = −4h⁴ wherever x is: halving h divides it by 16."""
+    from tinyformer.study.gradcheck import five_point_difference
+
+    x = 0.7
+    for step in (0.2, 0.1, 0.05):
+        numeric = five_point_difference(lambda offset: (x + offset) ** 5, step)
+        assert numeric - 5 * x ** 4 == pytest.approx(-4 * step ** 4, rel=1e-6)
