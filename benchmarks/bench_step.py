@@ -730,7 +730,8 @@ def print_graphs_report(results, rows, length, batch, args):
               f"{TorchGraphedRunner.WARMUP_STEPS} side-stream warm-up steps, Adam(capturable=True"
               + (", fused=True" if args.precision == "fp16" else "") + "), static inputs); torch eager: as without "
               "--cuda-graphs. Ratios: tinyformer graphs median / that median (below 1: tinyformer faster).")
-    print("launches/step: kernel nodes of tinyformer's captured graph (cupy Graph.debug_dot_str)"
+    print("launches/step: kernel nodes of tinyformer's captured graph, child graphs included, as the CUDA driver "
+          "counts them (backend.graph_nodes; benchmarks/launch_count.py lists them by family)"
           + ("; torch eager launches/step: CUDA kernels of one eager PyTorch step seen by torch.profiler "
              "(activities CUDA; memory copies and sets not counted), n/a without the profiler" if args.vs_torch
              else "") + ".")

@@ -4,31 +4,34 @@
 #
 #   benchmarks/gpu_check.sh [REPORT]      (default benchmarks/results/gpu_check_<date>.txt)
 #
-# Stages, each under `timeout` and clipped to what is left of an overall budget, from the most to the
-# least informative (issue 46, the first run of the tensor-core, mixed-precision and graph code):
-#   nvidia-smi          GPU name, driver, memory
+# Stages, each under `timeout` and clipped to what is left of an overall budget, the open questions first
+# (issue 63: CUDA graphs proven on hardware, no device minute spent compiling). No NVRTC compile check runs
+# here: `python -m tinyformer.engine.kernels.compile_check` is a CPU job, and CI runs it.
+#   nvidia-smi          GPU name, driver, memory, compute capability
 #   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch, the C++ compiler; fails
 #                       without a usable GPU
-#   compile_check       python -m tinyformer.engine.kernels.compile_check (NVRTC, every kernel instantiation; over
-#                       60 s on the H200 with NVRTC 13.0, 2026-12-04: the tensor-core module alone ~30 s)
-#   tensor-core tests   the GPU tests of the tensor-core attention and of its instructions (hardware
-#                       mma/ldmatrix/cp.async against the PTX layouts and the CPU emulation)
-#   graph tests         tests/test_train_graphs_gpu.py: 100 steps with --cuda-graphs on = 100 eager steps
-#                       bit for bit (fp32, bf16), exact resume, shapes/graphs/pool, the capture fallback;
-#                       run beside the next stage (both check results, neither times anything)
-#   gpu tests           every other GPU test (-m gpu over the files that hold them), on 4 pytest-xdist
-#                       workers; each of these two stages' output follows in the report when both are done
-#   bench_attention     benchmarks/bench_attention.py: fp16/bf16, S 128/1024, D 64, not causal, next to
-#                       each PyTorch SDPA backend
-#   bench_step graphs   benchmarks/bench_step.py --device cuda --cuda-graphs --preset small,base at 4,096
-#   (fp32, bf16)        tokens: tinyformer with graphs and eager, PyTorch eager and PyTorch graphs
-#                       (--vs-torch when PyTorch has CUDA), ratios, kernel launches per step
+#   kernels             python -m tinyformer.engine.kernels.warm: every kernel module loaded once, serially, from
+#                       the prebuilt cubins ($TINYFORMER_CUBINS, default build/cubins when it has a manifest) or
+#                       compiled into CuPy's disk cache; prints the seconds spent compiling
+#   graph tests         tests/test_train_graphs_gpu.py: 100 steps with --cuda-graphs on = 100 eager steps bit for
+#   gradcheck cuda      bit (fp32, bf16), exact resume, shapes/graphs/pool, the capture fallback; gradcheck
+#   docs gpu            --device cuda (float64 layers, every kernel against its reference); the manual's
+#                       `docs-test: gpu` blocks as written. These three run side by side (none times anything);
+#                       each one's output follows in the report when all three are done
 #   multi30k graphs     benchmarks/multi30k_gpu.sh: small En→De, --cuda-graphs on, bf16, --time-limit
 #                       (5 minutes, less when the budget left is short), --patience 3, the last 5
 #                       checkpoints averaged, test BLEU with beam 4 (only when TINYFORMER_DATA is set);
 #                       its log and metrics go to REPORT's name with _multi30k instead of .txt
+#   bench_step graphs   benchmarks/bench_step.py --device cuda --cuda-graphs --preset small,base at 4,096
+#   (fp32, bf16)        tokens: tinyformer with graphs and eager, PyTorch eager and PyTorch graphs
+#                       (--vs-torch when PyTorch has CUDA), ratios, kernel launches per step
+#   launch count        benchmarks/launch_count.py --device cuda: launches per captured step by family, and the
+#                       graph's nodes by type as the CUDA driver counts them
 # Earlier checks' stages follow while budget is left:
-#   gradcheck cuda      python -m tinyformer.cli gradcheck --device cuda (float64 layers and kernels)
+#   tensor-core tests   the GPU tests of the tensor-core attention and of its instructions
+#   gpu tests           every other GPU test (-m gpu over the files that hold them), on 8 pytest-xdist workers
+#   bench_attention     benchmarks/bench_attention.py: fp16/bf16, S 128/1024, D 64, not causal, next to
+#                       each PyTorch SDPA backend
 #   bench_rows          benchmarks/bench_attention.py --skip-attention --quick (row kernels, GB/s)
 #   bench_attention all benchmarks/bench_attention.py --skip-rows: every dtype, causal and not, S 128-4096
 #   bench_step          benchmarks/bench_step.py --device cuda --preset small,base (--vs-torch when
@@ -219,21 +222,26 @@ graph_tests=tests/test_train_graphs_gpu.py
 gpu_test_files=(tests/test_kernels_gpu.py tests/test_amp_gpu.py tests/test_backend.py tests/test_functional_devices.py
                 tests/test_distributed.py)
 pytest_args=(-m gpu -q -rfE --tb=short --durations=5 -p no:cacheprovider)
-run_stage "compile_check" 150 "$PYTHON" -m tinyformer.engine.kernels.compile_check
-# pytest-xdist workers per stage (the project's addopts say -n auto: one per core, 16 on the GPU machine).
-run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/test_kernels_gpu.py \
-    -k "$tensor_cores"
-# The graph tests (about 570 steps of `tiny`, each first shape compiled, captured and replayed) beside
-# every other GPU test: both only check results.
+# The kernels first: every module loaded from the prebuilt cubins in $TINYFORMER_CUBINS (default
+# build/cubins where it holds a manifest: built on the CPU, no device minute spent compiling, with
+#   python -m tinyformer.engine.kernels.prebuilt build/cubins --arch sm_90
+# and carried to the device), or compiled once, serially, into CuPy's disk cache, so that no later stage
+# and no test worker compiles a module again. Its last line gives the seconds spent compiling.
+if [[ -z ${TINYFORMER_CUBINS:-} && -f $ROOT/build/cubins/manifest.json ]]; then
+    export TINYFORMER_CUBINS=$ROOT/build/cubins
+fi
+log "prebuilt cubins: ${TINYFORMER_CUBINS:-none (every module is compiled on the device)}"
+run_stage "kernels" 150 "$PYTHON" -m tinyformer.engine.kernels.warm
+# The open questions (issue 63), in order. The three that check results and time nothing run side by side:
+# the graph tests (100 steps with --cuda-graphs on = 100 eager steps bit for bit, fp32 and bf16, exact
+# resume, the capture fallback); gradcheck in float64 of every layer (the reference attention on CuPy) and of
+# every kernel against its reference (the kernel path); the manual's GPU code blocks as written.
 start_stage "graph tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 6 "$graph_tests"
-start_stage "gpu tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 8 -k "not ($tensor_cores)" "${gpu_test_files[@]}"
+start_stage "gradcheck cuda" 180 "$PYTHON" -m tinyformer.cli gradcheck --device cuda
+start_stage "docs gpu" 150 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -n 2 tests/test_docs.py \
+    -k "test_every_code_block_runs and gpu"
 finish_stages
 
-run_stage "bench_attention" 60 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --dtypes fp16,bf16 \
-    --seq-lens 128,1024 --head-dims 64 --causal no --warmup 2 --repeats 10
-graph_step_args=("${step_args[@]}" --cuda-graphs --tokens 4096 --repeats 5 --markdown)
-run_stage "bench_step graphs fp32" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision fp32
-run_stage "bench_step graphs bf16" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision bf16
 if unselected "multi30k graphs"; then
     :
 elif [[ -n ${TINYFORMER_DATA:-} ]]; then
@@ -258,8 +266,19 @@ else
     record "multi30k graphs" SKIP 0 "not run: TINYFORMER_DATA is not set"
 fi
 
+graph_step_args=("${step_args[@]}" --cuda-graphs --tokens 4096 --repeats 5 --markdown)
+run_stage "bench_step graphs fp32" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision fp32
+run_stage "bench_step graphs bf16" 75 "$PYTHON" benchmarks/bench_step.py "${graph_step_args[@]}" --precision bf16
+# Launches per captured step by family, and the graph's nodes by type from the CUDA driver (the CPU's
+# emulated count of the same step: benchmarks/results/launches.md).
+run_stage "launch count" 60 "$PYTHON" benchmarks/launch_count.py --device cuda --families
+
 # Earlier checks' stages, while budget is left.
-run_stage "gradcheck cuda" 120 "$PYTHON" -m tinyformer.cli gradcheck --device cuda
+run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/test_kernels_gpu.py \
+    -k "$tensor_cores"
+run_stage "gpu tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 8 -k "not ($tensor_cores)" "${gpu_test_files[@]}"
+run_stage "bench_attention" 60 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --dtypes fp16,bf16 \
+    --seq-lens 128,1024 --head-dims 64 --causal no --warmup 2 --repeats 10
 run_stage "bench_rows" 30 "$PYTHON" benchmarks/bench_attention.py --skip-attention --quick
 run_stage "bench_attention all" 150 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --warmup 1 \
     --repeats 5 --cell-seconds 0.15

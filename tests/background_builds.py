@@ -39,7 +39,8 @@ WAITING = (
     ("NVRTC compilations", (), ("test_kernels_compile.py::test_every_instantiation",
                                 "test_kernels_compile.py::test_attention_kernels_do_not_spill",
                                 "test_kernels_compile.py::test_compiled_kernels_use_the_registry_geometry",
-                                "test_kernels_compile.py::test_compile_check_command")),
+                                "test_kernels_compile.py::test_compile_check_command",
+                                "test_kernels_prebuilt.py::test_build_writes")),
     ("AddressSanitizer emulation", (), ("test_emulation_under_address_sanitizer",)),
 )
 

@@ -49,6 +49,23 @@ class DeviceArray(numpy.ndarray):
     def __array_wrap__(self, array, context=None, return_scalar=False):
         return super().__array_wrap__(array, context, False)  # a 0-d array, as CuPy gives
 
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        """The ufunc on the plain arrays beneath, its results as DeviceArrays (0-d, never scalars);
+        inside a capture, counted as the kernel CuPy would launch for it (``backend.note_launch``)."""
+        if backend.is_capturing():
+            backend.note_launch(f"array op: {ufunc.__name__}" + ("" if method == "__call__" else f".{method}"))
+        plain = [numpy.asarray(i) if isinstance(i, DeviceArray) else i for i in inputs]
+        if out is not None:
+            kwargs["out"] = tuple(numpy.asarray(o) if isinstance(o, DeviceArray) else o for o in out)
+        results = getattr(ufunc, method)(*plain, **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        if method == "at":
+            return None
+        if isinstance(results, tuple):
+            return tuple(numpy.asarray(r).view(DeviceArray) for r in results)
+        return numpy.asarray(results).view(DeviceArray)
+
     def __getitem__(self, key):
         _refuse_boolean_index(key)
         item = super().__getitem__(key)
@@ -56,7 +73,21 @@ class DeviceArray(numpy.ndarray):
 
     def __setitem__(self, key, value):
         _refuse_boolean_index(key)
+        _count("array op: setitem")
         super().__setitem__(key, value)
+
+    def fill(self, value):
+        _count("array op: fill")  # CuPy: a memset node for zeros of contiguous memory, else a kernel
+        super().fill(value)
+
+    def astype(self, dtype, *args, **kwargs):
+        if numpy.dtype(dtype) != self.dtype or kwargs.get("copy", True):
+            _count("array op: astype")
+        return super().astype(dtype, *args, **kwargs)
+
+    def copy(self, *args, **kwargs):
+        _count("array op: copy")
+        return super().copy(*args, **kwargs)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -93,6 +124,12 @@ class DeviceArray(numpy.ndarray):
 
     def tolist(self):
         return self._read("tolist()").tolist()
+
+
+def _count(family):
+    """Count a launch of ``family`` where the step is being captured (``backend.note_launch``)."""
+    if backend.is_capturing():
+        backend.note_launch(family)
 
 
 def _refuse_boolean_index(key):
@@ -132,11 +169,12 @@ def _executing_nothing():
 
 
 class _Graph:
-    """What the emulated capture recorded: the step, and the kernel seeds handed to it in order
-    (``DeviceSeed`` slots, or values frozen as a real graph freezes them)."""
+    """What the emulated capture recorded: the step, the kernel seeds handed to it in order
+    (``DeviceSeed`` slots, or values frozen as a real graph freezes them), and its launches by
+    family (``backend.counting_launches``: the kernels, cuBLAS products and array operations)."""
 
-    def __init__(self, fn, seeds):
-        self.fn, self.seeds = fn, seeds
+    def __init__(self, fn, seeds, launches):
+        self.fn, self.seeds, self.launches = fn, seeds, launches
 
 
 class EmulatedCapture:
@@ -168,13 +206,14 @@ class EmulatedCapture:
             return seeds[-1]
 
         try:
-            with _executing_nothing(), backend.capturing(memory=self.adopt), tf_random.recording_kernel_seeds(record):
+            with _executing_nothing(), backend.capturing(memory=self.adopt), \
+                    tf_random.recording_kernel_seeds(record), backend.counting_launches() as launches:
                 fn()
         except backend.CaptureUnavailable:
             raise
         except Exception as error:  # as GraphCapture.capture reports a failed capture
             raise backend.CaptureUnavailable(f"capturing the step failed: {type(error).__name__}: {error}") from error
-        return _Graph(fn, seeds)
+        return _Graph(fn, seeds, launches)
 
     def replay(self, graph):
         handed = iter(graph.seeds)
@@ -195,7 +234,10 @@ class EmulatedCapture:
 
     @staticmethod
     def kernel_nodes(graph):
-        return None
+        """Every launch the capture counted (kernels, products, array operations): the nodes a GPU's
+        graph of the step would hold, fills and copies included (CuPy makes some of those memset
+        and memcpy nodes rather than kernels)."""
+        return sum(graph.launches.values())
 
 
 @contextlib.contextmanager

@@ -21,11 +21,12 @@ A setting lives in its module, which reads it there: change it there
 """
 
 from .allocator import keep_freed_memory
-from .capture import CaptureUnavailable, captured_memory, capturing, check_not_capturing, is_capturing
-from .cuda_graphs import GraphCapture
-from .devices import (DEFAULT_DTYPE, DEVICES, check_device, copy_into, cuda_runtime_major, device_of,
-                      erf, get_array_module, is_cupy_array, is_gpu_available, like, raw_module, scatter_add,
-                      scatter_add_rows, to_device, to_numpy)
+from .capture import (CaptureUnavailable, captured_memory, capturing, check_not_capturing, counting_launches,
+                      is_capturing, note_launch)
+from .cuda_graphs import GraphCapture, graph_nodes
+from .devices import (DEFAULT_DTYPE, DEVICES, check_device, compute_capability, copy_into, cuda_runtime_major,
+                      device_of, erf, get_array_module, is_cupy_array, is_gpu_available, like, load_module,
+                      raw_module, scatter_add, scatter_add_rows, to_device, to_numpy)
 from .half_precision import (BFLOAT16_CAST_PROBE, cast, from_bfloat16, has_half_matmul, has_native_bfloat16_cast,
                              is_bfloat16, is_floating, is_half, to_bfloat16)
 from .out_of_memory import out_of_memory_errors, out_of_memory_report
@@ -35,7 +36,7 @@ __all__ = [
     # devices
     "DEFAULT_DTYPE", "DEVICES", "is_gpu_available", "is_cupy_array", "get_array_module", "device_of", "check_device",
     "to_device", "to_numpy", "like", "copy_into", "scatter_add", "scatter_add_rows", "erf", "cuda_runtime_major",
-    "raw_module",
+    "raw_module", "load_module", "compute_capability",
     # threads
     "ROW_BLOCK_MIN_ELEMENTS", "get_num_threads", "set_num_threads", "map_row_blocks", "blockwise",
     # allocator
@@ -47,6 +48,7 @@ __all__ = [
     "out_of_memory_errors", "out_of_memory_report",
     # capture, cuda_graphs
     "capturing", "is_capturing", "captured_memory", "check_not_capturing", "CaptureUnavailable", "GraphCapture",
+    "counting_launches", "note_launch", "graph_nodes",
 ]
 
 

@@ -4,15 +4,18 @@ outputs become there.
 Inside ``capturing()`` nothing may read a value back to the host (``check_not_capturing``): a
 captured step would freeze one step's value for every replay. ``capturing(memory=...)`` is the
 one seam through which a capture whose device memory is not CuPy's reaches the engine
-(``captured_memory``; docs/cuda-graphs.md).
+(``captured_memory``; docs/cuda-graphs.md). ``counting_launches()`` counts the launches the engine
+issues in a block, by family, whatever the capture's memory.
 """
 
+import collections
 import contextlib
 
 import numpy
 
 _capturing = False
 _captured_memory = None  # the memory function of the capture in progress (``capturing(memory=...)``)
+_launch_counts = []  # the Counters of the enclosing ``counting_launches()`` blocks, innermost last
 
 
 @contextlib.contextmanager
@@ -51,6 +54,29 @@ def captured_memory(out):
     if type(out) is tuple:
         return tuple(memory(o) if isinstance(o, numpy.ndarray) else o for o in out)
     return memory(out) if isinstance(out, numpy.ndarray) else out
+
+
+@contextlib.contextmanager
+def counting_launches():
+    """A ``collections.Counter`` of the launches issued in the block through the engine's seams, by
+    family: each kernel of ``engine.kernels`` under its name (``"softmax_forward"``), each cuBLAS
+    product as ``"cublas_gemm"``, and whatever the capture in progress counts of its own (one
+    whose memory is not CuPy's may count the array operations on that memory, which CuPy would
+    launch as kernels of its own). The same seams count on a GPU and on the CPU, so a step's
+    launches are known before any device; on a GPU ``GraphCapture.kernel_nodes`` gives the graph's
+    own count."""
+    counts = collections.Counter()
+    _launch_counts.append(counts)
+    try:
+        yield counts
+    finally:
+        _launch_counts.remove(counts)
+
+
+def note_launch(family, count=1):
+    """Count ``count`` launches of ``family`` in every enclosing ``counting_launches()`` block."""
+    for counts in _launch_counts:
+        counts[family] += count
 
 
 def check_not_capturing(what):

@@ -137,6 +137,20 @@ def scatter_add_rows(target, index, rows):
     return target
 
 
+def compute_capability():
+    """The current CuPy device's architecture as NVRTC names it (``"sm_90"``), or None without a GPU."""
+    if not is_gpu_available():
+        return None
+    return f"sm_{cupy.cuda.Device().compute_capability}"
+
+
+def load_module(path):
+    """A ``cupy.RawModule`` of the compiled module (a cubin) at ``path``."""
+    if cupy is None:
+        raise RuntimeError("CUDA kernels need CuPy: install the 'gpu' extra")
+    return cupy.RawModule(path=path)
+
+
 def raw_module(code, options, name_expressions):
     """A ``cupy.RawModule`` compiling ``code`` with NVRTC for the given template instantiations."""
     if cupy is None:

@@ -10,6 +10,7 @@ source fails to compile or an attention kernel spills registers.
 """
 
 import argparse
+import base64
 import ctypes
 import glob
 import hashlib
@@ -87,6 +88,13 @@ class Nvrtc:
 
     def compile(self, source, name, expressions, options):
         """Returns (log, {expression: lowered name}); raises NvrtcError with the log on failure."""
+        log, lowered, _ = self.compile_cubin(source, name, expressions, options)
+        return log, lowered
+
+    def compile_cubin(self, source, name, expressions, options):
+        """Returns (log, {expression: lowered name}, the cubin's bytes); ``options`` must name a real
+        architecture (``-arch=sm_XX``) for NVRTC to produce a cubin. Raises NvrtcError with the log on
+        failure."""
         program = ctypes.c_void_p()
         self._check(self.lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), name.encode(), 0, None, None),
                     "nvrtcCreateProgram")
@@ -108,7 +116,10 @@ class Nvrtc:
                 self._check(self.lib.nvrtcGetLoweredName(program, expression.encode(), ctypes.byref(out)),
                             "nvrtcGetLoweredName")
                 lowered[expression] = out.value.decode()
-            return log, lowered
+            self._check(self.lib.nvrtcGetCUBINSize(program, ctypes.byref(size)), "nvrtcGetCUBINSize")
+            cubin = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
+            return log, lowered, cubin.raw
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(program))
 
@@ -138,10 +149,10 @@ _COMPILED = {}
 
 
 def _compiled(nvrtc, source, expressions, options):
-    """``nvrtc.compile``'s (log, lowered names), once for the same compiler, sources (the file and
-    every header beside it) and options: in memory for this process, and in the build cache
-    (``toolchain.cached_product``) for the next one — the tests, the command and the test run's
-    background build ask for the same compilations, which take a minute."""
+    """``nvrtc.compile_cubin``'s (log, lowered names, cubin), once for the same compiler, sources (the
+    file and every header beside it) and options: in memory for this process, and in the build cache
+    (``toolchain.cached_product``) for the next one — the tests, the command, the test run's background
+    build and ``prebuilt.build`` ask for the same compilations, which take a minute."""
     text = registry.read_source(source)
     digest = hashlib.sha256(repr((nvrtc.path, nvrtc.version, source, expressions, options)).encode())
     for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):
@@ -149,28 +160,42 @@ def _compiled(nvrtc, source, expressions, options):
     key = digest.hexdigest()
     if key not in _COMPILED:
         def compile_into(partial):
-            log, lowered = nvrtc.compile(text, source, list(expressions), list(options))
-            partial.write_text(json.dumps({"log": log, "lowered": lowered}), encoding="utf-8")
+            log, lowered, cubin = nvrtc.compile_cubin(text, source, list(expressions), list(options))
+            partial.write_text(json.dumps({"log": log, "lowered": lowered, "cubin": base64.b64encode(cubin).decode()}),
+                               encoding="utf-8")
 
-        product = toolchain.cached_product(f"nvrtc-{key[:24]}.json", compile_into)
+        product = toolchain.cached_product(f"nvrtc-cubin-{key[:24]}.json", compile_into)
         stored = json.loads(product.read_text(encoding="utf-8"))
-        _COMPILED[key] = stored["log"], stored["lowered"]
+        _COMPILED[key] = stored["log"], stored["lowered"], base64.b64decode(stored["cubin"])
     return _COMPILED[key]
+
+
+def compile_options(arch):
+    """NVRTC's options for ``arch``: those CuPy compiles with at run time (``launch``), and ptxas's report."""
+    includes = [f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in toolchain.cuda_include_dirs()]
+    return [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
+
+
+def compiled_module(source, arch, nvrtc=None):
+    """({expression: lowered name}, cubin bytes) of every instantiation of ``source`` for ``arch``
+    (the compilation ``compile_all`` makes, from the same cache)."""
+    nvrtc = nvrtc or Nvrtc()
+    expressions = tuple(registry.instantiations(source))
+    _, lowered, cubin = _compiled(nvrtc, source, expressions, tuple(compile_options(arch)))
+    return lowered, cubin
 
 
 def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None):
     """Compile each source for each architecture; returns the per-kernel reports. ``only``: the
     instantiations to compile (name expressions), where not every one is wanted."""
     nvrtc = nvrtc or Nvrtc()
-    includes = [f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in toolchain.cuda_include_dirs()]
     reports = []
     for source in sources or registry.KERNELS:
         expressions = [e for e in registry.instantiations(source) if only is None or e in only]
         if not expressions:
             continue
         for arch in archs:
-            options = [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
-            log, lowered = _compiled(nvrtc, source, tuple(expressions), tuple(options))
+            log, lowered, _ = _compiled(nvrtc, source, tuple(expressions), tuple(compile_options(arch)))
             stats = parse_ptxas(log)
             for expression in expressions:
                 regs, stores, loads, smem = stats.get(lowered[expression], (0, 0, 0, 0))

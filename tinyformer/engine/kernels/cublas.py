@@ -185,6 +185,32 @@ def _element_strides(array):
     return tuple(s // array.itemsize for s in array.strides)
 
 
+def _note_launches(a, b, out):
+    """Count (``backend.note_launch``) the launches ``_gemm`` makes for this product, on either
+    device: the GEMM, and the copies of operands cuBLAS cannot read in place and of a result that
+    cannot be written in place; CuPy's own product where cuBLAS is not called."""
+    if b.dtype != a.dtype or a.dtype.name not in _DATA_TYPES or any(s % a.itemsize for s in a.strides + b.strides):
+        backend.note_launch("cupy_matmul")
+        return
+    batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    shapes = [(batch + x.shape[-2:], _broadcast_strides(x, batch)) for x in (a, b)]
+    if gemm_plan(*shapes[0], *shapes[1]) is None:
+        copies = sum(_operand(*shape) is None for shape in shapes)
+        backend.note_launch("copy (operand to C order)", copies)
+    backend.note_launch("cublas_gemm")
+    if out is not None and not (out.flags.c_contiguous and out.dtype == a.dtype):
+        backend.note_launch("copy (product into out)")
+
+
+def _broadcast_strides(array, batch):
+    """``array``'s strides in elements as ``broadcast_to(array, batch + its matrix shape)`` has them."""
+    strides = _element_strides(array)
+    *own, rows, cols = strides
+    own = [0] * (len(batch) - len(own)) + own
+    shape = (1,) * (len(batch) - array.ndim + 2) + array.shape[:-2]
+    return tuple(0 if size == 1 and want != 1 else stride for size, want, stride in zip(shape, batch, own)) + (rows, cols)
+
+
 def _gemm(a, b, out=None):
     cp = _cupy()
     dtype, name = a.dtype, a.dtype.name
@@ -229,6 +255,7 @@ def matmul(a, b, out=None):
     NumPy's product, in ``a``'s array type."""
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"matmul: operands of at least 2 axes expected, got shapes {a.shape} and {b.shape}")
+    _note_launches(a, b, out)
     if backend.is_cupy_array(a) and backend.is_cupy_array(b):
         return _gemm(a, b, out) if available() else _cupy().matmul(a, b, out=out)
     if out is not None:

@@ -4,18 +4,33 @@ code on both, and CI exercises them (and the kernels) without a GPU.
 """
 
 import functools
+import time
 
 from .. import backend
-from . import emulation, registry, toolchain
+from . import emulation, prebuilt, registry, toolchain
 
 
 @functools.lru_cache(maxsize=None)
 def _module(source, geometry):
-    """Every instantiation of ``source``, compiled once per process and ``registry.geometry()``
-    (CuPy also caches the binary on disk)."""
+    """Every instantiation of ``source``, once per process and ``registry.geometry()``: the prebuilt
+    cubin of this device's architecture where ``$TINYFORMER_CUBINS`` has one (``prebuilt.load``),
+    else compiled with NVRTC (CuPy also caches the binary on disk)."""
+    module = prebuilt.load(source)
+    if module is not None:
+        return module
+    start = time.perf_counter()
     headers = toolchain.cuda_include_dirs(backend.cuda_runtime_major())
     options = ["-std=c++17", f"-I{registry.KERNEL_DIR}", *(f"-I{d}" for d in headers), *registry.compile_options()]
-    return backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
+    module = backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
+    for expression in registry.instantiations(source):  # CuPy compiles at the first lookup: do it here, timed
+        module.get_function(expression)
+    prebuilt.note_compiled(source, time.perf_counter() - start)
+    return module
+
+
+def module_of(source):
+    """The module of ``source`` this process launches from (loaded or compiled on first use)."""
+    return _module(source, registry.geometry())
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,3 +63,4 @@ def launch(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0):
     NumPy scalars (a pointer into an array, for a strided operand, as a ``numpy.uint64``)."""
     gpu = any(backend.is_cupy_array(a) for a in args)
     function(kernel, dtype, head_dim, gpu, shared_mem)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+    backend.note_launch(kernel)

@@ -113,11 +113,11 @@ class _StaticBatch:
 
 
 class _Entry:
-    """A shape's buffers, its graph once captured, and its dropout seed slots."""
+    """A shape's buffers, its graph once captured, its dropout seed slots and its launches."""
 
     def __init__(self, statics):
         self.statics, self.graph, self.warmed = statics, None, False
-        self.seed_generators, self.first_seed = [], 0
+        self.seed_generators, self.first_seed, self.launches = [], 0, None
 
 
 class GraphedStep:
@@ -157,6 +157,11 @@ class GraphedStep:
 
     def pool_bytes(self):
         return self.capture.pool_bytes()
+
+    def launch_counts(self):
+        """The launches of each captured shape's step, counted by family as the capture recorded them
+        (``backend.counting_launches``: the same seams on a GPU and in the CPU's emulated capture)."""
+        return {key: entry.launches for key, entry in self.entries.items() if entry.graph is not None}
 
     def kernel_launches(self):
         """Kernel launches per replayed step, for each captured shape (None where unknown)."""
@@ -210,13 +215,14 @@ class GraphedStep:
     def _capture(self, entry):
         generators = []
         try:
-            with tf_random.recording_kernel_seeds(self.seeds.recorder(generators)):
+            with tf_random.recording_kernel_seeds(self.seeds.recorder(generators)), \
+                    backend.counting_launches() as launches:
                 entry.graph = self.capture.capture(lambda: self._body(entry.statics))
         except backend.CaptureUnavailable as error:
             self.failed = str(error)
             self.warn(f"--cuda-graphs: {error}; the steps run eagerly (same kernels, same results)", RuntimeWarning)
             return
-        entry.first_seed, entry.seed_generators = self.seeds.used, generators
+        entry.first_seed, entry.seed_generators, entry.launches = self.seeds.used, generators, launches
         self.seeds.used += len(generators)
 
     def _prepare(self):

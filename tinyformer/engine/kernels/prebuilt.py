@@ -1,0 +1,164 @@
+"""Kernel modules compiled ahead, on any machine, and loaded on the GPU without compiling.
+
+NVRTC compiles for any architecture without a GPU (``compile_check``). ``build`` writes every
+kernel source's cubin for the architectures asked (sm_80, sm_90, ...) into a folder with a
+manifest; a process whose ``TINYFORMER_CUBINS`` names that folder loads the module of its device's
+architecture from it (``cupy.RawModule(path=...)``) instead of compiling it with NVRTC on the
+device — about 30 s for the tensor-core attention alone, paid again by every process that finds
+CuPy's disk cache cold. A module whose sources, geometry or architecture differ from the manifest's
+(``module_key``), or that the driver refuses to load, is compiled as before; ``origins()`` says
+which happened to each source.
+
+    python -m tinyformer.engine.kernels.prebuilt FOLDER [--arch sm_80 --arch sm_90]   (no GPU needed)
+
+On the GPU, ``python -m tinyformer.engine.kernels.warm`` loads (or compiles) every module once.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+
+from ...common import atomic
+from .. import backend
+from . import registry
+
+ENVIRONMENT = "TINYFORMER_CUBINS"
+"""The environment variable naming the folder of prebuilt cubins."""
+MANIFEST = "manifest.json"
+FORMAT = "tinyformer-cubins-1"
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+
+_origins = {}  # source -> how its module came to this process: "prebuilt sm_90 (folder)" or "compiled (...)"
+
+
+def module_key(source, arch):
+    """What a module is built from, as a hash: every source and header of the kernel folder (they
+    include one another), the geometry's definitions and the architecture. Compiler versions are not
+    part of it: a cubin runs on every driver of its architecture's major CUDA version and later."""
+    digest = hashlib.sha256(repr((source, arch, registry.compile_options(), "-std=c++17")).encode())
+    for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cubin_symbols(data):
+    """The names of the symbols of an ELF64 file's symbol table (a cubin's kernels among them); a
+    ValueError when ``data`` is not a little-endian ELF64 file for CUDA (e_machine 190)."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError("not a little-endian ELF64 file")
+    machine, = struct.unpack_from("<H", data, 18)
+    if machine != 190:
+        raise ValueError(f"ELF machine {machine}, not CUDA (190)")
+    section_offset, = struct.unpack_from("<Q", data, 40)
+    entry_size, count = struct.unpack_from("<HH", data, 58)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size) for i in range(count)]
+    names = []
+    for _, kind, _, _, offset, size, link, _, _, symbol_size in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strings_offset = sections[link][4]
+        for start in range(offset, offset + size, symbol_size):
+            name_offset, = struct.unpack_from("<I", data, start)
+            end = data.index(b"\0", strings_offset + name_offset)
+            names.append(data[strings_offset + name_offset:end].decode())
+    return names
+
+
+def build(folder, archs=DEFAULT_ARCHS, nvrtc=None):
+    """Compile every kernel source for each of ``archs`` with NVRTC (no GPU needed) into ``folder``:
+    one ``<source>.<arch>.cubin`` each and the manifest. Returns the manifest."""
+    from . import compile_check  # NVRTC, the build's compiler, only where cubins are built
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    nvrtc = nvrtc or compile_check.Nvrtc()
+    modules = {}
+    for source in registry.KERNELS:
+        for arch in archs:
+            lowered, cubin = compile_check.compiled_module(source, arch, nvrtc)
+            missing = sorted(set(lowered.values()) - set(cubin_symbols(cubin)))
+            if missing:
+                raise ValueError(f"prebuilt: the cubin of {source} for {arch} lacks {missing[0]}")
+            name = f"{source}.{arch}.cubin"
+            atomic.write_atomically(folder / name, cubin)
+            modules[module_key(source, arch)] = {"source": source, "arch": arch, "file": name, "lowered": lowered}
+    manifest = {"format": FORMAT, "nvrtc": ".".join(map(str, nvrtc.version)), "modules": modules}
+    atomic.write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest
+
+
+class PrebuiltModule:
+    """A loaded cubin and its name expressions' lowered names: ``get_function(expression)`` as
+    ``cupy.RawModule``'s, for the same expressions ``launch`` asks a compiled module for."""
+
+    def __init__(self, module, lowered):
+        self.module, self.lowered = module, lowered
+
+    def get_function(self, expression):
+        return self.module.get_function(self.lowered[expression])
+
+
+def _entry(source, arch, folder):
+    """The manifest's entry for ``source`` on ``arch``, or None (no manifest, another build)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return None
+    entry = manifest.get("modules", {}).get(module_key(source, arch))
+    return entry if isinstance(entry, dict) and entry.get("source") == source else None
+
+
+def load(source):
+    """The prebuilt module of ``source`` for the current device, or None where ``TINYFORMER_CUBINS``
+    is unset, holds no cubin of these sources for this architecture, or the driver refuses it (the
+    caller then compiles it). ``origins()`` records which."""
+    folder = os.environ.get(ENVIRONMENT)
+    arch = backend.compute_capability()
+    if not folder or arch is None:
+        return None
+    entry = _entry(source, arch, Path(folder))
+    if entry is None:
+        _origins[source] = f"compiled (no cubin of these sources for {arch} in ${ENVIRONMENT})"
+        return None
+    try:
+        module = backend.load_module(str(Path(folder) / entry["file"]))
+    except Exception as error:  # the driver's refusal (an older driver, a damaged file): compile instead
+        _origins[source] = f"compiled (the prebuilt {entry['file']} did not load: {type(error).__name__})"
+        return None
+    _origins[source] = f"prebuilt {arch}"
+    return PrebuiltModule(module, entry["lowered"])
+
+
+def origins():
+    """{source: how its module came to this process} for the modules looked up so far."""
+    return dict(_origins)
+
+
+def note_compiled(source, seconds):
+    """Record that ``source`` was compiled here (``launch``), where no prebuilt module was taken."""
+    reason = _origins.get(source, "compiled")
+    _origins[source] = f"{reason}, {seconds:.1f} s" if reason.startswith("compiled") else reason
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tinyformer.engine.kernels.prebuilt",
+                                     description="compile every kernel source into FOLDER with NVRTC (no GPU needed)")
+    parser.add_argument("folder")
+    parser.add_argument("--arch", action="append", help="target architecture (repeatable; default sm_80, sm_90)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    manifest = build(args.folder, tuple(args.arch or DEFAULT_ARCHS))
+    print(f"prebuilt: {len(manifest['modules'])} cubins (NVRTC {manifest['nvrtc']}) in {args.folder}, "
+          f"{time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
