@@ -10,6 +10,7 @@ positional table, unknown presets ...) are not repeated here. Each case is its o
 import io
 import math
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -199,6 +200,13 @@ API_CASES = [
      ["beam_size", "2.0"]),
     ("beam-search-bos-beyond-vocab", lambda: decode.beam_search(MODEL, ids(1, 3), bos_id=11), ValueError,
      ["bos_id=11", "11"]),
+    ("beam-search-gnmt-alpha-huge", lambda: decode.beam_search(MODEL, ids(1, 3), alpha=1e308), ValueError,
+     ["alpha", "[0, 10]", "1e+308"]),
+    ("beam-search-hf-alpha-huge-negative",
+     lambda: decode.beam_search(MODEL, ids(1, 3), alpha=-1e308, length_normalization="hf"), ValueError,
+     ["alpha", "[-10, 10]", "-1e+308"]),
+    ("translate-alpha-huge", lambda: decode.translate(MODEL, SplitTokenizer(), ["ab"], alpha=1e10), ValueError,
+     ["alpha", "[0, 10]", "10000000000.0"]),
     # data
     ("make-batch-unequal-lengths", lambda: make_batch([[4]], [[5], [6]]), ValueError,
      ["make_batch", "1 source", "2 target"]),
@@ -318,6 +326,75 @@ def test_a_refused_line_is_reported_before_any_decoding(monkeypatch):
     assert (info.value.line, info.value.tokens, info.value.limit) == (2, 7, 4)
 
 
+# --------------------------------------------------------------------------- search at the edges of its numbers
+EXTREME_FLOATS = [1e308, -1e308, 5e-324, -5e-324, -0.0, math.nan, math.inf, -math.inf]
+SEARCH_FLOATS = {"gnmt-alpha": dict(length_normalization="gnmt"), "hf-alpha": dict(length_normalization="hf"),
+                 "max_len_a": {}, "max_len_b": {}}
+
+
+@pytest.mark.parametrize("value", EXTREME_FLOATS, ids=repr)
+@pytest.mark.parametrize("argument", list(SEARCH_FLOATS))
+def test_search_takes_any_float_without_a_traceback_or_a_numpy_warning(argument, value):
+    """Either the search runs (a huge maximum length is the positional table's) or it refuses the number with
+    one ValueError naming the argument: never an OverflowError, a ZeroDivisionError or a NumPy warning."""
+    name = "alpha" if argument.endswith("alpha") else argument
+    src = np.array([[4, 5, 6], [7, 8, 0]])
+    kwargs = {name: value, **SEARCH_FLOATS[argument]}
+    searches = [lambda: decode.beam_search(MODEL, src, beam_size=3, **kwargs),
+                lambda: decode.translate(MODEL, SplitTokenizer(), ["ab", "cde"], beam_size=3, **kwargs)]
+    if name != "alpha":
+        kwargs.pop("length_normalization", None)
+        searches.append(lambda: decode.greedy_decode(MODEL, src, **kwargs))
+    for search in searches:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                result = search()
+            except ValueError as error:
+                assert str(error).startswith(f"{name} must be ") and "\n" not in str(error), error
+                continue
+        assert len(result) == 2
+    if name != "alpha" and math.isfinite(value) and value > 1:  # as long as the positional table allows: 15 tokens
+        assert decode.beam_search(MODEL, src, beam_size=3, **kwargs) == decode.beam_search(MODEL, src, beam_size=3,
+                                                                                           max_len=15)
+
+
+def test_a_maximum_length_beyond_any_integer_type_is_the_positional_tables():
+    src = np.array([[4, 5, 6]])
+    capped = decode.beam_search(MODEL, src, beam_size=2, max_len=15)
+    assert decode.beam_search(MODEL, src, beam_size=2, max_len=10**30) == capped
+    assert decode.greedy_decode(MODEL, src, max_len=10**30) == decode.greedy_decode(MODEL, src, max_len=15)
+
+
+def test_a_beam_wider_than_the_model_can_emit_is_clipped_to_it_with_one_warning():
+    assert decode.widest_beam(MODEL) == 9  # 11 ids less padding (0) and BOS (2): what fairseq clips to
+    src = np.array([[4, 5, 6], [7, 8, 0]])
+    for normalization in decode.LENGTH_NORMALIZATIONS:
+        narrow = decode.beam_search(MODEL, src, beam_size=9, return_scores=True, length_normalization=normalization)
+        with pytest.warns(decode.SearchWarning, match=r"^beam_size=1000000 is wider than the 9 tokens the model "
+                                                      r"can emit .*: searching with beam_size=9"):
+            wide = decode.beam_search(MODEL, src, beam_size=10**6, return_scores=True,
+                                      length_normalization=normalization)
+        assert wide == narrow
+    with pytest.warns(decode.SearchWarning) as caught:
+        decode.translate(MODEL, SplitTokenizer(), ["abc", "de"] * 40, beam_size=10**6, batch_size=8)
+    assert len(caught) == 1  # once per call, not once per batch
+
+
+def test_beam_search_keeps_its_candidate_scores_within_a_stated_budget(monkeypatch):
+    src = pad([[4 + i % 7, 5 + i % 3, 6, 7][:2 + i % 3] for i in range(12)], 0)  # sentences of 2 to 4 tokens
+    whole = decode.beam_search(MODEL, src, beam_size=9, return_scores=True)
+    sizes, top_candidates = [], decode._top_candidates
+    monkeypatch.setattr(decode, "CANDIDATE_BUDGET", 3 * 9 * 11)  # three sentences of beam 9 over 11 ids
+    monkeypatch.setattr(decode, "_top_candidates", lambda scores, count: sizes.append(scores.size) or
+                        top_candidates(scores, count))
+    parts = decode.beam_search(MODEL, src, beam_size=9, return_scores=True)
+    assert sizes and max(sizes) <= 3 * 9 * 11
+    for kept, split in zip(whole, parts):
+        assert [h.tokens for h in kept] == [h.tokens for h in split]
+        np.testing.assert_allclose([h.score for h in kept], [h.score for h in split], rtol=1e-6)  # float32 sums
+
+
 def test_translate_outputs_never_hold_a_line_break():
     out = decode.translate(MODEL, SplitTokenizer(text="a\nb\u2028c\rd\x85"), ["abc", "", "de"], beam_size=1,
                            max_len_b=3)
@@ -381,7 +458,7 @@ USAGE_ERRORS = [
     ("train-accum-0", ["train", "--accum", "0"], "--accum: must be a positive integer, got '0'"),
     ("train-keep-last-0", ["train", "--keep-last", "0"], "--keep-last: must be a positive integer"),
     ("train-vocab-size-negative", ["train", "--vocab-size", "-8000"], "--vocab-size: must be a positive integer"),
-    ("train-alpha-negative", ["train", "--alpha", "-0.5"], "--alpha: must be a number >= 0, got '-0.5'"),
+    ("train-alpha-negative", ["train", "--alpha", "-0.5"], "--alpha: must be a number in [0, 10], got '-0.5'"),
     ("train-beam-0", ["train", "--beam", "0"], "--beam: must be a positive integer, got '0'"),
     ("train-synthetic-src-fr", ["train", "--src", "fr", "--save-dir", "{tmp}"],
      "--src 'fr': the synthetic data has the languages en, de"),
@@ -394,6 +471,18 @@ USAGE_ERRORS = [
     ("translate-beam-0", ["translate", "--checkpoint", "x.npz", "--beam", "0"], "--beam: must be a positive integer"),
     ("translate-alpha-nan", ["translate", "--checkpoint", "x.npz", "--alpha", "nan"],
      "--alpha: must be a finite number"),
+    ("translate-alpha-huge", ["translate", "--checkpoint", "x.npz", "--alpha", "1e308"],
+     "--alpha 1e+308: GNMT's α must be a number in [0, 10]"),
+    ("translate-hf-alpha-huge-negative", ["translate", "--checkpoint", "x.npz", "--length-normalization", "hf",
+                                          "--alpha", "-1e308"],
+     "--alpha -1e+308: transformers' length_penalty must be a number in [-10, 10]"),
+    ("translate-hf-alpha-negative-infinity", ["translate", "--checkpoint", "x.npz", "--length-normalization", "hf",
+                                              "--alpha", "-inf"], "--alpha: must be a finite number, got '-inf'"),
+    ("eval-alpha-huge", ["eval", "--checkpoint", "x.npz", "--alpha", "1e10"],
+     "--alpha 1e+10: GNMT's α must be a number in [0, 10]"),
+    ("train-alpha-huge", ["train", "--alpha", "1e308"], "--alpha: must be a number in [0, 10], got '1e308'"),
+    ("explain-alpha-huge", ["explain", "--checkpoint", "x.npz", "--source", "a", "--output", "p.html",
+                            "--alpha", "1e308"], "--alpha: must be a number in [0, 10], got '1e308'"),
     ("translate-batch-size-0", ["translate", "--checkpoint", "x.npz", "--batch-size", "0"], "--batch-size: must be"),
     ("translate-unknown-device", ["translate", "--checkpoint", "x.npz", "--device", "tpu"],
      "--device: invalid choice: 'tpu'"),
@@ -510,6 +599,16 @@ def test_translate_refuses_a_long_line_naming_it_before_writing(run, tmp_path, c
 def test_translate_max_input_tokens_beyond_the_model_is_misuse(run, tmp_path, capsys):
     code, _, err = translate_cli(run, capsys, "--max-input-tokens", "24", data=b"I\n", tmp_path=tmp_path)
     assert code == 2 and "--max-input-tokens 24 is more than this model can encode: 23 tokens" in one_line(err)
+
+
+def test_translate_clips_a_beam_wider_than_the_model_can_emit_with_one_warning(run, tmp_path, capsys):
+    data = b"I see 3 red cats\nWe buy 2 old cars\n"
+    code, narrow, err = translate_cli(run, capsys, "--beam", "148", data=data, tmp_path=tmp_path)
+    assert code == 0 and err == ""  # 150 pieces less padding and BOS
+    code, wide, err = translate_cli(run, capsys, "--beam", "1000000", data=data, tmp_path=tmp_path)
+    assert code == 0 and wide == narrow
+    assert one_line(err) == ("tinyformer translate: warning: --beam 1,000,000 is wider than the 148 tokens this "
+                             "model can emit (its target vocabulary less padding and BOS): searching with --beam 148")
 
 
 RUNTIME_ERRORS = [

@@ -1,7 +1,8 @@
 """``tinyformer eval``: the BLEU of a checkpoint on a split of its run's data, or of two files."""
 
 from ..engine import amp
-from .options import add_decoding_options, add_precision_option, check_length_penalty, limiting_threads, positive_int
+from .options import (add_decoding_options, add_precision_option, check_length_penalty, fit_beam, limiting_threads,
+                      positive_int)
 from .text_io import read_lines
 from .usage import UsageError
 
@@ -45,6 +46,7 @@ def run(args):
     if bool(args.sources) != bool(args.references):
         raise UsageError("--sources and --references go together (with --checkpoint)")
     model, tokenizer, meta = load_model(args.checkpoint, args.device, args.tokenizer)
+    args.beam = fit_beam(args.beam, model, tokenizer, args.command)
     if args.sources:
         sources = read_lines(args.sources, "--sources", args.command)
         references = read_lines(args.references, "--references", args.command)

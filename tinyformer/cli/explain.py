@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from .options import add_decoding_options, positive_int
+from .options import add_decoding_options, fit_beam, positive_int
 from .text_io import plural, read_lines, write_text
 from .usage import UsageError
 
@@ -89,14 +89,16 @@ def run(args):
         if args.every is not None or args.steps is not None:
             raise UsageError("--every and --steps go with --checkpoints RUN_DIR")
         model, tokenizer, _ = load_model(args.checkpoint, args.device, args.tokenizer)
+        options["beam_size"] = fit_beam(args.beam, model, tokenizer, args.command)
         start = time.perf_counter()
         page = viz.explain(model, tokenizer, source, args.reference, **options)
     else:
         steps, tokenizer = _run_checkpoints(args, load_model)
+        options["beam_size"] = fit_beam(args.beam, steps[-1][2], tokenizer, args.command)
         start = time.perf_counter()
         page = viz.explain_steps(steps, tokenizer, source, args.reference, **options)
     write_text(page, args.output)
-    print(f"wrote {args.output} ({len(page.encode('utf-8')) / 2 ** 20:.1f} MiB) in "
+    print(f"tinyformer {args.command}: wrote {args.output} ({len(page.encode('utf-8')) / 2 ** 20:.1f} MiB) in "
           f"{time.perf_counter() - start:.1f} s; open it in a browser (it makes no request)", file=sys.stderr)
     return 0
 

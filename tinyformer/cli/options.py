@@ -6,6 +6,7 @@ import functools
 
 from ..common.validation import check_int, check_real
 from ..engine import amp, backend
+from ..translation.length_penalties import ALPHA_LIMIT, alpha_range
 from .usage import UsageError
 
 
@@ -29,14 +30,16 @@ def checked(kind, check):
 
 
 positive_int = checked(int, functools.partial(check_int, minimum=1))
-non_negative_float = checked(float, functools.partial(check_real, minimum=0))
 float_number = checked(float, check_real)
+gnmt_alpha = checked(float, functools.partial(check_real, minimum=0, maximum=ALPHA_LIMIT))
 
 
 def add_decoding_options(parser, beam=4, threads=None, length_normalization=False):
     """--beam, --threads, --alpha, --device, --tokenizer; with ``length_normalization`` also
     --length-normalization {gnmt,hf}, and --alpha defaults to None (the normalisation's own default)."""
-    parser.add_argument("--beam", type=positive_int, default=beam, help=f"beam size (default {beam}; 1 = greedy)")
+    parser.add_argument("--beam", type=positive_int, default=beam,
+                        help=f"beam size (default {beam}; 1 = greedy); one wider than the tokens the model can emit "
+                             "(its target vocabulary less padding and BOS) is searched at that width, with a warning")
     parser.add_argument("--threads", type=positive_int, default=threads,
                         help=f"CPU threads for matrix products and row-wise work (default {threads or 'all'})")
     if length_normalization:
@@ -45,18 +48,39 @@ def add_decoding_options(parser, beam=4, threads=None, length_normalization=Fals
                                  "((5 + length) / 6)^α, §6.1; hf: Hugging Face transformers' beam search, "
                                  "log-probability / length^α with its stopping rule (generate(num_beams=N))")
         parser.add_argument("--alpha", type=float_number, default=None,
-                            help="the length penalty: GNMT's α, a number ≥ 0 (default 0.6), or with "
-                                 "--length-normalization hf transformers' length_penalty, any number (default 1.0)")
+                            help=f"the length penalty: GNMT's α, a number in [0, {ALPHA_LIMIT}] (default 0.6), or "
+                                 "with --length-normalization hf transformers' length_penalty, a number in "
+                                 f"[-{ALPHA_LIMIT}, {ALPHA_LIMIT}] (default 1.0)")
     else:
-        parser.add_argument("--alpha", type=non_negative_float, default=0.6, help="GNMT length penalty α (default 0.6)")
+        parser.add_argument("--alpha", type=gnmt_alpha, default=0.6,
+                            help=f"GNMT length penalty α, in [0, {ALPHA_LIMIT}] (default 0.6)")
     parser.add_argument("--device", default="cpu", choices=backend.DEVICES, help="cpu (default) or cuda")
     parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
 
 
 def check_length_penalty(args):
-    """A UsageError for a negative --alpha with GNMT's normalisation (hf takes any number)."""
-    if args.length_normalization == "gnmt" and args.alpha is not None and args.alpha < 0:
-        raise UsageError(f"--alpha {args.alpha:g}: GNMT's α must be ≥ 0 (negative ones: --length-normalization hf)")
+    """A UsageError for an --alpha outside its normalisation's range (``length_penalties.alpha_range``)."""
+    least, greatest = alpha_range(args.length_normalization)
+    if args.alpha is not None and not least <= args.alpha <= greatest:
+        if args.length_normalization == "gnmt":
+            raise UsageError(f"--alpha {args.alpha:g}: GNMT's α must be a number in [{least}, {greatest}]"
+                             + (" (negative ones: --length-normalization hf)" if args.alpha < 0 else ""))
+        raise UsageError(f"--alpha {args.alpha:g}: transformers' length_penalty must be a number in "
+                         f"[{least}, {greatest}]")
+
+
+def fit_beam(beam, model, tokenizer, command):
+    """``beam``, or the widest beam the model can use (``decode.widest_beam``) with a one-line warning."""
+    from ..translation.data.special import BOS_ID, EOS_ID
+    from ..translation.decode import widest_beam
+    from .text_io import warn
+
+    widest = widest_beam(model, getattr(tokenizer, "bos_id", BOS_ID), getattr(tokenizer, "eos_id", EOS_ID))
+    if beam <= widest:
+        return beam
+    warn(command, f"--beam {beam:,} is wider than the {widest:,} tokens this model can emit (its target vocabulary "
+                  f"less padding and BOS): searching with --beam {widest}")
+    return widest
 
 
 def limiting_threads(command):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from ..engine import amp
 from .eval import print_evaluation
-from .options import checked
+from .options import checked, fit_beam
 from .usage import UsageError
 
 
@@ -55,7 +55,8 @@ def run(args):
         model = averaged.model
         print(f"test, {averaged.label()}")
     with amp.autocast(trainer.config.precision):
-        result = evaluate(model, trainer.tokenizer, sources, references, trainer.config.beam_size, trainer.config.alpha)
+        beam = fit_beam(trainer.config.beam_size, model, trainer.tokenizer, args.command)
+        result = evaluate(model, trainer.tokenizer, sources, references, beam, trainer.config.alpha)
     print_evaluation(result, sources, references, "test")
     trainer.log({"step": trainer.step, "split": "test", **({"averaged": averaged.count} if averaged else {}),
                  **{k: v for k, v in result.items() if k != "hypotheses"}})

@@ -5,7 +5,8 @@ import warnings
 from pathlib import Path
 
 from ..engine import amp
-from .options import add_decoding_options, add_precision_option, check_length_penalty, limiting_threads, positive_int
+from .options import (add_decoding_options, add_precision_option, check_length_penalty, fit_beam, limiting_threads,
+                      positive_int)
 from .text_io import read_lines, warn, write_text
 from .usage import UsageError
 
@@ -58,6 +59,7 @@ def run(args):
     if args.output not in (None, "-") and not Path(args.output).resolve().parent.is_dir():
         raise FileNotFoundError(f"--output {args.output}: the directory {Path(args.output).parent} does not exist")
     model, tokenizer, _ = load_model(args.checkpoint, args.device, args.tokenizer)
+    args.beam = fit_beam(args.beam, model, tokenizer, args.command)
     limit = input_token_limit(model)
     if args.max_input_tokens is not None and limit is not None and args.max_input_tokens > limit:
         raise UsageError(f"--max-input-tokens {args.max_input_tokens} is more than this model can encode: "
@@ -101,4 +103,5 @@ def _plot_attention(model, tokenizer, lines, args):
         folder = Path(args.plot_attention) / f"line{n}"
         alpha = 0.6 if args.alpha is None else args.alpha  # gnmt's (hf with --beam > 1 is refused in run)
         _, paths = viz.plot_attention(model, tokenizer, line, folder, beam_size=args.beam, alpha=alpha)
-        print(f"attention of line {n}: {len(paths)} figures in {folder}", file=sys.stderr)
+        print(f"tinyformer {args.command}: attention of line {n}: {len(paths)} figures in {folder}",
+              file=sys.stderr)

@@ -25,7 +25,14 @@ Beam search ranks finished hypotheses by a length-normalised score, chosen by
 (``beam_search`` says when it stops); "hf" reproduces Hugging Face transformers'
 beam search (``generate(num_beams=k)`` with its defaults): score / |Y|^α, α being
 transformers' ``length_penalty`` (default 1.0), its ``early_stopping=False``
-stopping rule and its forced EOS, which scores 0.
+stopping rule and its forced EOS, which scores 0 (``length_penalties``: both penalties, and the
+range of α in which their arithmetic holds).
+
+A beam is never wider than the number of tokens the model can emit, its target vocabulary less
+padding and BOS (``widest_beam``; fairseq clips its beam the same way): a wider one is searched at
+that width, with one ``SearchWarning``. Sentences are searched together as long as their candidate
+scores (sentences × beam × vocabulary) stay within ``CANDIDATE_BUDGET``, so that a wide beam over a
+large vocabulary is searched a few sentences at a time rather than exhausting the memory.
 """
 
 import warnings
@@ -39,18 +46,25 @@ from .data.batching import pad
 from .data.special import BOS_ID, EOS_ID
 from ..model.nn import inference
 from ..common.validation import check_int, check_real
+from .length_penalties import (DEFAULT_ALPHA, LENGTH_NORMALIZATIONS, check_length_normalization, hf_length_penalty,
+                               length_penalty)
 
-__all__ = ["Hypothesis", "InputWarning", "LongLineError", "LONG_LINES", "LENGTH_NORMALIZATIONS", "DEFAULT_ALPHA",
-           "length_penalty", "hf_length_penalty", "greedy_decode", "beam_search", "input_token_limit", "translate"]
+__all__ = ["Hypothesis", "InputWarning", "SearchWarning", "LongLineError", "LONG_LINES", "LENGTH_NORMALIZATIONS",
+           "DEFAULT_ALPHA", "CANDIDATE_BUDGET", "length_penalty", "hf_length_penalty", "widest_beam",
+           "greedy_decode", "beam_search", "input_token_limit", "translate"]
 
 LONG_LINES = ("truncate", "refuse")
-LENGTH_NORMALIZATIONS = ("gnmt", "hf")
-# α when none is given: §6.1's 0.6 for GNMT's penalty, transformers' length_penalty default 1.0 for "hf".
-DEFAULT_ALPHA = {"gnmt": 0.6, "hf": 1.0}
+# Candidate scores (float64) that one beam search step may hold: 2^24, 128 MiB. More sentences are
+# searched a group at a time; one sentence alone may exceed it (beam × vocabulary).
+CANDIDATE_BUDGET = 2 ** 24
 
 
 class InputWarning(UserWarning):
     """``translate`` changed its input to translate it: lines longer than the model allows were truncated."""
+
+
+class SearchWarning(UserWarning):
+    """A search ran with other settings than asked: a beam wider than the tokens the model can emit."""
 
 
 class LongLineError(ValueError):
@@ -73,33 +87,6 @@ class Hypothesis(NamedTuple):
     normalized_score: float
 
 
-def length_penalty(length, alpha):
-    """GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14); §6.1 uses α = 0.6.
-
-    ``length`` is |Y|, the number of generated tokens including the final EOS.
-    """
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-def hf_length_penalty(length, alpha):
-    """Hugging Face's divisor |Y|^α, α being transformers' ``length_penalty`` (default 1.0, the mean
-    log-probability per token; α > 0 favours longer outputs, α < 0 shorter ones).
-
-    ``length`` is |Y|, the number of generated tokens including the final EOS (transformers divides by
-    ``cur_len + 1 - decoder_prompt_len`` when a hypothesis finishes).
-    """
-    return float(length) ** alpha
-
-
-def _check_length_normalization(length_normalization, alpha):
-    """(length_normalization, α): α defaults to DEFAULT_ALPHA; GNMT's must be ≥ 0, transformers' any number."""
-    if length_normalization not in LENGTH_NORMALIZATIONS:
-        raise ValueError(f"length_normalization must be one of {LENGTH_NORMALIZATIONS}, got {length_normalization!r}")
-    if alpha is None:
-        return length_normalization, DEFAULT_ALPHA[length_normalization]
-    return length_normalization, check_real("alpha", alpha, 0 if length_normalization == "gnmt" else None)
-
-
 # ------------------------------------------------------------------------ helpers
 def _check_src(src):
     """Source ids as a 2-D NumPy integer array (batch, len_src)."""
@@ -113,23 +100,42 @@ def _check_src(src):
 
 def _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b):
     """The maximum number of tokens (EOS excluded) each sentence may get."""
-    if max_len is not None:
-        limits = np.full(len(src), check_int("max_len", max_len, 0), dtype=np.int64)
-    else:
-        a = check_real("max_len_a", max_len_a, 0)
-        b = check_real("max_len_b", max_len_b, 0)
-        src_len = (src != pad_id).sum(axis=1)
-        limits = np.floor(a * src_len + b).astype(np.int64)
-    # BOS sits at position 0 and the L-th token at position L, which predicts EOS.
+    # BOS sits at position 0 and the L-th token at position L, which predicts EOS; without a positional
+    # table, no more than an int64 holds. A larger maximum (1e308, 10**30) is that cap.
     positions = getattr(getattr(model, "positional", None), "max_len", None)
-    if positions is not None:
-        limits = np.minimum(limits, positions - 1)
-    return limits
+    cap = positions - 1 if positions is not None else 2 ** 62
+    if max_len is not None:
+        return np.full(len(src), min(check_int("max_len", max_len, 0), cap), dtype=np.int64)
+    a = check_real("max_len_a", max_len_a, 0)
+    b = check_real("max_len_b", max_len_b, 0)
+    src_len = (src != pad_id).sum(axis=1)
+    with np.errstate(over="ignore"):  # a · src_len beyond the float range is +inf, then the cap
+        wanted = a * src_len.astype(np.float64) + b
+    return np.floor(np.minimum(wanted, cap)).astype(np.int64)
 
 
 def _banned_ids(model, bos_id, eos_id, vocab):
     banned = {int(model.pad_id), int(bos_id)} - {int(eos_id)}
     return np.array(sorted(i for i in banned if 0 <= i < vocab), dtype=np.int64)
+
+
+def widest_beam(model, bos_id=BOS_ID, eos_id=EOS_ID):
+    """The widest beam worth searching: the number of tokens the model can emit (its target vocabulary
+    less padding and BOS, which are never generated), fairseq's bound."""
+    vocab = model.tgt_vocab_size
+    return max(1, vocab - len(_banned_ids(model, bos_id, eos_id, vocab)))
+
+
+def _fit_beam(model, beam_size, bos_id, eos_id, stacklevel):
+    """``beam_size`` checked, and clipped to ``widest_beam`` with a SearchWarning."""
+    beam_size = check_int("beam_size", beam_size, 1)
+    widest = widest_beam(model, bos_id, eos_id)
+    if beam_size > widest:
+        warnings.warn(SearchWarning(f"beam_size={beam_size} is wider than the {widest} tokens the model can emit "
+                                    f"(its target vocabulary less padding and BOS): searching with "
+                                    f"beam_size={widest}"), stacklevel=stacklevel + 1)
+        return widest
+    return beam_size
 
 
 def _check_special(name, value, vocab):
@@ -289,11 +295,21 @@ def beam_search(model, src, beam_size=4, alpha=None, max_len_a=1, max_len_b=50, 
     ``beam_size=1`` hf is not greedy search (transformers runs greedy search then).
     """
     src, bos_id, eos_id, pad_id, banned = _setup(model, src, bos_id, eos_id, pad_id)
-    k = check_int("beam_size", beam_size, 1)
-    normalization, alpha = _check_length_normalization(length_normalization, alpha)
-    hf = normalization == "hf"
-    penalty = hf_length_penalty if hf else length_penalty
+    check_int("beam_size", beam_size, 1)
+    normalization, alpha = check_length_normalization(length_normalization, alpha)
+    k = _fit_beam(model, beam_size, bos_id, eos_id, stacklevel=2)
     limits = _max_lengths(model, src, pad_id, max_len, max_len_a, max_len_b)
+    group = max(1, CANDIDATE_BUDGET // (k * model.tgt_vocab_size))  # sentences searched together
+    ranked = []
+    for start in range(0, len(src), group):
+        ranked += _search_beams(model, src[start:start + group], limits[start:start + group], k, alpha,
+                                normalization == "hf", bos_id, eos_id, pad_id, banned, use_cache)
+    return ranked if return_scores else [hyps[0].tokens for hyps in ranked]
+
+
+def _search_beams(model, src, limits, k, alpha, hf, bos_id, eos_id, pad_id, banned, use_cache):
+    """``beam_search`` of the sentences ``src`` (checked), their kept hypotheses best first."""
+    penalty = hf_length_penalty if hf else length_penalty
     finished = [[] for _ in range(len(src))]
     if not len(src):
         return []
@@ -341,8 +357,7 @@ def beam_search(model, src, beam_size=4, alpha=None, max_len_a=1, max_len_b=50, 
             memory, src_mask, alive = memory[rows], src_mask[rows], alive[keep]
             if state is not None:
                 state.reorder(rows)
-    ranked = [sorted(hyps, key=lambda h: -h.normalized_score) for hyps in finished]
-    return ranked if return_scores else [hyps[0].tokens for hyps in ranked]
+    return [sorted(hyps, key=lambda h: -h.normalized_score) for hyps in finished]
 
 
 # ------------------------------------------------------------------------ translate
@@ -395,7 +410,7 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, m
             raise TypeError(f"translate: lines[{i}] must be a str, got {type(line).__name__}")
     beam_size = check_int("beam_size", beam_size, 1)
     batch_size = check_int("batch_size", batch_size, 1)
-    length_normalization, alpha = _check_length_normalization(length_normalization, alpha)
+    length_normalization, alpha = check_length_normalization(length_normalization, alpha)
     if long_lines not in LONG_LINES:
         raise ValueError(f"translate: long_lines must be one of {LONG_LINES}, got {long_lines!r}")
     limit = input_token_limit(model, append_eos)
@@ -429,6 +444,10 @@ def translate(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, m
             f"{max_input_tokens} tokens to their first {max_input_tokens}: line"
             f"{'s' if len(truncated) > 1 else ''} {line_list(truncated)}"), stacklevel=2)
     sources.sort(key=lambda item: len(item[1]))  # stable: equal lengths keep their order
+    if sources and beam_size > 1:  # one warning for all batches
+        vocab = model.tgt_vocab_size
+        beam_size = _fit_beam(model, beam_size, _check_special("bos_id", bos_id, vocab),
+                              _check_special("eos_id", eos_id, vocab), stacklevel=2)
     for start in range(0, len(sources), batch_size):
         batch = sources[start:start + batch_size]
         src = pad([ids or [model.pad_id] for _, ids in batch], model.pad_id)

@@ -22,6 +22,7 @@ from ...model.nn.presets import PRESETS, check_preset
 from .migration import migrate_config
 from .recipes import RECIPES
 from ...common.validation import check_int, check_probability, check_real
+from ..length_penalties import ALPHA_LIMIT
 
 __all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
            "DATASETS", "LANGUAGES", "MODEL_DEFINING", "flag_of", "default_save_dir", "check_languages",
@@ -37,7 +38,6 @@ LANGUAGES = {"synthetic": ("en", "de"), "multi30k": MULTI30K_LANGUAGES, "files":
 positive_int = functools.partial(check_int, minimum=1)
 non_negative_int = functools.partial(check_int, minimum=0)
 positive_real = functools.partial(check_real, minimum=0, open_minimum=True)
-non_negative_real = functools.partial(check_real, minimum=0)
 unit_interval = functools.partial(check_real, minimum=0, maximum=1)
 at_least_one = functools.partial(check_real, minimum=1)
 
@@ -300,8 +300,9 @@ class TrainConfig:
                                resumable=True)
     beam_size: int = option(4, help="beam size of the final test evaluation, §6.1", flag="--beam", kind=int,
                             check=positive_int, resumable=True)
-    alpha: float = option(0.6, help="length penalty α of the final test evaluation, §6.1", kind=float,
-                          check=non_negative_real, resumable=True)
+    alpha: float = option(0.6, help=f"length penalty α of the final test evaluation, §6.1, in [0, {ALPHA_LIMIT}]",
+                          kind=float, check=functools.partial(check_real, minimum=0, maximum=ALPHA_LIMIT),
+                          resumable=True)
 
     def resolved(self):
         """A copy with every default filled in and every field checked (ConfigError names the field)."""
