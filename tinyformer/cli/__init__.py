@@ -3,12 +3,15 @@ study, info.
 
 Usage errors exit with status 2 and one line on stderr; failures at run time
 (missing data, a bad checkpoint) with status 1 and one line; no tracebacks
-(set ``TINYFORMER_DEBUG=1`` to see them). Each command is a module here with
+(set ``TINYFORMER_DEBUG=1`` to see them). Warnings, tinyformer's and other packages'
+(``warnings.warn``, NumPy's floating-point ones), are one line each too:
+``tinyformer CMD: warning: ...`` (``show_warning``). Each command is a module here with
 ``register(commands)``, which adds its parser, and ``run(args)``, its handler.
 """
 
 import os
 import sys
+import warnings
 
 from ..common.version import __version__
 from . import average, eval, explain, export, gradcheck, import_model, info, plot, study, train, translate
@@ -36,7 +39,9 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
-        return args.run(args)
+        with warnings.catch_warnings():  # Python's own printer (two lines, with a source line) comes back after
+            warnings.showwarning = show_warning(args.command)
+            return args.run(args)
     except UsageError as error:
         if _tell(error, str(error)):
             print(f"tinyformer {args.command}: error: {error}", file=sys.stderr)
@@ -55,6 +60,29 @@ def main(argv=None):
         if _tell(error, message):
             print(f"tinyformer {args.command}: error: {message}", file=sys.stderr)
         return 1
+
+
+def show_warning(command):
+    """A ``warnings.showwarning`` that prints ``tinyformer COMMAND: warning: MESSAGE`` on one line (the
+    message's lines joined); a warning of another kind than tinyformer's own says its kind, and the
+    package it comes from when that is not tinyformer (NumPy's floating-point warnings come from the
+    line of tinyformer that computed). Ranks other than the first say nothing: they all warn alike."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        if not category.__module__.startswith("tinyformer"):
+            package = _package_of(filename)
+            text += f" ({category.__name__}{f' from {package}' if package not in (None, 'tinyformer') else ''})"
+        if first_rank():
+            print(f"tinyformer {command}: warning: {text}", file=sys.stderr if file is None else file)
+    return show
+
+
+def _package_of(filename):
+    """The top-level package of the imported module whose file is ``filename``, or None."""
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name.partition(".")[0]
+    return None
 
 
 def _tell(error, message):
