@@ -157,6 +157,21 @@ def test_graphed_runner_times_replayed_steps_with_the_emulated_capture():
     assert np.isfinite(result["tf_graphs_loss"]) and np.isfinite(result["tf_loss"])
 
 
+def test_launch_count_reports_each_family_once_and_the_total():
+    """launch_count.py on the CPU (tiny, fp32, one row): its groups share out every counted family."""
+    result = children.run([children.PYTHON, os.path.join(ROOT, "benchmarks", "launch_count.py"), "--preset", "tiny",
+                           "--precision", "fp32", "--tokens", "16", "--families"], timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    (row,) = [line for line in lines if line.startswith("| tiny | fp32 |")]
+    cells = [int(c.replace(",", "")) for c in row.strip("|").split("|")[2:]]
+    families = [line for line in lines if line.startswith("| ") and not line.startswith(("| tiny", "| preset",
+                                                                                          "| family"))]
+    counts = {line.split("|")[1].strip(): int(line.split("|")[2]) for line in families}
+    assert sum(cells[:-1]) == cells[-1] == sum(counts.values()) > 0
+    assert counts["adam_update"] == 1 and counts["cublas_gemm"] > 0
+
+
 # ---------------------------------------------------------------- bench_ddp (issue 49: two ranks against two threads)
 def test_ddp_benchmark_ranks_share_out_the_rows_of_the_one_process_batch():
     """Each rank takes a consecutive part of bench_step's batch: together exactly its rows and its
