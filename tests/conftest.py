@@ -15,6 +15,7 @@ from pathlib import Path
 
 import background_builds
 import children
+import compilers
 import pytest
 import trained_models
 from hypothesis import is_hypothesis_test, settings
@@ -30,7 +31,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")  # --hypothesis-p
 
 # Settings of the test run itself that a test may read; all other TINYFORMER_* variables
 # (TINYFORMER_KERNELS, TINYFORMER_DEBUG, ...) are removed for each test, which sets what it needs.
-KEPT_SETTINGS = ("TINYFORMER_DATA", "TINYFORMER_EMULATION_SANITIZE")
+KEPT_SETTINGS = ("TINYFORMER_DATA", "TINYFORMER_EMULATION_SANITIZE", compilers.CI_VARIABLE)
 THREAD_LIMITS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -122,6 +123,12 @@ def set_threads():
     backend.set_num_threads(old)
     yield backend.set_num_threads
     backend.set_num_threads(old)
+
+
+@pytest.fixture
+def cxx_compiler():
+    """The C++ compiler of the CPU emulation's tests: skipped without one, failed in CI (``compilers``)."""
+    return compilers.require()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,5 @@
 """The catalogue behind `tinyformer gradcheck`: every case passes, and broken backwards or kernels fail."""
 
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -116,8 +114,7 @@ def test_exact_stand_ins_pass_the_kernel_comparison(monkeypatch):
     assert row.passed, row.detail
 
 
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
-                    reason="no C++ compiler for the CPU emulation of the kernels")
+@pytest.mark.usefixtures("cxx_compiler")
 def test_every_kernel_matches_its_reference_through_the_cpu_emulation():
     rows = suite.run(list(suite.KERNEL_CASES), device="cpu")
     for row in rows:

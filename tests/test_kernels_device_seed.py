@@ -3,8 +3,6 @@ every kernel that draws Philox dropout gives, for a seed s read from a table, bi
 gives for ``seed=s``, and another value in the table changes its mask (the pointer is read); the
 functional layer hands a DeviceSeed from ``random.kernel_seed`` through to forward and backward."""
 
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -17,8 +15,7 @@ from tinyformer.engine.kernels import arguments, attention as attention_kernel, 
 from tinyformer.engine.kernels import bias_relu_dropout as bias_relu_dropout_kernel
 from tinyformer.engine.kernels import residual_layer_norm as residual_layer_norm_kernel
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
-                                reason="no C++ compiler for the CPU emulation")
+pytestmark = pytest.mark.usefixtures("cxx_compiler")  # skipped without g++ or clang++; failed in CI (compilers.py)
 
 SEED, OTHER = 1234567, 98765
 

@@ -284,12 +284,8 @@ def test_hardware_mma_and_ldmatrix_follow_the_ptx_isas_own_formulas(dtype):
 
 
 @pytest.mark.parametrize("dtype", MMA_DTYPES)
-def test_hardware_mma_agrees_with_the_emulation(dtype):
+def test_hardware_mma_agrees_with_the_emulation(dtype, cxx_compiler):
     """The same probe inputs through the hardware instruction and through cpu_emulation.h."""
-    import shutil
-
-    if shutil.which("g++") is None and shutil.which("clang++") is None:
-        pytest.skip("no C++ compiler for the CPU emulation")
     rng = np.random.default_rng(11)
     kind = "bfloat16" if dtype == "bfloat16" else "float16"
     dev_gpu, dev_cpu = Device("cuda", dtype), Device("cpu", dtype)

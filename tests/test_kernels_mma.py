@@ -9,7 +9,6 @@ cases run on a GPU in tests/test_kernels_gpu.py. The file runs again under Addre
 """
 
 import os
-import shutil
 
 import children
 import mma_probes
@@ -25,8 +24,7 @@ from tinyformer.study.kernel_cases import Device, rand
 from tinyformer.engine import backend
 from tinyformer.engine.kernels import attention as attention_kernel, registry
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
-                                reason="no C++ compiler for the CPU emulation")
+pytestmark = pytest.mark.usefixtures("cxx_compiler")  # skipped without g++ or clang++; failed in CI (compilers.py)
 
 DTYPES = ("float16", "bfloat16")
 
