@@ -611,6 +611,13 @@ def test_translate_clips_a_beam_wider_than_the_model_can_emit_with_one_warning(r
                              "model can emit (its target vocabulary less padding and BOS): searching with --beam 148")
 
 
+@pytest.mark.parametrize("options", [["--alpha", "5e-324"], ["--alpha", "-0.0"], ["--alpha", "10"],
+                                     ["--length-normalization", "hf", "--alpha", "-10"]], ids=" ".join)
+def test_translate_takes_the_edges_of_alphas_range(run, tmp_path, capsys, options):
+    code, out, err = translate_cli(run, capsys, "--beam", "3", *options, data=b"I see 3 red cats\n", tmp_path=tmp_path)
+    assert code == 0 and out.count("\n") == 1 and err == ""
+
+
 RUNTIME_ERRORS = [
     ("translate-missing-input", lambda d: ["translate", "--checkpoint", d["run"], "--input", d["tmp"] / "nope.txt"],
      "--input {tmp}/nope.txt: no such file"),

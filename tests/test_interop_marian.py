@@ -282,4 +282,4 @@ def test_eval_scores_with_transformers_beam_search(tmp_path_factory, tmp_path, c
     assert shown == expected[:len(shown)] and len(shown) == 3
     assert cli.main(["eval", "--checkpoint", str(run), "--sources", str(tmp_path / "s.txt"), "--references",
                      str(tmp_path / "r.txt"), "--alpha", "-0.5"]) == 2
-    assert "GNMT's α must be ≥ 0" in capsys.readouterr().err
+    assert "GNMT's α must be a number in [0, 10]" in capsys.readouterr().err

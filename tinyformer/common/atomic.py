@@ -3,6 +3,8 @@ that a reader sees the old file or the new one, never half of one, and a crash l
 
 The new file gets the mode any new file gets (0o666 less the umask), not the 0o600 of
 ``tempfile.mkstemp``: a checkpoint, tokenizer or page is as readable as the folder's other files.
+Likewise a folder built under a temporary name and renamed into place (``new_folder``: an imported
+run, a copied tokenizer folder) gets mkdir's 0o777 less the umask, not the 0o700 of ``tempfile.mkdtemp``.
 """
 
 import contextlib
@@ -10,10 +12,10 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["replacing", "write_atomically", "fsync_directory"]
+__all__ = ["replacing", "write_atomically", "fsync_directory", "new_file", "new_folder"]
 
 
-def _create(directory, prefix, suffix):
+def new_file(directory, prefix, suffix):
     """(fd, path) of a new file in ``directory`` named ``prefix``<random>``suffix``, mode 0o666 less the umask."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
@@ -23,6 +25,18 @@ def _create(directory, prefix, suffix):
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {directory} for {prefix}*{suffix}")
+
+
+def new_folder(parent, prefix, suffix=""):
+    """A new empty folder in ``parent`` named ``prefix``<random>``suffix``, of mode 0o777 less the umask."""
+    for _ in range(100):
+        path = Path(parent) / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            path.mkdir(0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {parent} for {prefix}*{suffix}")
 
 
 def fsync_directory(directory):
@@ -48,7 +62,7 @@ def replacing(path, prefix=None, suffix=".tmp", durable=False):
     path = Path(path)
     if path.exists() and not path.is_file():
         raise IsADirectoryError(f"{path} is not a regular file: it cannot be replaced by one")
-    fd, temporary = _create(path.parent, f".{path.name}." if prefix is None else prefix, suffix)
+    fd, temporary = new_file(path.parent, f".{path.name}." if prefix is None else prefix, suffix)
     try:
         with os.fdopen(fd, "wb") as stream:
             yield stream

@@ -19,10 +19,17 @@ KEPT = ("format", "model_config", "tokenizer_sha256", "tokenizer_file", "step", 
 
 
 def save_safetensors(path, model_state, metadata):
-    """Write ``model_state`` ({name: array}) and the parts of ``metadata`` a model needs to ``path``."""
+    """Write ``model_state`` ({name: array}) and the parts of ``metadata`` a model needs to ``path``;
+    a parameter holding NaN or Inf is refused (CheckpointError, nothing written), as a checkpoint's is."""
     from safetensors.numpy import save
 
     tensors = {name: numpy.ascontiguousarray(value) for name, value in model_state.items()}
+    for name, value in tensors.items():
+        finite = numpy.isfinite(value) if value.dtype.kind in "fc" else True
+        if not numpy.all(finite):
+            raise CheckpointError(f"refusing to write {path}: parameter {name!r} holds "
+                                  f"{value.size - int(numpy.sum(finite))} non-finite value(s) (NaN or Inf) of "
+                                  f"{value.size}")
     kept = {key: metadata[key] for key in KEPT if key in metadata}
     data = save(tensors, metadata={METADATA_KEY: json.dumps(kept, sort_keys=True), "format": "np"})
     path = Path(path)

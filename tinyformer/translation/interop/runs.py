@@ -13,6 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy
+
 from ...model.nn import TransformerConfig
 from ..checkpoint import save_checkpoint
 from .marian import MarianError, config_to_marian, read_marian_folder, state_to_marian
@@ -28,7 +30,7 @@ def import_marian(folder, output):
     """Write the Marian model of ``folder`` as a tinyformer run at ``output`` (a new or empty folder);
     returns (the checkpoint's path, the TransformerConfig, the tokenizer)."""
     folder = Path(folder)
-    output = check_output(output, "--output")
+    output = check_output(output, "--output", reading=folder)
     config, state, tokenizer, extras = read_marian_folder(folder)
     meta = imported_metadata(config, tokenizer, MARIAN_TOKENIZER_DIR,
                              {"kind": "marian", "folder": folder.name, **extras})
@@ -49,7 +51,7 @@ def export_marian(source, output, tokenizer_path=None):
     """Write the model of checkpoint (or run directory) ``source`` as a Marian folder at ``output`` (a
     new or empty folder) that transformers' ``MarianMTModel`` and ``MarianTokenizer`` load; the model
     must be a Marian model and its tokenizer a Marian one (an imported run, or one trained from it)."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     from ..data.marian_tokenizer import MarianTokenizer
     from ..train.state import load_model
@@ -60,6 +62,11 @@ def export_marian(source, output, tokenizer_path=None):
     if not isinstance(tokenizer, MarianTokenizer):
         raise MarianError(f"{source}'s tokenizer is a joint sentencepiece model ({tokenizer.path.name}), not a "
                           "Marian one (source.spm, target.spm, vocab.json): only Marian runs export as Marian")
+    for name, value in model.state_dict().items():  # as the other formats: no NaN or Inf leaves tinyformer
+        finite = numpy.isfinite(value)
+        if not finite.all():
+            raise MarianError(f"{source}: parameter {name!r} holds {value.size - int(finite.sum())} non-finite "
+                              f"value(s) (NaN or Inf) of {value.size}: a model holding them is not exported")
     config = model.config
     imported = meta.get("imported_from") or {}
     values = config_to_marian(config, tokenizer.eos_id, imported.get("config"))
@@ -71,7 +78,8 @@ def export_marian(source, output, tokenizer_path=None):
     tensors = state_to_marian(model.state_dict(), TransformerConfig.from_dict(config))
 
     def fill(staging):
-        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        # written by open(), 0o666 less the umask (safetensors' save_file makes its file 0o600)
+        (staging / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
         (staging / "config.json").write_text(json.dumps(values, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n",
                                                         encoding="utf-8")

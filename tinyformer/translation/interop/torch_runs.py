@@ -95,10 +95,10 @@ def export_torch(source, output):
     from_torch_state(tensors, config, str(source))  # every tensor of its shape and finite: it imports back
     tensors = {name: numpy.ascontiguousarray(value, dtype=numpy.float32) for name, value in tensors.items()}
     if output.suffix == SAFETENSORS_SUFFIX:
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
 
-        def write_weights(path):
-            save_file(tensors, str(path), metadata={"format": "pt"})
+        def write_weights(path):  # into the file made for it (safetensors' save_file would make one of 0o600)
+            path.write_bytes(save(tensors, metadata={"format": "pt"}))
     else:
         try:
             import torch

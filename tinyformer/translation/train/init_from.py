@@ -15,12 +15,11 @@ run.
 
 import dataclasses
 import shutil
-import tempfile
 from pathlib import Path
 
 from .. import checkpoint, distributed
 from ..weights import load_weights
-from ...common.atomic import write_atomically
+from ...common.atomic import new_folder, write_atomically
 from ...engine import random as tf_random
 from ...model.nn import Transformer, TransformerConfig
 from .state import _load_state, migrated_with_model, run_tokenizer_path, tokenizer_file_of
@@ -128,7 +127,7 @@ def _copy_whole(source, destination):
     if not source.is_dir():
         write_atomically(destination, source.read_bytes())
         return
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial", dir=destination.parent))
+    staging = new_folder(destination.parent, f".{destination.name}.", ".partial")  # mkdir's mode, not mkdtemp's
     try:
         for item in sorted(source.iterdir()):
             if item.is_file():
