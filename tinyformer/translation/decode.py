@@ -291,8 +291,11 @@ def beam_search(model, src, beam_size=4, alpha=None, max_len_a=1, max_len_b=50, 
       log-probability (transformers forces it after the log-softmax).
 
     α defaults to ``DEFAULT_ALPHA[length_normalization]`` (0.6 for gnmt, transformers'
-    1.0 for hf); hf accepts any α, negative ones favouring short outputs. With
-    ``beam_size=1`` hf is not greedy search (transformers runs greedy search then).
+    1.0 for hf); gnmt takes α in [0, 10], hf in [-10, 10], negative ones favouring short
+    outputs (``length_penalties``). With ``beam_size=1`` hf is not greedy search
+    (transformers runs greedy search then). A ``beam_size`` above ``widest_beam(model)``
+    is searched at that width (one ``SearchWarning``); sentences are searched in groups
+    whose candidate scores fit ``CANDIDATE_BUDGET``.
     """
     src, bos_id, eos_id, pad_id, banned = _setup(model, src, bos_id, eos_id, pad_id)
     check_int("beam_size", beam_size, 1)
