@@ -47,15 +47,18 @@ def marian_folder(tmp_path_factory):
                               heads=2, ffn=32)[0]
 
 
+NAN_PARAMETER = "decoder.layers.0.feed_forward.linear2.weight"
+
+
 def with_a_nan(run, destination):
-    """A copy of ``run`` whose checkpoint holds a NaN (written past save_checkpoint, which refuses it)."""
+    """A copy of ``run`` whose checkpoint holds a NaN in NAN_PARAMETER (written past save_checkpoint,
+    which refuses it)."""
     shutil.copytree(run, destination)
     path = sorted(destination.glob("checkpoint_*.npz"))[-1]
     with np.load(path, allow_pickle=False) as stored:
         arrays = {name: stored[name] for name in stored.files}
-    arrays["model/decoder.layers.0.feed_forward.linear2.weight"] = arrays[
-        "model/decoder.layers.0.feed_forward.linear2.weight"].copy()
-    arrays["model/decoder.layers.0.feed_forward.linear2.weight"][0, 0] = np.nan
+    arrays[f"model/{NAN_PARAMETER}"] = arrays[f"model/{NAN_PARAMETER}"].copy()
+    arrays[f"model/{NAN_PARAMETER}"][0, 0] = np.nan
     np.savez(path, **arrays)
     return destination
 
@@ -101,18 +104,16 @@ def test_no_export_replaces_an_existing_file(run, form, given, tmp_path, capsys)
 # ------------------------------------------------------------------------ export: never NaN or Inf
 @pytest.mark.parametrize("form", ["safetensors", "torch", "marian"])
 def test_no_export_writes_a_model_holding_nan(run, marian_folder, form, tmp_path, capsys):
-    if form == "marian":
+    if form == "marian":  # a Marian run: only those export as Marian
         assert run_cli(capsys, "import", "marian", marian_folder, "--output", tmp_path / "finite")[0] == 0
         source = with_a_nan(tmp_path / "finite", tmp_path / "nan")
-        parameter = "decoder.layers.0.feed_forward.linear2.weight"
     else:
         source = with_a_nan(run, tmp_path / "nan")
-        parameter = "decoder.layers.0.feed_forward.linear2.weight"
     output = tmp_path / ("out" if form == "marian" else "out.safetensors")
     before = set(tmp_path.iterdir())
     code, err = run_cli(capsys, "export", source, "--format", form, "--output", output)
     assert code == 1 and len(err) == 1 and "NaN or Inf" in err[0], err
-    assert parameter in err[0] or form == "torch", err  # torch names its own tensor (in_proj, linear1, ...)
+    assert NAN_PARAMETER in err[0] or form == "torch", err  # torch names its own tensor (linear2, in_proj, ...)
     assert set(tmp_path.iterdir()) == before
 
 
