@@ -32,6 +32,15 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 import bench_step  # noqa: E402
 import provenance  # noqa: E402
 
+#: public datasheet peaks (dense): memory bandwidth in bytes/s, FLOP/s by ``Launch.compute``
+#: (fp32 and fp64 on CUDA cores, "tensor" the 16-bit tensor-core rate with float32 accumulation)
+GPUS = {
+    "H100": {"name": "H100 SXM", "bandwidth": 3.35e12, "fp32": 67e12, "fp64": 34e12, "tensor": 989e12},
+    "H200": {"name": "H200 SXM", "bandwidth": 4.8e12, "fp32": 67e12, "fp64": 34e12, "tensor": 989e12},
+    "A100": {"name": "A100 SXM 80 GB", "bandwidth": 2.039e12, "fp32": 19.5e12, "fp64": 9.7e12, "tensor": 312e12},
+    "T4": {"name": "T4", "bandwidth": 320e9, "fp32": 8.1e12, "fp64": 0.25e12, "tensor": 65e12},
+}
+
 #: how the families of ``counting_launches`` are grouped in the table
 GROUPS = (("attention kernels", lambda f: f.startswith("attention_")),
           ("other tinyformer kernels", lambda f: not f.startswith(("attention_", "cublas", "copy", "cupy", "array op"))),
@@ -77,6 +86,31 @@ def count(preset, precision, args, batch):
     return launches, nodes, time.perf_counter() - start
 
 
+def predicted_seconds(launch, gpu, floor):
+    """One launch's time on ``gpu``: its bytes at peak bandwidth or its FLOPs at the peak of its
+    compute, whichever is longer (a roofline), and never under ``floor`` seconds."""
+    spec = GPUS[gpu]
+    flops_time = launch.flops / spec[launch.compute] if launch.flops and launch.compute != "memory" else 0.0
+    return max(floor, launch.bytes / spec["bandwidth"], flops_time)
+
+
+def cost_table(records, gpu, floor):
+    """Markdown rows by group: launches, MB moved, GFLOP, predicted ms, and the launches the floor bounds."""
+    lines = [f"| group | launches | MB moved | GFLOP | predicted ms on {GPUS[gpu]['name']} | of them at the floor |",
+             "|---|---:|---:|---:|---:|---:|"]
+    totals = [0, 0, 0, 0.0, 0]
+    for name, belongs in GROUPS:
+        mine = [r for r in records if belongs(r.family)]
+        times = [predicted_seconds(r, gpu, floor) for r in mine]
+        row = [len(mine), sum(r.bytes for r in mine), sum(r.flops for r in mine), sum(times),
+               sum(t == floor for t in times)]
+        totals = [a + b for a, b in zip(totals, row)]
+        lines.append(f"| {name} | {row[0]:,} | {row[1] / 1e6:,.1f} | {row[2] / 1e9:,.2f} | {row[3] * 1e3:.3f} | {row[4]:,} |")
+    lines.append(f"| **step** | {totals[0]:,} | {totals[1] / 1e6:,.1f} | {totals[2] / 1e9:,.2f} | "
+                 f"**{totals[3] * 1e3:.3f}** | {totals[4]:,} |")
+    return lines
+
+
 def table(rows, device):
     header = ["preset", "precision", *[name for name, _ in GROUPS], "counted in all"]
     if device == "cuda":
@@ -103,7 +137,17 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--families", action="store_true", help="also list every family's count")
+    parser.add_argument("--cost-model", metavar="GPU", help="predict the step's time on these GPUs (comma-separated: "
+                        + ", ".join(GPUS) + ") from each launch's bytes and FLOPs and a per-launch floor")
+    parser.add_argument("--floor-us", type=float, default=3.0, help="the per-launch floor of --cost-model in "
+                        "microseconds (default 3: a guess until a GPU measures it)")
     args = parser.parse_args(argv)
+    gpus = args.cost_model.split(",") if args.cost_model else []
+    unknown = [g for g in gpus if g not in GPUS]
+    if unknown:
+        parser.error(f"--cost-model: unknown GPU {unknown[0]!r}; known: {', '.join(GPUS)}")
+    if args.floor_us < 0:
+        parser.error("--floor-us must be >= 0")
     batch = bench_step.make_batch(args.tokens, args.length, args.vocab, args.seed)
     rows, families = [], collections.defaultdict(dict)
     device = "the CPU (emulated capture and kernels)"
@@ -122,6 +166,14 @@ def main(argv=None):
             print(f"{preset} {precision}: {sum(launches.values())} launches counted ({seconds:.0f} s)", flush=True)
     print()
     print("\n".join(table(rows, args.device)))
+    for gpu in gpus:
+        for preset, precision, launches, _ in rows:
+            print()
+            print(f"{preset} {precision}, predicted on {GPUS[gpu]['name']} ({GPUS[gpu]['bandwidth'] / 1e12:g} TB/s, "
+                  f"{GPUS[gpu][precision == 'fp32' and 'fp32' or 'tensor'] / 1e12:g} TFLOP/s for its products, "
+                  f"{args.floor_us:g} µs a launch at least):")
+            print()
+            print("\n".join(cost_table(launches.records, gpu, args.floor_us * 1e-6)))
     if args.families:
         names = sorted({f for launches in families.values() for f in launches})
         print()

@@ -52,12 +52,15 @@ class DeviceArray(numpy.ndarray):
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         """The ufunc on the plain arrays beneath, its results as DeviceArrays (0-d, never scalars);
         inside a capture, counted as the kernel CuPy would launch for it (``backend.note_launch``)."""
-        if backend.is_capturing():
-            backend.note_launch(f"array op: {ufunc.__name__}" + ("" if method == "__call__" else f".{method}"))
         plain = [numpy.asarray(i) if isinstance(i, DeviceArray) else i for i in inputs]
         if out is not None:
             kwargs["out"] = tuple(numpy.asarray(o) if isinstance(o, DeviceArray) else o for o in out)
         results = getattr(ufunc, method)(*plain, **kwargs)
+        if backend.is_capturing():  # each operand read once, each result written once
+            written = out if out is not None else results if isinstance(results, tuple) else (results,)
+            arrays = [a for a in (*plain, *written) if isinstance(a, numpy.ndarray)]
+            backend.note_launch(f"array op: {ufunc.__name__}" + ("" if method == "__call__" else f".{method}"),
+                                bytes=sum(a.nbytes for a in arrays), flops=max((a.size for a in arrays), default=0))
         if out is not None:
             return out[0] if len(out) == 1 else out
         if method == "at":
@@ -73,20 +76,21 @@ class DeviceArray(numpy.ndarray):
 
     def __setitem__(self, key, value):
         _refuse_boolean_index(key)
-        _count("array op: setitem")
         super().__setitem__(key, value)
+        _count("array op: setitem", 2 * numpy.asarray(self)[key].nbytes)
 
     def fill(self, value):
-        _count("array op: fill")  # CuPy: a memset node for zeros of contiguous memory, else a kernel
+        _count("array op: fill", self.nbytes)  # CuPy: a memset node for zeros of contiguous memory, else a kernel
         super().fill(value)
 
     def astype(self, dtype, *args, **kwargs):
-        if numpy.dtype(dtype) != self.dtype or kwargs.get("copy", True):
-            _count("array op: astype")
-        return super().astype(dtype, *args, **kwargs)
+        result = super().astype(dtype, *args, **kwargs)
+        if result is not self:
+            _count("array op: astype", self.nbytes + result.nbytes)
+        return result
 
     def copy(self, *args, **kwargs):
-        _count("array op: copy")
+        _count("array op: copy", 2 * self.nbytes)
         return super().copy(*args, **kwargs)
 
     def __iter__(self):
@@ -126,10 +130,11 @@ class DeviceArray(numpy.ndarray):
         return self._read("tolist()").tolist()
 
 
-def _count(family):
-    """Count a launch of ``family`` where the step is being captured (``backend.note_launch``)."""
+def _count(family, moved):
+    """Count a launch of ``family`` that moves ``moved`` bytes, where the step is being captured
+    (``backend.note_launch``)."""
     if backend.is_capturing():
-        backend.note_launch(family)
+        backend.note_launch(family, bytes=moved)
 
 
 def _refuse_boolean_index(key):

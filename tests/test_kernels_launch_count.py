@@ -152,3 +152,47 @@ def test_a_captured_steps_launches_do_not_depend_on_the_batch():
     assert few == more
     _, deeper = captured_step_launches(tokens=16, num_layers=2)
     assert sum(deeper.values()) > sum(few.values())
+
+
+def test_each_launch_records_the_bytes_it_moves_and_its_flops(monkeypatch):
+    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    a, b = rng.standard_normal((2, 3, 8)).astype(np.float32), rng.standard_normal((8, 5)).astype(np.float32)
+    q, k, v = (rng.standard_normal((2, 2, n, 32)).astype(np.float32) for n in (5, 7, 7))
+    with backend.counting_launches() as launches:
+        F.softmax(Tensor(x), axis=-1)
+        cublas.matmul(a, b)
+        F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v))
+    softmax, gemm, attention = launches.records
+    assert (softmax.family, softmax.bytes, softmax.flops) == ("softmax_forward", 2 * x.nbytes, 0)
+    assert (gemm.family, gemm.flops, gemm.compute) == ("cublas_gemm", 2 * 2 * 3 * 5 * 8, "fp32")
+    assert gemm.bytes == a.nbytes + b.nbytes + 2 * 3 * 5 * 4  # b read once though broadcast over the batch
+    assert attention.family == "attention_forward" and attention.compute == "fp32"
+    assert attention.flops == 4 * 2 * 2 * 5 * 7 * 32  # S = QKᵀ and PV, 2 FLOPs a multiply-add
+    lse = 2 * 2 * 5 * 4
+    assert attention.bytes == q.nbytes + k.nbytes + v.nbytes + q.nbytes + lse  # q, k, v read; o, lse written
+
+
+def test_adams_launches_count_every_parameter_once_per_pass():
+    model, launches = captured_step_launches(tokens=16)
+    elements = sum(p.data.size for p in model.parameters() if p.requires_grad)
+    norm, update = ([r for r in launches.records if r.family == f] for f in ("adam_norm_partials", "adam_update"))
+    assert [r.bytes for r in norm] == [4 * elements]  # the gradients read
+    assert [r.bytes for r in update] == [7 * 4 * elements]  # p, g, m, v read; p, m, v written
+
+
+def test_the_cost_model_takes_the_longer_of_bytes_and_flops_and_never_less_than_the_floor():
+    from scripts import load_script
+
+    model = load_script("benchmarks/launch_count.py")
+    h200 = model.GPUS["H200"]
+    moving = backend.Launch("x", bytes=int(48e6), flops=0)  # 10 µs at 4.8 TB/s
+    computing = backend.Launch("cublas_gemm", bytes=1000, flops=int(67e9), compute="fp32")  # 1 ms at 67 TFLOP/s
+    tensor = backend.Launch("cublas_gemm", bytes=1000, flops=int(67e9), compute="tensor")
+    assert model.predicted_seconds(moving, "H200", 3e-6) == pytest.approx(48e6 / h200["bandwidth"])
+    assert model.predicted_seconds(computing, "H200", 3e-6) == pytest.approx(1e-3)
+    assert model.predicted_seconds(tensor, "H200", 3e-6) == pytest.approx(67e9 / 989e12)
+    assert model.predicted_seconds(backend.Launch("tiny", bytes=8), "H200", 3e-6) == 3e-6
+    rows = model.cost_table([moving, computing, backend.Launch("array op: add", bytes=8)], "H200", 3e-6)
+    assert rows[-1].startswith("| **step** | 3 |") and "1.013" in rows[-1]

@@ -10,6 +10,7 @@ issues in a block, by family, whatever the capture's memory.
 
 import collections
 import contextlib
+import dataclasses
 
 import numpy
 
@@ -56,16 +57,37 @@ def captured_memory(out):
     return memory(out) if isinstance(out, numpy.ndarray) else out
 
 
+class LaunchCounts(collections.Counter):
+    """Launches by family (a ``collections.Counter``), and ``records``: one ``Launch`` per launch, in
+    order, with the bytes it moves and the FLOPs it does where its seam knows them."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One launch: its family, the bytes it reads and writes (each operand once: the least it must
+    move), its FLOPs, and ``compute``: which peak they run at (``"fp32"``, ``"fp64"``, ``"tensor"``
+    for 16-bit products on tensor cores, or ``"memory"`` for work bound by bytes alone)."""
+
+    family: str
+    bytes: int = 0
+    flops: int = 0
+    compute: str = "memory"
+
+
 @contextlib.contextmanager
 def counting_launches():
-    """A ``collections.Counter`` of the launches issued in the block through the engine's seams, by
+    """A ``LaunchCounts`` of the launches issued in the block through the engine's seams, by
     family: each kernel of ``engine.kernels`` under its name (``"softmax_forward"``), each cuBLAS
     product as ``"cublas_gemm"``, and whatever the capture in progress counts of its own (one
     whose memory is not CuPy's may count the array operations on that memory, which CuPy would
     launch as kernels of its own). The same seams count on a GPU and on the CPU, so a step's
-    launches are known before any device; on a GPU ``GraphCapture.kernel_nodes`` gives the graph's
-    own count."""
-    counts = collections.Counter()
+    launches, and the bytes and FLOPs they stand for, are known before any device; on a GPU
+    ``GraphCapture.kernel_nodes`` gives the graph's own count."""
+    counts = LaunchCounts()
     _launch_counts.append(counts)
     try:
         yield counts
@@ -73,10 +95,15 @@ def counting_launches():
         _launch_counts.remove(counts)
 
 
-def note_launch(family, count=1):
-    """Count ``count`` launches of ``family`` in every enclosing ``counting_launches()`` block."""
+def note_launch(family, count=1, bytes=0, flops=0, compute="memory"):  # noqa: A002 - the cost's own word
+    """Count ``count`` launches of ``family`` in every enclosing ``counting_launches()`` block, each
+    moving ``bytes`` and doing ``flops`` (``Launch``)."""
+    if not _launch_counts:
+        return
+    launch = Launch(family, int(bytes), int(flops), compute)
     for counts in _launch_counts:
         counts[family] += count
+        counts.records.extend([launch] * count)
 
 
 def check_not_capturing(what):

@@ -67,6 +67,11 @@ class AdamPlan:
             self.copies = xp.asarray(numpy.array([0 if c is None else pointer(c) for c in copies], dtype=numpy.uint64))
             self.copy_type = self.COPY_TYPES[names.pop()]
         self.keep_alive = (params, grads, m, v, copies)
+        itemsize = params[0].itemsize if params else 4
+        copy_bytes = sum(c.nbytes for c in present)
+        #: bytes the norm pass reads (the gradients) and the update reads and writes (parameters,
+        #: gradients and moments read, parameters and moments written, the compute copies written)
+        self.norm_bytes, self.update_bytes = sum(sizes) * itemsize, 7 * sum(sizes) * itemsize + copy_bytes
 
 
 def _device_buffer(label, array, dtype, size, like):
@@ -98,7 +103,8 @@ def grad_norm_adam_update(plan, hyper, result, beta1, beta2, eps, weight_decay=0
     chunks = (plan.sizes, plan.chunk_tensor, plan.chunk_start, i32(plan.chunk_size))
     if plan.chunks:
         launch.launch("adam_norm_partials", name, (plan.chunks,), (registry.ADAM_BLOCK,),
-                      (plan.tables[1], *chunks, plan.partials))
+                      (plan.tables[1], *chunks, plan.partials), cost=(plan.norm_bytes, 0, "memory"))
     launch.launch("adam_update", name, (max(plan.chunks, 1),), (registry.ADAM_BLOCK,),
                   (*plan.tables, plan.copies, i32(plan.copy_type), *chunks, i32(plan.chunks), plan.partials,
-                   hyper, loss, result, f32(beta1), f32(beta2), f32(eps), f32(weight_decay)))
+                   hyper, loss, result, f32(beta1), f32(beta2), f32(eps), f32(weight_decay)),
+                  cost=(plan.update_bytes, 0, "memory"))

@@ -57,6 +57,16 @@ def _key_lengths_argument(key_lengths, batch, xp):
 
 
 # ------------------------------------------------------------------------ CUDA cores: attention.cu
+def _cost(products, q, k, causal, arrays, compute):
+    """(bytes, FLOPs, compute) of one attention launch for ``launch``'s count: ``products`` matrix
+    products of (len_q × head_dim) by (head_dim × len_k) size per head (the forward 2: S = QKᵀ, PV;
+    dQ's kernel 3: S again, dP, dS·K; dK/dV's 4: S, dV, dP, dK), half of them where causal, and the
+    bytes of ``arrays``, what the launch reads and writes (each once)."""
+    rows, len_k, dim = q.size // q.shape[-1], k.shape[-2], q.shape[-1]
+    flops = 2 * products * rows * len_k * dim // (2 if causal else 1)
+    return sum(a.nbytes for a in arrays if a is not None), flops, compute
+
+
 def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
                       dtype=None):
     """Fused attention on (batch·heads, len, head_dim) arrays; returns (o, lse)."""
@@ -74,7 +84,8 @@ def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None
         rows = registry.attention_rows_per_block(dim)
         launch.launch("attention_forward", name, (bh, math.ceil(len_q / rows)), (registry.attention_threads(),),
                       (q, k, v, o, lse, lengths, i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale),
-                       f32(dropout_p), *seed_arguments(seed, q), numpy.uint64(offset)), head_dim=dim)
+                       f32(dropout_p), *seed_arguments(seed, q), numpy.uint64(offset)), head_dim=dim,
+                      cost=_cost(2, q, k, causal, (q, k, v, o, lse), "fp32"))
     return o, lse
 
 
@@ -99,10 +110,12 @@ def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=
         launch.launch("attention_backward_delta", name, (delta_blocks,), (threads,),
                       (o, grad_o, delta, numpy.int64(bh * len_q)), head_dim=dim)
         launch.launch("attention_backward_q", name, (bh, math.ceil(len_q / rows)), (threads,),
-                      (q, k, v, grad_o, lse, delta, grad_q, *tail), head_dim=dim)
+                      (q, k, v, grad_o, lse, delta, grad_q, *tail), head_dim=dim,
+                      cost=_cost(3, q, k, causal, (q, k, v, grad_o, lse, delta, grad_q), "fp32"))
     if bh and len_k:
         launch.launch("attention_backward_kv", name, (bh, math.ceil(len_k / rows)), (threads,),
-                      (q, k, v, grad_o, lse, delta, grad_k, grad_v, *tail), head_dim=dim)
+                      (q, k, v, grad_o, lse, delta, grad_k, grad_v, *tail), head_dim=dim,
+                      cost=_cost(4, q, k, causal, (q, k, v, grad_o, lse, delta, grad_k, grad_v), "fp32"))
     return grad_q, grad_k, grad_v
 
 
@@ -162,7 +175,8 @@ def attention_mma_forward(q, k, v, key_lengths=None, causal=False, scale=None, d
                       (q_args[0], k_args[0], v_args[0], o.transpose(0, 2, 1, 3), lse, lengths, *q_args[1:],
                        *k_args[1:], *v_args[1:], i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale),
                        f32(dropout_p), *seed_arguments(seed, q), numpy.uint64(offset)),
-                      head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+                      head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim),
+                      cost=_cost(2, q, k, causal, (q, k, v, o, lse), "tensor"))
     return o, lse
 
 
@@ -199,11 +213,13 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
         kernel = "attention_mma_backward_q"
         launch.launch(kernel, name, (batch * heads, math.ceil(len_q / rows)), threads,
                       (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_q.transpose(0, 2, 1, 3), lengths,
-                       *strides, *tail), head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+                       *strides, *tail), head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim),
+                      cost=_cost(3, q, k, causal, (q, k, v, grad_o, lse, delta, grad_q), "tensor"))
     if len_k:
         kernel = "attention_mma_backward_kv"
         launch.launch(kernel, name, (batch * heads, math.ceil(len_k / rows)), threads,
                       (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_k.transpose(0, 2, 1, 3),
                        grad_v.transpose(0, 2, 1, 3), lengths, *strides, *tail),
-                      head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim))
+                      head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim),
+                      cost=_cost(4, q, k, causal, (q, k, v, grad_o, lse, delta, grad_k, grad_v), "tensor"))
     return grad_q, grad_k, grad_v

@@ -187,19 +187,24 @@ def _element_strides(array):
 
 def _note_launches(a, b, out):
     """Count (``backend.note_launch``) the launches ``_gemm`` makes for this product, on either
-    device: the GEMM, and the copies of operands cuBLAS cannot read in place and of a result that
-    cannot be written in place; CuPy's own product where cuBLAS is not called."""
-    if b.dtype != a.dtype or a.dtype.name not in _DATA_TYPES or any(s % a.itemsize for s in a.strides + b.strides):
-        backend.note_launch("cupy_matmul")
-        return
+    device, with their bytes and FLOPs: the GEMM (each operand read once, the result written once),
+    and the copies of operands cuBLAS cannot read in place and of a result that cannot be written in
+    place; CuPy's own product where cuBLAS is not called."""
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    (m, k), n, count = a.shape[-2:], b.shape[-1], math.prod(batch)
+    flops, result_bytes = 2 * m * n * k * count, m * n * count * a.itemsize
+    if b.dtype != a.dtype or a.dtype.name not in _DATA_TYPES or any(s % a.itemsize for s in a.strides + b.strides):
+        backend.note_launch("cupy_matmul", bytes=a.nbytes + b.nbytes + result_bytes, flops=flops, compute="fp32")
+        return
     shapes = [(batch + x.shape[-2:], _broadcast_strides(x, batch)) for x in (a, b)]
     if gemm_plan(*shapes[0], *shapes[1]) is None:
-        copies = sum(_operand(*shape) is None for shape in shapes)
-        backend.note_launch("copy (operand to C order)", copies)
-    backend.note_launch("cublas_gemm")
+        for x, shape in zip((a, b), shapes):
+            if _operand(*shape) is None:
+                backend.note_launch("copy (operand to C order)", bytes=2 * math.prod(shape[0]) * x.itemsize)
+    compute = {"float32": "fp32", "float64": "fp64"}.get(a.dtype.name, "tensor")
+    backend.note_launch("cublas_gemm", bytes=a.nbytes + b.nbytes + result_bytes, flops=flops, compute=compute)
     if out is not None and not (out.flags.c_contiguous and out.dtype == a.dtype):
-        backend.note_launch("copy (product into out)")
+        backend.note_launch("copy (product into out)", bytes=2 * result_bytes)
 
 
 def _broadcast_strides(array, batch):

@@ -58,9 +58,13 @@ def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
     return emulation.function(expression)
 
 
-def launch(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0):
+def launch(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0, cost=None):
     """Run ``kernel<dtype[, head_dim]><<<grid, block, shared_mem>>>(*args)``; args are arrays and typed
-    NumPy scalars (a pointer into an array, for a strided operand, as a ``numpy.uint64``)."""
+    NumPy scalars (a pointer into an array, for a strided operand, as a ``numpy.uint64``). ``cost``:
+    (bytes, FLOPs, compute) of the launch for ``backend.note_launch`` where the arrays among the
+    arguments do not tell it (operands passed as pointers, FLOPs); by default the bytes of those arrays."""
     gpu = any(backend.is_cupy_array(a) for a in args)
     function(kernel, dtype, head_dim, gpu, shared_mem)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
-    backend.note_launch(kernel)
+    if cost is None:
+        cost = (sum(a.nbytes for a in args if getattr(a, "ndim", 0) > 0), 0, "memory")
+    backend.note_launch(kernel, bytes=cost[0], flops=cost[1], compute=cost[2])
