@@ -143,7 +143,8 @@ def test_a_captured_steps_launches_follow_the_models_structure():
     assert launches["residual_layer_norm_forward"] == launches["residual_layer_norm_backward"] == sublayers
     assert launches["adam_update"] == launches["adam_norm_partials"] == 1
     parameters = sum(1 for p in model.parameters() if p.requires_grad)
-    assert launches["array op: fill"] == parameters + 1  # the gradients zeroed in place, and the loss totals
+    assert launches["array op: fill"] == 2  # every gradient zeroed at once (one buffer), and the loss totals
+    assert parameters > 2
 
 
 def test_a_captured_steps_launches_do_not_depend_on_the_batch():

@@ -141,6 +141,7 @@ class GraphedStep:
         self.loss_check = self.device_memory(numpy.zeros(1, dtype=numpy.float32))
         self.failed = None  # the reason capture was given up, after its one warning
         self.replays = 0
+        self.flat_grad, self.grad_views = None, []  # every gradient as a view of one buffer (_flat_gradients)
 
     def device_memory(self, host_array):
         """``host_array`` copied to the parameters' device, as the capture's memory (``adopt``)."""
@@ -200,8 +201,11 @@ class GraphedStep:
 
     def _body(self, statics):
         """The step's device work: no host read, no changing Python number."""
-        for p in self.params:
-            p.grad.fill(0)
+        if self.flat_grad is not None:
+            self.flat_grad.fill(0)  # every gradient at once
+        else:
+            for p in self.params:
+                p.grad.fill(0)
         self.totals.fill(0)
         for static in statics:
             with amp.autocast(self.precision):
@@ -230,6 +234,8 @@ class GraphedStep:
         gradients and moments as the capture's memory (``adopt``: as they are on the GPU). New
         pointer tables (a parameter, gradient, moment or compute copy at a new address: the tables
         key on them all) invalidate every graph, which holds those addresses."""
+        if not (self.grad_views and all(p.grad is view for p, view in zip(self.params, self.grad_views))):
+            self._flat_gradients()
         for p in self.params:
             if p.grad is None:
                 p.grad = backend.get_array_module(p.data).zeros_like(p.data)
@@ -241,6 +247,32 @@ class GraphedStep:
             for entry in self.entries.values():
                 entry.graph, entry.seed_generators = None, []
             self.seeds.used = 0  # no graph holds a slot any more
+
+    #: where each gradient starts in the flat buffer: a multiple of this many bytes (CuPy's allocations' alignment)
+    GRADIENT_ALIGNMENT = 256
+
+    def _flat_gradients(self):
+        """Every parameter's gradient as a view of one buffer (``flat_grad``), so that the step zeroes
+        them all with one launch instead of one a parameter; the values of gradients already there
+        are kept. Parameters of several dtypes keep a buffer each (Adam's device step needs one)."""
+        dtypes = {p.data.dtype for p in self.params}
+        if len(dtypes) != 1:
+            self.flat_grad, self.grad_views = None, []
+            return
+        dtype = dtypes.pop()
+        align = max(1, self.GRADIENT_ALIGNMENT // dtype.itemsize)
+        offsets, total = [], 0
+        for p in self.params:
+            offsets.append(total)
+            total += -(-p.data.size // align) * align
+        self.flat_grad = self.device_memory(numpy.zeros(total, dtype=dtype))
+        self.grad_views = []
+        for p, offset in zip(self.params, offsets):
+            view = self.flat_grad[offset:offset + p.data.size].reshape(p.data.shape)
+            if p.grad is not None:
+                view[...] = p.grad
+            p.grad = view
+            self.grad_views.append(view)
 
     def _check_ids(self, batch):
         """The id range checks that the captured step leaves out, on the host."""
