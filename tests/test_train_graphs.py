@@ -375,3 +375,31 @@ def test_the_emulated_capture_executes_nothing_and_replays_with_the_recorded_see
     graph.fn = lambda: [step(), step()]
     with pytest.raises(RuntimeError, match="more kernel seeds than its capture recorded"):
         capture.replay(graph)
+
+
+def test_the_graphed_steps_gradients_are_views_of_one_buffer_rebuilt_when_one_is_replaced():
+    """Zeroed with one launch (``GraphedStep.flat_grad``); a gradient there before is kept, and a
+    gradient replaced by other code gets a new buffer rather than going stale (never zeroed again)."""
+    from tinyformer.engine import amp
+    from tinyformer.model import optim
+    from tinyformer.model.nn import Transformer
+    from tinyformer.translation.data.batching import Batch
+
+    model = Transformer(src_vocab_size=30, d_model=32, heads=2, d_ff=48, num_layers=1, max_len=32, dropout=0.0, seed=0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    params[0].grad = np.full(params[0].data.shape, 7.0, dtype=np.float32)
+    step = graphs.GraphedStep(model, optim.Adam(model.parameters(), lr=1e-3), amp.get_precision("fp32"), 0.1, 256, 32,
+                              EmulatedCapture(), warn=lambda *args: pytest.fail(str(args[0])))
+    step._prepare()
+    first = step.flat_grad
+    assert all(np.shares_memory(p.grad, first) for p in params)
+    assert np.all(params[0].grad == 7.0)  # kept
+    assert all((p.grad.ctypes.data - first.ctypes.data) % step.GRADIENT_ALIGNMENT == 0 for p in params)
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(3, 30, (2, 6)), rng.integers(3, 30, (2, 7))
+    batch = Batch(src, tgt[:, :-1], tgt[:, 1:], np.arange(2), pad_id=0)
+    step.run([batch], batch.num_tokens)
+    assert step.flat_grad is first and np.any(first != 0)
+    params[1].grad = np.zeros_like(params[1].grad)  # replaced: no longer a view of the buffer
+    step.run([batch], batch.num_tokens)
+    assert step.flat_grad is not first and all(np.shares_memory(p.grad, step.flat_grad) for p in params)
