@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-CI_VARIABLE = "TINYFORMER_CI"
+from ci import CI_VARIABLE, in_ci  # noqa: F401  (re-exported: conftest keeps CI_VARIABLE in the tests' environment)
 
 
 def find(environ=None, which=None):
@@ -23,12 +23,6 @@ def find(environ=None, which=None):
     if environ.get("CXX"):
         return which(environ["CXX"])
     return which("g++") or which("clang++")
-
-
-def in_ci(environ=None):
-    """Whether this test run is CI's (``TINYFORMER_CI`` set to anything but "" or "0")."""
-    environ = os.environ if environ is None else environ
-    return environ.get(CI_VARIABLE, "") not in ("", "0")
 
 
 def require(environ=None, which=None):

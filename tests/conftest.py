@@ -18,6 +18,7 @@ import children
 import compilers
 import pytest
 import trained_models
+from ci import in_ci
 from hypothesis import is_hypothesis_test, settings
 
 from tinyformer.engine import backend
@@ -27,7 +28,7 @@ settings.register_profile("dev", print_blob=True)
 THOROUGH_FACTOR = 10
 settings.register_profile("thorough", max_examples=THOROUGH_FACTOR * settings.default.max_examples, deadline=None,
                           print_blob=True)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")  # --hypothesis-profile=NAME overrides this
+settings.load_profile("ci" if in_ci() else "dev")  # --hypothesis-profile=NAME overrides this
 
 # Settings of the test run itself that a test may read; all other TINYFORMER_* variables
 # (TINYFORMER_KERNELS, TINYFORMER_DEBUG, ...) are removed for each test, which sets what it needs.

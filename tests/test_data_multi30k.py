@@ -10,6 +10,7 @@ import threading
 import urllib.request
 
 import pytest
+from ci import in_ci
 
 from tinyformer.translation.data import multi30k
 from tinyformer.translation.data.multi30k import (
@@ -37,7 +38,7 @@ def isolated(monkeypatch, tmp_path):
 
 def _real_data():
     if not REAL_DATA:
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail("CI is set but TINYFORMER_DATA is not: CI must point it at the shared data "
                         "folder holding multi30k/ so that the real-data tests run")
         pytest.skip("TINYFORMER_DATA is not set (a folder holding multi30k/)")

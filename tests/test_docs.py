@@ -49,6 +49,7 @@ from pathlib import Path
 import children
 import pytest
 import trained_models
+from ci import in_ci
 
 from tinyformer.engine import backend
 
@@ -306,7 +307,7 @@ def skip_unless(need):
     if need == "multi30k":
         trained_models.multi30k_or_skip()
     if need == "torch" and not has_torch():
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail('CI installs the test extra, whose torch and transformers these blocks need')
         pytest.skip('needs torch and transformers: pip install -e ".[test]"')
 

@@ -14,6 +14,7 @@ import pytest
 
 import children
 from scripts import load_script
+from ci import in_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -87,7 +88,7 @@ def test_multi30k_example_trains_translates_and_scores(tmp_path):
     """Twenty steps of the real recipe at `tiny` size (the docstring's smoke test, which runs 30): the
     loss falls (from seed 0, by 0.8 at step 20, by 1.0 at step 30), beam search and sacreBLEU run."""
     if not REAL_DATA:
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail("CI must set TINYFORMER_DATA to the directory holding multi30k/")
         pytest.skip("TINYFORMER_DATA is not set (the Multi30k files are not here)")
     out = run_example("03_translate_multi30k.py", "--steps", "20", "--preset", "tiny", "--max-tokens", "1500",

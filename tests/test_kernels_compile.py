@@ -6,6 +6,7 @@ import sys
 import children
 import mma_probes
 import pytest
+from ci import in_ci
 
 from tinyformer.engine.kernels import compile_check, emulation, registry, toolchain
 
@@ -13,7 +14,7 @@ from tinyformer.engine.kernels import compile_check, emulation, registry, toolch
 def _nvrtc_or_skip():
     """NVRTC comes with the test extra; CI must have it, a developer's machine may not."""
     if toolchain.find_nvrtc() is None or not toolchain.cuda_include_dirs():
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail("NVRTC or the CUDA headers are missing: install the 'test' extra "
                         "(nvidia-cuda-nvrtc, nvidia-cuda-runtime)")
         pytest.skip("NVRTC not installed (pip install -e '.[test]')")

@@ -7,6 +7,7 @@ import os
 import struct
 
 import pytest
+from ci import in_ci
 
 from tinyformer.engine import backend
 from tinyformer.engine.kernels import compile_check, launch, prebuilt, registry, toolchain
@@ -47,7 +48,7 @@ def manifest_for(folder, sources, arch="sm_90"):
 def on_a_fake_gpu(monkeypatch, tmp_path, fresh_modules):
     """A device of sm_90 whose modules load (recording the paths) and compile (recording the sources)."""
     loaded, compiled = [], []
-    monkeypatch.setattr(backend, "compute_capability", lambda: "sm_90")
+    monkeypatch.setattr(backend, "compute_capability", lambda capped=True: "sm_90")
     monkeypatch.setattr(backend, "load_module", lambda path: loaded.append(path) or FakeModule(path))
     monkeypatch.setattr(backend, "raw_module", lambda code, options, names: compiled.append(names) or FakeModule())
     monkeypatch.setenv(prebuilt.ENVIRONMENT, str(tmp_path))
@@ -120,7 +121,7 @@ def test_cubin_symbols_refuses_what_is_not_a_cuda_elf():
 
 def _nvrtc_or_skip():
     if toolchain.find_nvrtc() is None or not toolchain.cuda_include_dirs():
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail("NVRTC or the CUDA headers are missing: install the 'test' extra")
         pytest.skip("NVRTC not installed (pip install -e '.[test]')")
     return compile_check.Nvrtc()

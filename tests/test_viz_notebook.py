@@ -13,6 +13,7 @@ import children
 import pytest
 
 import tinyformer
+from ci import in_ci
 from tinyformer.study import viz
 from tinyformer.study.viz import ExplainPage
 
@@ -129,7 +130,7 @@ def notebook_tools():
     except ImportError as error:
         reason = (f"the notebook test needs nbclient, nbformat and ipykernel (the test extra): {error.name} is "
                   "missing; pip install -e '.[test]'")
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail(reason)
         pytest.skip(reason)
     return nbformat, nbclient

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci import in_ci
 
 from tinyformer.translation import checkpoint
 from tinyformer.common.filecache import cached_product
@@ -113,6 +114,6 @@ def multi30k_or_skip():
     """Skip the test where TINYFORMER_DATA does not hold the Multi30k files (fail under CI)."""
     data = os.environ.get("TINYFORMER_DATA")
     if not data or not (Path(data) / "multi30k").is_dir():
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail("CI must set TINYFORMER_DATA to the directory holding multi30k/")
         pytest.skip("TINYFORMER_DATA does not hold multi30k/ (the Multi30k files are not here)")
