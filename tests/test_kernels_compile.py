@@ -8,7 +8,7 @@ import mma_probes
 import pytest
 from ci import in_ci
 
-from tinyformer.engine.kernels import compile_check, emulation, registry, toolchain
+from tinyformer.engine.kernels import compile_check, emulation, paths, registry, toolchain
 
 
 def _nvrtc_or_skip():
@@ -21,19 +21,78 @@ def _nvrtc_or_skip():
     return compile_check.Nvrtc()
 
 
+def _cuda12_nvrtc_or_skip():
+    """sm_70 needs CUDA 12's NVRTC (nvidia-cuda-nvrtc-cu12, in the test extra): CUDA 13's dropped it."""
+    if toolchain.find_nvrtc(12) is None:
+        if os.environ.get("CI"):
+            pytest.fail("CUDA 12's NVRTC is missing: install the 'test' extra (nvidia-cuda-nvrtc-cu12)")
+        pytest.skip("nvidia-cuda-nvrtc-cu12 not installed: sm_70 cannot be compiled")
+
+
 @pytest.fixture(scope="module")
 def reports():
-    return compile_check.compile_all(nvrtc=_nvrtc_or_skip())
+    nvrtc = _nvrtc_or_skip()
+    _cuda12_nvrtc_or_skip()
+    return compile_check.compile_all(nvrtc=nvrtc)
 
 
-def test_every_instantiation_compiles_for_sm80_and_sm90(reports):
-    expected = {(arch, e) for arch in ("sm_80", "sm_90") for s in registry.KERNELS for e in registry.instantiations(s)}
+def test_every_architecture_compiles_what_it_runs(reports):
+    """sm_70, 75, 80, 86, 89 and 90 (compile_check's default), each what the registry lets it run."""
+    archs = compile_check.STUDENT_ARCHS
+    assert archs == ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+    expected = {(arch, e) for arch in archs for s in registry.KERNELS for e in registry.instantiations_for(s, arch)}
     assert {(r.arch, r.expression) for r in reports} == expected
-    # arch × dtype × (kernel [× head dim]); the tensor-core attention in 2 dtypes (the probes of its
-    # instructions are the tests' own: test_the_test_probes_compile_with_their_shared_memory)
-    assert len(expected) == 2 * (3 * (2 + 4 + 2 + 2 + 1 + 2 + 2 + 1 + 4 * 3) + 2 * (3 * 3))
+    # arch × dtype × (kernel [× head dim]); the tensor-core attention in 2 dtypes from sm_80, bfloat16 from
+    # sm_80 (the probes of its instructions are the tests' own: test_the_test_probes_compile_with_their_shared_memory)
+    per_dtype = 2 + 4 + 2 + 2 + 1 + 2 + 2 + 1 + 4 * 3
+    assert len(expected) == 4 * (3 * per_dtype + 2 * (3 * 3)) + 2 * 2 * per_dtype
     assert not any("probe" in e for _, e in expected), "a test probe is registered as a shipped kernel"
     assert all(r.registers > 0 for r in reports), "ptxas -v statistics were not parsed"
+
+
+@pytest.mark.parametrize("arch", compile_check.STUDENT_ARCHS)
+def test_every_kernel_the_dispatch_reaches_on_an_architecture_compiles_for_it(reports, arch):
+    compiled = {r.expression for r in reports if r.arch == arch}
+    reached = paths.reachable_instantiations(arch)
+    assert reached and not [e for e in reached if e not in compiled]
+
+
+def test_every_failure_is_reported_and_the_other_sources_still_compile(tmp_path, monkeypatch):
+    """compile_all(failures=[...]) goes on after a source fails, for every architecture."""
+
+    class HalfBroken:  # an NVRTC whose softmax.cu and dropout.cu do not compile
+        path, version, archs = "fake-nvrtc", (0, 0), (70, 75, 80)
+
+        def targets(self, arch):
+            return int(arch[3:]) in self.archs
+
+        def compile_cubin(self, text, name, expressions, options):
+            if name in ("softmax.cu", "dropout.cu"):
+                raise compile_check.NvrtcError(f"{name} failed:\nline 1: error: broken\nline 2: error: again")
+            return "", {e: e for e in expressions}, b""
+
+    monkeypatch.setattr(toolchain, "build_cache", lambda: tmp_path)
+    failures = []
+    reports = compile_check.compile_all(("sm_70", "sm_80"), sources=["softmax.cu", "dropout.cu", "embedding.cu"],
+                                        nvrtc=HalfBroken(), failures=failures)
+    assert [(f.source, f.arch) for f in failures] == [("softmax.cu", "sm_70"), ("softmax.cu", "sm_80"),
+                                                      ("dropout.cu", "sm_70"), ("dropout.cu", "sm_80")]
+    assert failures[0].message == "line 1: error: broken; line 2: error: again"
+    assert {(r.source, r.arch) for r in reports} == {("embedding.cu", "sm_70"), ("embedding.cu", "sm_80")}
+    with pytest.raises(compile_check.NvrtcError, match="softmax.cu"):  # without the list: the first one raises
+        compile_check.compile_all(("sm_70",), sources=["softmax.cu"], nvrtc=HalfBroken())
+    with pytest.raises(compile_check.NvrtcError, match="does not target sm_90.*nvidia-cuda-nvrtc-cu12"):
+        monkeypatch.setattr(toolchain, "find_nvrtc", lambda cuda_major=None: None)
+        compile_check.nvrtc_for("sm_90", HalfBroken())
+
+
+def test_sm70_is_compiled_by_cuda12s_nvrtc():
+    nvrtc = _nvrtc_or_skip()
+    _cuda12_nvrtc_or_skip()
+    compiler = compile_check.nvrtc_for("sm_70", nvrtc)
+    assert compiler.version[0] == 12 and compiler.targets("sm_70")
+    assert compile_check.nvrtc_for("sm_75", nvrtc) is nvrtc
+    assert nvrtc.version[0] < 13 or not nvrtc.targets("sm_70")  # CUDA 13 dropped Volta
 
 
 def test_attention_kernels_do_not_spill_at_their_default_tiles(reports):
@@ -44,11 +103,11 @@ def test_attention_kernels_do_not_spill_at_their_default_tiles(reports):
 
 
 def test_tensor_core_attention_shared_memory_fits_an_sm80_block():
-    """Their tiles are dynamic shared memory (opted in above 48 KB): within the 163 KB an sm_80
-    block may have (sm_90: 227 KB)."""
+    """Their tiles are dynamic shared memory (opted in above 48 KB): within the 99 KB an sm_86/sm_89
+    block may have (RTX 30 and 40; sm_80: 163 KB, sm_90: 227 KB)."""
     sizes = {(kernel, dim): registry.mma_attention_shared_bytes(kernel, dim)
              for kernel in registry.KERNELS["attention_mma.cu"] for dim in registry.HEAD_DIMS}
-    assert max(sizes.values()) <= 163 * 1024
+    assert max(sizes.values()) <= 99 * 1024
     rows, pad = registry.mma_attention_rows_per_block(), registry.MMA_PAD
     assert sizes["attention_mma_forward", 64] == (rows + 4 * registry.MMA_ATTENTION_TILE[64]) * (64 + pad) * 2
 
@@ -118,6 +177,16 @@ def test_compile_check_command_prints_the_table(capsys):
     assert compile_check.main(["-v", "--arch", "sm_90"]) == 0
     out = capsys.readouterr().out
     assert "attention_forward<__nv_bfloat16, 128, 2>" in out and "spill" in out
+
+
+def test_compile_check_for_a_t4_leaves_out_what_it_cannot_run(capsys):
+    _nvrtc_or_skip()
+    assert compile_check.main(["-v", "--arch", "sm_75"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sm_75: 56 kernel instantiations compiled from 9 sources (NVRTC 13.")
+    assert "attention_forward<__half, 64, 4>" in out and "_mma_" not in out and "bfloat16" not in out
+    assert compile_check.main(["--arch", "sm_7x"]) == 1
+    assert capsys.readouterr().err.strip() == "compile_check: architecture must look like sm_75, got 'sm_7x'"
 
 
 def test_a_compile_error_names_the_source_and_shows_the_log():

@@ -24,8 +24,8 @@ from .allocator import keep_freed_memory
 from .capture import (CaptureUnavailable, Launch, LaunchCounts, captured_memory, capturing, check_not_capturing,
                       counting_launches, is_capturing, note_launch)
 from .cuda_graphs import GraphCapture, graph_nodes
-from .devices import (DEFAULT_DTYPE, DEVICES, check_device, compute_capability, copy_into, cuda_runtime_major,
-                      device_of, erf, get_array_module, is_cupy_array, is_gpu_available, like, load_module,
+from .devices import (DEFAULT_DTYPE, DEVICES, MAX_CAPABILITY, capability_number, capped_capability, check_device,
+                      compute_capability, copy_into, cuda_runtime_major, device_name, device_of, erf, get_array_module, is_cupy_array, is_gpu_available, like, load_module,
                       raw_module, scatter_add, scatter_add_rows, to_device, to_numpy)
 from .half_precision import (BFLOAT16_CAST_PROBE, cast, from_bfloat16, has_half_matmul, has_native_bfloat16_cast,
                              is_bfloat16, is_floating, is_half, to_bfloat16)
@@ -36,7 +36,8 @@ __all__ = [
     # devices
     "DEFAULT_DTYPE", "DEVICES", "is_gpu_available", "is_cupy_array", "get_array_module", "device_of", "check_device",
     "to_device", "to_numpy", "like", "copy_into", "scatter_add", "scatter_add_rows", "erf", "cuda_runtime_major",
-    "raw_module", "load_module", "compute_capability",
+    "raw_module", "load_module", "compute_capability", "MAX_CAPABILITY", "capability_number", "capped_capability",
+    "device_name",
     # threads
     "ROW_BLOCK_MIN_ELEMENTS", "get_num_threads", "set_num_threads", "map_row_blocks", "blockwise",
     # allocator

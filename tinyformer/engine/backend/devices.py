@@ -7,6 +7,7 @@ the devices (never inside a captured step) and holds the array helpers that diff
 """
 
 import math
+import os
 
 import numpy
 
@@ -137,11 +138,47 @@ def scatter_add_rows(target, index, rows):
     return target
 
 
-def compute_capability():
-    """The current CuPy device's architecture as NVRTC names it (``"sm_90"``), or None without a GPU."""
+MAX_CAPABILITY = "TINYFORMER_MAX_CAPABILITY"
+"""The environment variable capping the capability the engine sees (``sm_75``: a T4's kernel paths on
+a bigger GPU, or in the CPU emulation); unset or empty: no cap."""
+
+
+def capability_number(arch, what="compute capability"):
+    """75 for ``"sm_75"`` (also ``"75"``, ``"7.5"``); a one-line ValueError naming ``what`` otherwise."""
+    text = str(arch).strip().lower()
+    text = text[3:] if text.startswith("sm_") else text
+    major, dot, minor = text.partition(".")
+    digits = major + minor if dot else text
+    if not digits.isdigit() or not 2 <= len(digits) <= 3 or (dot and len(minor) != 1):
+        raise ValueError(f"{what} must look like sm_75 (or 7.5), got {arch!r}")
+    return int(digits)
+
+
+def capped_capability(arch):
+    """``arch`` (``"sm_90"``) lowered to ``$TINYFORMER_MAX_CAPABILITY`` where that is set and lower."""
+    cap = os.environ.get(MAX_CAPABILITY, "").strip()
+    if not cap or arch is None:
+        return arch
+    limit = capability_number(cap, f"${MAX_CAPABILITY}")
+    return f"sm_{min(capability_number(arch), limit)}"
+
+
+def compute_capability(capped=True):
+    """The current CuPy device's architecture as NVRTC names it (``"sm_90"``), capped by
+    ``$TINYFORMER_MAX_CAPABILITY`` (the kernel paths' choice) unless ``capped`` is False (the
+    binaries' architecture); None without a GPU. The one place the engine reads it."""
     if not is_gpu_available():
         return None
-    return f"sm_{cupy.cuda.Device().compute_capability}"
+    arch = f"sm_{cupy.cuda.Device().compute_capability}"
+    return capped_capability(arch) if capped else arch
+
+
+def device_name():
+    """The GPU's name as the driver reports it (``"Tesla T4"``), or None without a GPU."""
+    if not is_gpu_available():
+        return None
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
 
 def load_module(path):

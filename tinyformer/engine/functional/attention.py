@@ -1,5 +1,6 @@
 """Scaled dot-product attention (§3.2.1), one node for the whole block; on the GPU
-kernels/attention_mma.cu (tensor cores) for float16/bfloat16 and kernels/attention.cu for float32."""
+kernels/attention_mma.cu (tensor cores) for float16/bfloat16 on sm_80+, and kernels/attention.cu
+for float32 and for float16 on sm_70/75 (``kernels.paths.attention_path``)."""
 
 import math
 
@@ -8,7 +9,7 @@ import numpy
 from .. import amp, backend, kernels
 from ..kernels import attention as attention_kernel
 from ..kernels.cublas import matmul
-from ..kernels.registry import MMA_DTYPES
+from ..kernels import paths
 from ..ops._helpers import sum_to_shape
 from ..tensor import Tensor
 from ...common.validation import check_probability, rectangular_array
@@ -36,10 +37,11 @@ class ScaledDotProductAttention(KernelFunction):
     recomputes P = exp(QKᵀ/√d_k − L) tile by tile with the same formulas and Δ = rowsum(dO∘O) in
     place of rowsum(dP∘P) (they are equal). It takes masks as per-sequence key lengths and the
     causal flag; its dropout mask comes from Philox(seed), drawn from ``generator``, and is
-    regenerated in backward. float16/bfloat16 run on tensor cores (kernels/attention_mma.cu,
-    FlashAttention-2), reading q, k, v where the head split left them and writing O (and the
+    regenerated in backward. The path is ``kernels.paths.attention_path`` of the device's capability:
+    float16/bfloat16 on sm_80+ run on tensor cores (kernels/attention_mma.cu, FlashAttention-2), reading q, k, v where the head split left them and writing O (and the
     gradients) as views of (batch, len, heads, d) arrays, so that merging the heads is free;
-    float32 keeps the exact CUDA-core kernel (kernels/attention.cu) on (batch·heads, len, d) copies.
+    float32, and float16 on sm_70/75, the CUDA-core kernel (kernels/attention.cu) on (batch·heads, len,
+    d) copies; bfloat16 below sm_80 is refused in one line naming the device.
     """
 
     materialize_grads = False
@@ -54,7 +56,11 @@ class ScaledDotProductAttention(KernelFunction):
         if attention_kernel.input_problem(q, k, v) is not None:
             return False
         fits, self.key_lengths = _key_lengths_of_mask(mask, q.shape[0], k.shape[2])  # forward_kernel passes them on
-        return fits
+        capability = paths.device_capability()
+        self.path = paths.attention_path(capability, q.dtype.name, q.shape[-1], fits=fits)
+        if self.path.name == "refused":  # bfloat16 below sm_80: before any launch, naming the device
+            raise RuntimeError(paths.precision_problem(capability, q.dtype.name, backend.device_name()))
+        return self.path.name != "reference"
 
     # ---------------------------------------------------------------- the NumPy reference
     def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
@@ -173,7 +179,7 @@ class ScaledDotProductAttention(KernelFunction):
         batch, heads, len_q, dim = q.shape
         len_k = k.shape[2]
         self.seed = kernel_seed(generator) if dropout_p else 0
-        self.tensor_cores = q.dtype.name in MMA_DTYPES
+        self.tensor_cores = self.path.name == "tensor cores"  # paths.attention_path's choice
         if self.tensor_cores:
             self.q, self.k, self.v = q, k, v
             self.args = dict(key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p, seed=self.seed)

@@ -14,14 +14,16 @@ against it by the cases of ``tinyformer.study.kernel_cases``: on a GPU directly,
 ``cpu_emulation.h`` (the fp32 kernels and the tensor-core attention built as C++ and run on the
 CPU, mma/ldmatrix/cp.async emulated warp by warp). Which kernels exist, their element types
 and the block sizes live in ``registry.py``, which passes the sizes to the sources at compile
-time. ``python -m tinyformer.engine.kernels.compile_check`` compiles all of them with NVRTC, no
-GPU needed.
+time, with what each family needs of the device (``registry.REQUIREMENTS``); ``paths.py`` picks
+each op's path from the device's capability. ``python -m tinyformer.engine.kernels.compile_check``
+compiles all of them with NVRTC, per architecture, no GPU needed.
 """
 
 import os
 
 from .. import backend
-from .registry import CUDA_TYPES
+from . import paths
+from .registry import CUDA_TYPES, OLDEST_CAPABILITY
 
 
 def on_gpu(*arrays):
@@ -34,10 +36,12 @@ def use_kernels(*arrays):
 
     True for CuPy arrays of an element type the kernels have (``registry.CUDA_TYPES``: float32,
     float16 and a bfloat16 dtype; float64, used by gradient checks, always takes the reference)
-    unless ``TINYFORMER_KERNELS`` is "0" (set it to compare against the reference on a GPU). An op
-    adds its own conditions (softmax: the last axis; attention: its mask and head dim, and its
-    kernel by dtype: tensor cores for float16); see ``tinyformer.engine.functional``.
+    unless ``TINYFORMER_KERNELS`` is "0" (set it to compare against the reference on a GPU) or the
+    device is older than every kernel (``registry.OLDEST_CAPABILITY``). An op adds its own conditions
+    (softmax: the last axis; attention: its mask and head dim, and its kernel by dtype and device:
+    ``paths.attention_path``); see ``tinyformer.engine.functional``.
     """
     if os.environ.get("TINYFORMER_KERNELS", "1") == "0":
         return False
-    return on_gpu(*arrays) and all(a.dtype.name in CUDA_TYPES for a in arrays)
+    return (on_gpu(*arrays) and all(a.dtype.name in CUDA_TYPES for a in arrays)
+            and paths.capability_number(paths.device_capability()) >= OLDEST_CAPABILITY)

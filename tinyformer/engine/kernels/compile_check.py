@@ -1,12 +1,16 @@
 """Compile every kernel and every template instantiation with NVRTC, without a GPU.
 
-    python -m tinyformer.engine.kernels.compile_check [-v] [--arch sm_80 --arch sm_90]
+    python -m tinyformer.engine.kernels.compile_check [-v] [--arch sm_75 --arch sm_90]
 
 NVRTC (the ``nvidia-cuda-nvrtc`` wheel) compiles to a cubin for each architecture; no
-driver is needed. ``-v`` prints, per kernel, the registers, spills and static shared
-memory reported by ptxas (the tensor-core attention's tiles are dynamic shared memory, not
-counted there: ``registry.mma_attention_shared_bytes``). The exit status is non-zero when a
-source fails to compile or an attention kernel spills registers.
+driver is needed. Each architecture gets what it runs (``registry.instantiations_for``: sm_70/75
+no tensor-core attention and no bfloat16), by default those of every GPU a student may have
+(``STUDENT_ARCHS``). CUDA 13's NVRTC no longer targets sm_70: that one is compiled with CUDA 12's
+(``nvidia-cuda-nvrtc-cu12``, ``toolchain.find_nvrtc``). ``-v`` prints, per kernel and architecture,
+the registers, spills and static shared memory reported by ptxas (the tensor-core attention's tiles
+are dynamic shared memory, not counted there: ``registry.mma_attention_shared_bytes``). Every
+source is compiled for every architecture and every failure reported; the exit status is non-zero
+when one failed or an attention kernel spills registers.
 """
 
 import argparse
@@ -22,7 +26,9 @@ from dataclasses import dataclass
 
 from . import registry, toolchain
 
-DEFAULT_ARCHS = ("sm_80", "sm_90")
+STUDENT_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+"""V100, T4 (Colab, Kaggle), A100, RTX 30, RTX 40 / L4, H100."""
+DEFAULT_ARCHS = STUDENT_ARCHS
 
 
 class NvrtcError(RuntimeError):
@@ -81,6 +87,15 @@ class Nvrtc:
         self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
         self.version = (major.value, minor.value)
         self.path = path
+        count = ctypes.c_int()
+        self._check(self.lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)), "nvrtcGetNumSupportedArchs")
+        archs = (ctypes.c_int * count.value)()
+        self._check(self.lib.nvrtcGetSupportedArchs(archs), "nvrtcGetSupportedArchs")
+        self.archs = tuple(archs)
+
+    def targets(self, arch):
+        """Whether this NVRTC compiles for ``arch`` ("sm_70")."""
+        return int(arch.removeprefix("sm_")) in self.archs
 
     def _check(self, status, what):
         if status != 0:
@@ -176,26 +191,74 @@ def compile_options(arch):
     return [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
 
 
-def compiled_module(source, arch, nvrtc=None):
-    """({expression: lowered name}, cubin bytes) of every instantiation of ``source`` for ``arch``
-    (the compilation ``compile_all`` makes, from the same cache)."""
+_FOR_ARCH = {}  # (path of the NVRTC given, arch) -> the Nvrtc that compiles for arch
+
+
+def nvrtc_for(arch, nvrtc=None):
+    """An NVRTC that targets ``arch``: ``nvrtc`` (default: the newest installed) where it does, else
+    another CUDA's (sm_70: CUDA 12's wheel); NvrtcError naming the wheel to install otherwise."""
     nvrtc = nvrtc or Nvrtc()
-    expressions = tuple(registry.instantiations(source))
-    _, lowered, cubin = _compiled(nvrtc, source, expressions, tuple(compile_options(arch)))
+    if nvrtc.targets(arch):
+        return nvrtc
+    key = (nvrtc.path, arch)
+    if key not in _FOR_ARCH:
+        for major in toolchain.NVRTC_MAJORS:
+            path = toolchain.find_nvrtc(major)
+            if path and path != nvrtc.path and (other := Nvrtc(path)).targets(arch):
+                _FOR_ARCH[key] = other
+                break
+        else:
+            raise NvrtcError(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]} does not target {arch} and no other is "
+                             f"installed that does: pip install nvidia-cuda-nvrtc-cu12 (CUDA 12 targets sm_50 to sm_90)")
+    return _FOR_ARCH[key]
+
+
+def compiled_module(source, arch, nvrtc=None):
+    """({expression: lowered name}, cubin bytes) of every instantiation of ``source`` that ``arch``
+    runs (the compilation ``compile_all`` makes, from the same cache); None where it runs none."""
+    expressions = tuple(registry.instantiations_for(source, arch))
+    if not expressions:
+        return None
+    _, lowered, cubin = _compiled(nvrtc_for(arch, nvrtc), source, expressions, tuple(compile_options(arch)))
     return lowered, cubin
 
 
-def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None):
-    """Compile each source for each architecture; returns the per-kernel reports. ``only``: the
-    instantiations to compile (name expressions), where not every one is wanted."""
+@dataclass
+class Failure:
+    """A source that did not compile for an architecture: ``message`` holds the compiler's first errors."""
+    source: str
+    arch: str
+    message: str
+
+
+def _first_errors(message, count=3):
+    """The first ``count`` error lines of a compiler log, and how many there were."""
+    errors = [line.strip() for line in message.splitlines() if "error" in line.lower()]
+    if not errors:
+        return message.splitlines()[0] if message else "failed"
+    return "; ".join(errors[:count]) + (f" (and {len(errors) - count} more errors)" if len(errors) > count else "")
+
+
+def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None, failures=None):
+    """Compile each source for each architecture, what that architecture runs
+    (``registry.instantiations_for``); returns the per-kernel reports. ``only``: the instantiations
+    to compile (name expressions), where not every one is wanted. ``failures``: a list to append
+    every ``Failure`` to and go on; without it the first failure raises NvrtcError."""
     nvrtc = nvrtc or Nvrtc()
     reports = []
     for source in sources or registry.KERNELS:
-        expressions = [e for e in registry.instantiations(source) if only is None or e in only]
-        if not expressions:
-            continue
         for arch in archs:
-            log, lowered, _ = _compiled(nvrtc, source, tuple(expressions), tuple(compile_options(arch)))
+            expressions = [e for e in registry.instantiations_for(source, arch) if only is None or e in only]
+            if not expressions:
+                continue
+            try:
+                log, lowered, _ = _compiled(nvrtc_for(arch, nvrtc), source, tuple(expressions),
+                                            tuple(compile_options(arch)))
+            except NvrtcError as error:
+                if failures is None:
+                    raise
+                failures.append(Failure(source, arch, _first_errors(str(error))))
+                continue
             stats = parse_ptxas(log)
             for expression in expressions:
                 regs, stores, loads, smem = stats.get(lowered[expression], (0, 0, 0, 0))
@@ -206,26 +269,46 @@ def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tinyformer.engine.kernels.compile_check",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="registers, spills and shared memory per kernel")
-    parser.add_argument("--arch", action="append", help="target architecture (repeatable; default sm_80 and sm_90)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="registers, spills and shared memory per kernel and architecture")
+    parser.add_argument("--arch", action="append",
+                        help=f"target architecture (repeatable; default {', '.join(DEFAULT_ARCHS)})")
     args = parser.parse_args(argv)
+    archs = tuple(args.arch or DEFAULT_ARCHS)
+    failures = []
     try:
+        for arch in archs:
+            registry.instantiations_for("softmax.cu", arch)  # a malformed name: one line, before compiling
         nvrtc = Nvrtc()
-        reports = compile_all(tuple(args.arch or DEFAULT_ARCHS), nvrtc=nvrtc)
-    except NvrtcError as error:
+        reports = compile_all(archs, nvrtc=nvrtc, failures=failures)
+    except (NvrtcError, ValueError) as error:
         print(f"compile_check: {error}", file=sys.stderr)
         return 1
-    print(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}: {len(reports)} kernel instantiations compiled "
-          f"({len(registry.KERNELS)} sources × {len(args.arch or DEFAULT_ARCHS)} architectures)")
+    for arch in archs:
+        mine = [r for r in reports if r.arch == arch]
+        print(f"{arch}: {len(mine)} kernel instantiations compiled from "
+              f"{len({r.source for r in mine})} sources{_compiler_of(arch, nvrtc)}"
+              + (f", {sum(f.arch == arch for f in failures)} sources failed" if any(f.arch == arch for f in failures)
+                 else ""))
     if args.verbose:
         print(f"{'arch':6} {'kernel':52} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'smem':>7} {'dyn smem':>9}")
-        for r in reports:
+        for r in sorted(reports, key=lambda r: (r.expression, r.arch)):
             print(f"{r.arch:6} {r.expression:52} {r.registers:5d} {r.spill_stores:9d} {r.spill_loads:9d} "
                   f"{r.shared_bytes:7d} {r.dynamic_shared_bytes:9d}")
+    for f in failures:
+        print(f"compile_check: {f.source} failed for {f.arch}: {f.message}", file=sys.stderr)
     spilling = [r for r in reports if r.source in ("attention.cu", "attention_mma.cu") and r.spills]
     for r in spilling:
         print(f"compile_check: {r.expression} spills {r.spills} bytes on {r.arch}", file=sys.stderr)
-    return 1 if spilling else 0
+    return 1 if spilling or failures else 0
+
+
+def _compiler_of(arch, nvrtc):
+    try:
+        version = nvrtc_for(arch, nvrtc).version
+    except NvrtcError:
+        return ""
+    return f" (NVRTC {version[0]}.{version[1]})"
 
 
 if __name__ == "__main__":

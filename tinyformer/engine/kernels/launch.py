@@ -6,13 +6,16 @@ code on both, and CI exercises them (and the kernels) without a GPU.
 import functools
 import time
 
+import numpy
+
 from .. import backend
-from . import emulation, prebuilt, registry, toolchain
+from . import emulation, paths, prebuilt, registry, toolchain
 
 
 @functools.lru_cache(maxsize=None)
 def _module(source, geometry):
-    """Every instantiation of ``source``, once per process and ``registry.geometry()``: the prebuilt
+    """Every instantiation of ``source`` this GPU's architecture runs (``registry.instantiations_for``),
+    once per process and ``registry.geometry()``: the prebuilt
     cubin of this device's architecture where ``$TINYFORMER_CUBINS`` has one (``prebuilt.load``),
     else compiled with NVRTC (CuPy also caches the binary on disk)."""
     module = prebuilt.load(source)
@@ -21,8 +24,9 @@ def _module(source, geometry):
     start = time.perf_counter()
     headers = toolchain.cuda_include_dirs(backend.cuda_runtime_major())
     options = ["-std=c++17", f"-I{registry.KERNEL_DIR}", *(f"-I{d}" for d in headers), *registry.compile_options()]
-    module = backend.raw_module(registry.read_source(source), options, registry.instantiations(source))
-    for expression in registry.instantiations(source):  # CuPy compiles at the first lookup: do it here, timed
+    expressions = registry.instantiations_for(source, backend.compute_capability(capped=False))
+    module = backend.raw_module(registry.read_source(source), options, expressions)
+    for expression in expressions:  # CuPy compiles at the first lookup: do it here, timed
         module.get_function(expression)
     prebuilt.note_compiled(source, time.perf_counter() - start)
     return module
@@ -47,6 +51,11 @@ def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
     """The callable ``f(grid, block, args, shared_mem=0)`` for ``kernel`` instantiated for ``dtype``
     (and ``head_dim``); on the GPU opted in to ``shared_mem`` bytes of dynamic shared memory."""
     expression = registry.name_expression(kernel, dtype, head_dim)
+    capability = paths.device_capability()
+    name = dtype if isinstance(dtype, str) else numpy.dtype(dtype).name
+    if not registry.runs_on(registry.source_of(kernel), name, capability):
+        raise RuntimeError(paths.precision_problem(capability, name, backend.device_name())
+                           or f"{expression}: {registry.REQUIREMENTS[registry.source_of(kernel)].why}, not {capability}")
     if gpu:
         compiled = _module(registry.source_of(kernel), registry.geometry()).get_function(expression)
         if shared_mem > STATIC_SHARED_LIMIT and compiled.max_dynamic_shared_size_bytes < shared_mem:
@@ -54,7 +63,7 @@ def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
         return compiled
     if expression not in _emulated(registry.geometry()):
         raise TypeError(f"{expression}: the CPU emulation does not build this kernel (it builds "
-                        "registry.emulated_instantiations(): no 16-bit CUDA-core attention)")
+                        "registry.emulated_instantiations(): no bfloat16 CUDA-core attention)")
     return emulation.function(expression)
 
 

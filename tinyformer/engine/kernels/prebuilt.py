@@ -71,7 +71,9 @@ def cubin_symbols(data):
 
 def build(folder, archs=DEFAULT_ARCHS, nvrtc=None):
     """Compile every kernel source for each of ``archs`` with NVRTC (no GPU needed) into ``folder``:
-    one ``<source>.<arch>.cubin`` each and the manifest. Returns the manifest."""
+    one ``<source>.<arch>.cubin`` each, of the instantiations that architecture runs
+    (``registry.instantiations_for``; none of attention_mma.cu below sm_80), and the manifest.
+    Returns the manifest."""
     from . import compile_check  # NVRTC, the build's compiler, only where cubins are built
 
     folder = Path(folder)
@@ -80,7 +82,10 @@ def build(folder, archs=DEFAULT_ARCHS, nvrtc=None):
     modules = {}
     for source in registry.KERNELS:
         for arch in archs:
-            lowered, cubin = compile_check.compiled_module(source, arch, nvrtc)
+            module = compile_check.compiled_module(source, arch, nvrtc)  # what arch runs of it (None: nothing)
+            if module is None:
+                continue
+            lowered, cubin = module
             missing = sorted(set(lowered.values()) - set(cubin_symbols(cubin)))
             if missing:
                 raise ValueError(f"prebuilt: the cubin of {source} for {arch} lacks {missing[0]}")
@@ -120,7 +125,7 @@ def load(source):
     is unset, holds no cubin of these sources for this architecture, or the driver refuses it (the
     caller then compiles it). ``origins()`` records which."""
     folder = os.environ.get(ENVIRONMENT)
-    arch = backend.compute_capability()
+    arch = backend.compute_capability(capped=False)  # the binary's architecture, whatever the paths' cap
     if not folder or arch is None:
         return None
     entry = _entry(source, arch, Path(folder))

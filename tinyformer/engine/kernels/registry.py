@@ -23,6 +23,7 @@ kernel's alone (Adam's scalar buffer, the attention kernels' shape rules) sits w
 
 import itertools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy
@@ -189,8 +190,41 @@ KERNELS = {
         "attention_mma_backward_kv": ("T", "HEAD_DIM", "TILE"),
     },
 }
+# ------------------------------------------------------------------ what each family needs of the device
+OLDEST_CAPABILITY = 70
+"""The oldest architecture any kernel is built for: Volta (sm_70), the first with independent thread
+scheduling, which the ``*_sync`` warp shuffles assume. CUDA 13 no longer compiles for it (CUDA 12 does)."""
+DTYPE_CAPABILITY = {"float32": 70, "float16": 70, "bfloat16": 80}
+"""Element type -> the oldest architecture that runs it: bfloat16 has no tensor-core instruction
+(mma ``.bf16``) and no native arithmetic below Ampere (sm_80), where cuda_bf16.h would emulate it
+in float at float32's cost; the engine refuses it there (``kernels.paths.precision_problem``)."""
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What a kernel family (one source file) needs: the oldest architecture, the element types, and why."""
+    capability: int
+    dtypes: tuple
+    why: str
+
+
+#: source file -> its family's requirement (next to KERNELS' entry of the same source).
+REQUIREMENTS = {source: Requirement(OLDEST_CAPABILITY, tuple(CUDA_TYPES), "warp shuffles (*_sync), atomics")
+                for source in KERNELS}
+REQUIREMENTS["attention_mma.cu"] = Requirement(
+    80, MMA_DTYPES, "mma.sync.m16n8k16 in .f16/.bf16, cp.async and ldmatrix: sm_80 (Ampere) and newer")
 #: source file -> its element types, where not every one of CUDA_TYPES.
-SOURCE_DTYPES = {"attention_mma.cu": MMA_DTYPES}
+SOURCE_DTYPES = {s: r.dtypes for s, r in REQUIREMENTS.items() if r.dtypes != tuple(CUDA_TYPES)}
+
+
+def runs_on(source, dtype, capability):
+    """Whether ``source``'s family runs ``dtype`` (a name) on an architecture of ``capability`` (75 or
+    "sm_75"): its requirement and the element type's (``DTYPE_CAPABILITY``)."""
+    number = capability if isinstance(capability, int) else str(capability).removeprefix("sm_")
+    if not str(number).isdigit():
+        raise ValueError(f"architecture must look like sm_75, got {capability!r}")
+    requirement = REQUIREMENTS[source]
+    return dtype in requirement.dtypes and int(number) >= max(requirement.capability, DTYPE_CAPABILITY[dtype])
 
 
 def cuda_type(dtype):
@@ -243,13 +277,20 @@ def instantiations(source, dtypes=tuple(CUDA_TYPES)):
     return out
 
 
+def instantiations_for(source, capability):
+    """The name expressions of ``source`` an architecture of ``capability`` runs (``runs_on``): what
+    compile_check and prebuilt compile for it, and a GPU of it loads; empty where the family needs more."""
+    return instantiations(source, dtypes=[d for d in CUDA_TYPES if runs_on(source, d, capability)])
+
+
 def emulated_instantiations():
     """What the CPU emulation builds: every kernel in every element type, except the CUDA-core
-    attention (attention.cu) in the 16-bit types, whose training path is the tensor-core kernels
-    (of attention.cu's 16-bit kernels, the delta kernel the tensor-core backward uses is built)."""
+    attention (attention.cu) in bfloat16, which no architecture's dispatch takes (the float16 ones
+    are sm_70/75's path; of the bfloat16 ones, the delta kernel the tensor-core backward uses is built)."""
     out = [e for source in KERNELS for e in instantiations(source, dtypes=("float32",))]
     out += [e for source in KERNELS if source != "attention.cu" for e in instantiations(source) if e not in out]
-    out += [name_expression("attention_backward_delta", dtype, dim) for dtype in MMA_DTYPES for dim in HEAD_DIMS]
+    out += [e for e in instantiations("attention.cu", dtypes=("float16",)) if e not in out]
+    out += [name_expression("attention_backward_delta", "bfloat16", dim) for dim in HEAD_DIMS]
     return out
 
 

@@ -51,14 +51,29 @@ def cuda_include_dirs(cuda_major=None):
     return []
 
 
-def find_nvrtc():
-    """Path of libnvrtc (newest wheel first, then a toolkit, then the system), or None."""
+NVRTC_MAJORS = (13, 12)
+"""The CUDA versions whose NVRTC wheels tinyformer knows, newest first: nvidia-cuda-nvrtc (13, sm_75
+and newer) and nvidia-cuda-nvrtc-cu12 (12, sm_50 to sm_90: the one for sm_70)."""
+
+
+def _nvrtc_major(path):
+    """13 for .../libnvrtc.so.13 (a version suffix names the CUDA), else None."""
+    suffix = os.path.basename(path).partition(".so.")[2].split(".")[0]
+    return int(suffix) if suffix.isdigit() else None
+
+
+def find_nvrtc(cuda_major=None):
+    """Path of libnvrtc (the newest CUDA's wheel first, then a toolkit, then the system), or None;
+    with ``cuda_major``, only one of that CUDA version (12 for sm_70, which CUDA 13 dropped)."""
     candidates = []
     for root in _wheel_roots():
         candidates += sorted(glob.glob(str(root / "lib" / "libnvrtc.so*")), reverse=True)
     for root in _toolkit_roots():
         candidates += sorted(glob.glob(str(root / "lib64" / "libnvrtc.so*")), reverse=True)
     candidates = [c for c in candidates if "builtins" not in c and "alt" not in os.path.basename(c)]
+    candidates.sort(key=lambda c: -(_nvrtc_major(c) or 0))  # stable: a toolkit after the wheels of its version
+    if cuda_major is not None:
+        return next((c for c in candidates if _nvrtc_major(c) == cuda_major), None)
     if candidates:
         return candidates[0]
     return ctypes.util.find_library("nvrtc")

@@ -24,6 +24,7 @@ from ...engine import random as tf_random
 from ..data.batching import ParallelData
 from ...model.nn import Transformer
 from ...engine.amp import get_precision
+from ...engine.kernels import paths
 from ...model.optim import Adam, GradScaler, NoamSchedule, TimeBudgetSchedule
 from . import init_from
 from .config import check_languages, flag_of
@@ -113,6 +114,7 @@ def build_parts(config, resume=False, echo=print, comm=None):
     echo(f"model: {origin} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
          f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch"
          + (f"; {comm.size} ranks over {comm.name}" if comm.size > 1 else ""))
+    echo(paths.training_line(config.device, config.precision, model.d_model // model.config["heads"]))
     return Parts(tokenizer, train_data, val_data, val_text, model, adam, position, scaler)
 
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ...engine import backend
+from ...engine.kernels import paths
 from ...engine.amp import PRECISIONS
 from ..distributed import COMMS
 from ..data.corpus import LANGUAGE_CODE
@@ -332,6 +333,10 @@ class TrainConfig:
             if values[name] is not None and values["data"] != "files":
                 raise ConfigError(name, f"{name} is a corpus of your own, which replaces --data {values['data']}: "
                                   "give one of them")
+        if values["device"] == "cuda":  # bf16 below sm_80: refused here, before any work (kernels.paths)
+            capability = backend.compute_capability()
+            if problem := paths.precision_problem(capability, values["precision"], backend.device_name()):
+                raise ConfigError("precision", problem)
         if values["schedule"] == "time" and values["time_limit"] is None:
             raise ConfigError("schedule", "schedule 'time' ends the learning rate with the time limit: give "
                               "--time-limit MINUTES")
