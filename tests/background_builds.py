@@ -3,7 +3,8 @@ the first tests instead of inside the tests that need them. Two processes, each 
 in order (``PARTS``):
 
 - ``kernels``: the CPU emulation of the kernels and of the tests' probes (tests/mma_probes.py);
-  every kernel instantiation compiled with NVRTC for sm_80 and sm_90, where NVRTC is installed;
+  every kernel instantiation compiled with NVRTC for sm_70, 75, 80, 86, 89 and 90 (what each runs),
+  where NVRTC is installed (a failure is left to the test that needs the compilation);
   the emulation under AddressSanitizer, where the compiler has its runtime, with the registry's
   geometry and with the tests' changed one;
 - ``training``: the trained models of ``trained_models`` and the precision tests' loss curves
@@ -36,7 +37,9 @@ WAITING = (
     ("trained synthetic model", ("trained_synthetic",), ("[trained]", "[trained-")),
     ("precision curves", ("curves",), ()),
     ("trained Multi30k model", ("trained_multi30k",), ("[trained tiny-",)),
-    ("NVRTC compilations", (), ("test_kernels_compile.py::test_every_instantiation",
+    ("NVRTC compilations", (), ("test_kernels_compile.py::test_every_architecture_compiles",
+                                "test_kernels_compile.py::test_every_kernel_the_dispatch_reaches",
+                                "test_kernels_compile.py::test_compile_check_for_a_t4",
                                 "test_kernels_compile.py::test_attention_kernels_do_not_spill",
                                 "test_kernels_compile.py::test_compiled_kernels_use_the_registry_geometry",
                                 "test_kernels_compile.py::test_compile_check_command",
@@ -64,7 +67,7 @@ def _nvrtc(reverse=False):
     from tinyformer.engine.kernels import compile_check, registry, toolchain
     if toolchain.find_nvrtc() is not None and toolchain.cuda_include_dirs():
         sources = list(registry.KERNELS)
-        compile_check.compile_all(sources=sources[::-1] if reverse else sources)
+        compile_check.compile_all(sources=sources[::-1] if reverse else sources, failures=[])
 
 
 def kernels(shared):

@@ -21,6 +21,36 @@ def test_info_prints_versions_and_gpu_availability(capsys):
     assert "tinyformer" in out and "GPU available" in out and "CUDA kernels: on" in out
 
 
+def test_info_names_each_ops_path_on_a_t4_and_an_h100(capsys):
+    assert cli.main(["info", "--capability", "sm_75"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel paths on sm_75 (asked with --capability)" in out
+    assert "attention fp16: CUDA cores (attention.cu): float16 on sm_75" in out
+    assert "attention bf16: refused" in out and "bf16 refused: precision bf16 needs compute capability 8.0" in out
+    assert "softmax: fp32 CUDA cores, fp16 CUDA cores, bf16 refused (softmax.cu)" in out
+    assert cli.main(["info", "--capability", "9.0"]) == 0
+    out = capsys.readouterr().out
+    assert "attention bf16: tensor cores (attention_mma.cu)" in out and "refused" not in out
+    assert cli.main(["info", "--capability", "turing"]) == 2
+    assert capsys.readouterr().err.strip() == ("tinyformer info: error: --capability must look like sm_75 (or 7.5), "
+                                               "got 'turing'")
+
+
+def test_info_on_a_faked_gpu_names_it_its_capability_memory_and_versions(monkeypatch, capsys):
+    facts = {"cupy": "13.6.0", "cuda_runtime": "12.8", "cuda_driver": "12.4", "name": "Tesla T4",
+             "capability": "sm_75", "memory_total": 15 * 2 ** 30, "memory_free": 14.5 * 2 ** 30}
+    monkeypatch.setattr(backend, "device_facts", lambda: facts)
+    monkeypatch.setattr(backend, "compute_capability", lambda capped=True: "sm_75")
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "CuPy 13.6.0, CUDA runtime 12.8, driver 12.4" in out
+    assert "device: Tesla T4, compute capability 7.5 (sm_75), memory 15.0 GiB (14.5 GiB free)" in out
+    assert "kernel paths on sm_75, per precision" in out and "attention fp16: CUDA cores" in out
+    monkeypatch.setattr(backend, "compute_capability", lambda capped=True: "sm_70" if capped else "sm_75")
+    assert cli.main(["info"]) == 0
+    assert "(sm_75) (capped to sm_70 by $TINYFORMER_MAX_CAPABILITY)" in capsys.readouterr().out
+
+
 def test_no_command_prints_help_and_exits_2(capsys):
     assert cli.main([]) == 2
     assert "usage" in capsys.readouterr().out

@@ -1,6 +1,5 @@
 """Every CUDA source and template instantiation compiles with NVRTC (no GPU needed)."""
 
-import os
 import sys
 
 import children
@@ -24,7 +23,7 @@ def _nvrtc_or_skip():
 def _cuda12_nvrtc_or_skip():
     """sm_70 needs CUDA 12's NVRTC (nvidia-cuda-nvrtc-cu12, in the test extra): CUDA 13's dropped it."""
     if toolchain.find_nvrtc(12) is None:
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail("CUDA 12's NVRTC is missing: install the 'test' extra (nvidia-cuda-nvrtc-cu12)")
         pytest.skip("nvidia-cuda-nvrtc-cu12 not installed: sm_70 cannot be compiled")
 

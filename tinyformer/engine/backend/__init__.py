@@ -25,7 +25,7 @@ from .capture import (CaptureUnavailable, Launch, LaunchCounts, captured_memory,
                       counting_launches, is_capturing, note_launch)
 from .cuda_graphs import GraphCapture, graph_nodes
 from .devices import (DEFAULT_DTYPE, DEVICES, MAX_CAPABILITY, capability_number, capped_capability, check_device,
-                      compute_capability, copy_into, cuda_runtime_major, device_name, device_of, erf, get_array_module, is_cupy_array, is_gpu_available, like, load_module,
+                      compute_capability, copy_into, cuda_runtime_major, device_facts, device_name, device_of, erf, get_array_module, is_cupy_array, is_gpu_available, like, load_module,
                       raw_module, scatter_add, scatter_add_rows, to_device, to_numpy)
 from .half_precision import (BFLOAT16_CAST_PROBE, cast, from_bfloat16, has_half_matmul, has_native_bfloat16_cast,
                              is_bfloat16, is_floating, is_half, to_bfloat16)
@@ -37,7 +37,7 @@ __all__ = [
     "DEFAULT_DTYPE", "DEVICES", "is_gpu_available", "is_cupy_array", "get_array_module", "device_of", "check_device",
     "to_device", "to_numpy", "like", "copy_into", "scatter_add", "scatter_add_rows", "erf", "cuda_runtime_major",
     "raw_module", "load_module", "compute_capability", "MAX_CAPABILITY", "capability_number", "capped_capability",
-    "device_name",
+    "device_name", "device_facts",
     # threads
     "ROW_BLOCK_MIN_ELEMENTS", "get_num_threads", "set_num_threads", "map_row_blocks", "blockwise",
     # allocator

@@ -181,6 +181,30 @@ def device_name():
     return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
 
+def device_facts():
+    """What ``tinyformer info`` says of CuPy and the GPU: {"cupy": version or None, "cuda_runtime",
+    "cuda_driver": "12.4" or None, "name", "capability" (the device's own), "memory_total",
+    "memory_free": bytes or None}."""
+    facts = dict.fromkeys(("cupy", "cuda_runtime", "cuda_driver", "name", "capability", "memory_total",
+                           "memory_free"))
+    if cupy is None:
+        return facts
+    facts["cupy"] = cupy.__version__
+
+    def version(number):
+        return f"{number // 1000}.{number % 1000 // 10}"
+
+    try:
+        facts["cuda_runtime"] = version(cupy.cuda.runtime.runtimeGetVersion())
+        facts["cuda_driver"] = version(cupy.cuda.runtime.driverGetVersion())
+    except Exception:  # no driver: the versions CuPy was built for are still worth saying
+        pass
+    if is_gpu_available():
+        facts["name"], facts["capability"] = device_name(), compute_capability(capped=False)
+        facts["memory_free"], facts["memory_total"] = cupy.cuda.runtime.memGetInfo()
+    return facts
+
+
 def load_module(path):
     """A ``cupy.RawModule`` of the compiled module (a cubin) at ``path``."""
     if cupy is None:
