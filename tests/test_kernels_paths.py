@@ -186,6 +186,11 @@ def test_train_bf16_on_a_faked_sm75_gpu_exits_with_one_line_before_any_work(monk
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "--precision bf16 needs compute capability 8.0 (sm_80) or newer, and Tesla T4 is 7.5 (sm_75)" in err
     assert "use --precision fp16" in err and not (tmp_path / "run").exists()
+    for command in ("translate", "eval"):  # refused before the (missing) checkpoint is read
+        code = cli.main([command, "--checkpoint", str(tmp_path / "missing.npz"), "--device", "cuda",
+                         "--precision", "bf16"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "--precision bf16 needs compute capability 8.0" in err, err
     from tinyformer.translation.train.config import TrainConfig
 
     assert TrainConfig(device="cuda", precision="fp16", save_dir=str(tmp_path)).resolved().precision == "fp16"

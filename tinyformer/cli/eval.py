@@ -1,8 +1,8 @@
 """``tinyformer eval``: the BLEU of a checkpoint on a split of its run's data, or of two files."""
 
 from ..engine import amp
-from .options import (add_decoding_options, add_precision_option, check_length_penalty, fit_beam, limiting_threads,
-                      positive_int)
+from .options import (add_decoding_options, add_precision_option, check_length_penalty, check_precision_on_device,
+                      fit_beam, limiting_threads, positive_int)
 from .text_io import read_lines
 from .usage import UsageError
 
@@ -41,6 +41,7 @@ def run(args):
     if not args.checkpoint:
         raise UsageError("give --checkpoint (translate and score a split) or --hypotheses/--references")
     check_length_penalty(args)
+    check_precision_on_device(args)
     from ..translation.train import TrainConfig, evaluate, load_corpus, load_model
 
     if bool(args.sources) != bool(args.references):

@@ -58,6 +58,16 @@ def add_decoding_options(parser, beam=4, threads=None, length_normalization=Fals
     parser.add_argument("--tokenizer", help="the run's spm.model (default: beside the checkpoint)")
 
 
+def check_precision_on_device(args):
+    """A UsageError for a --precision the --device cuda GPU does not run (bf16 below sm_80), before any work."""
+    from ..engine.kernels import paths
+
+    if args.device == "cuda":
+        problem = paths.precision_problem(backend.compute_capability(), args.precision, backend.device_name())
+        if problem:
+            raise UsageError(f"--{problem}")
+
+
 def check_length_penalty(args):
     """A UsageError for an --alpha outside its normalisation's range (``length_penalties.alpha_range``)."""
     least, greatest = alpha_range(args.length_normalization)

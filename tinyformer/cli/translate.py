@@ -5,8 +5,8 @@ import warnings
 from pathlib import Path
 
 from ..engine import amp
-from .options import (add_decoding_options, add_precision_option, check_length_penalty, fit_beam, limiting_threads,
-                      positive_int)
+from .options import (add_decoding_options, add_precision_option, check_length_penalty, check_precision_on_device,
+                      fit_beam, limiting_threads, positive_int)
 from .text_io import read_lines, warn, write_text
 from .usage import UsageError
 
@@ -45,6 +45,7 @@ def run(args):
     from ..translation.train import load_model
 
     check_length_penalty(args)
+    check_precision_on_device(args)
     if args.plot_attention and args.length_normalization != "gnmt" and args.beam > 1:
         raise UsageError("--plot-attention decodes with --length-normalization gnmt only: give that, or --beam 1")
     if args.plot_attention:
