@@ -194,3 +194,20 @@ def test_train_bf16_on_a_faked_sm75_gpu_exits_with_one_line_before_any_work(monk
     from tinyformer.translation.train.config import TrainConfig
 
     assert TrainConfig(device="cuda", precision="fp16", save_dir=str(tmp_path)).resolved().precision == "fp16"
+
+
+# ------------------------------------------------------------------ sm_70/75's fp16 attention, kernel by kernel
+@pytest.mark.parametrize("dim", [32, 64, 128])
+@pytest.mark.parametrize("shape", [dict(batch=1, heads=2, len_q=13, len_k=17, lengths=[15], causal=True),
+                                   dict(batch=2, heads=1, len_q=6, len_k=6, lengths=[0, 6]),
+                                   dict(batch=2, heads=1, len_q=9, len_k=40, lengths=[40, 33], causal=True,
+                                        dropout_p=0.3, seed=1234567)])
+def test_the_cuda_core_attention_in_float16_matches_the_reference(dim, shape, cxx_compiler, monkeypatch):
+    """attention.cu's float16 kernels (a T4's fp16 path) through the emulation, against the reference:
+    padding, a sequence with no key, causal masks, dropout, every head size."""
+    from tinyformer.study import kernel_cases as cases
+
+    monkeypatch.setenv(backend.MAX_CAPABILITY, "sm_75")
+    shape = dict(shape)
+    cases.attention(cases.Device("cpu", "float16"), shape.pop("batch"), shape.pop("heads"), shape.pop("len_q"),
+                    shape.pop("len_k"), dim, rng_seed=dim, **shape).check()
