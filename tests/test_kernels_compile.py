@@ -230,3 +230,10 @@ def test_headers_of_the_compilers_cuda_version_are_preferred(tmp_path, monkeypat
     monkeypatch.setattr(toolchain.site, "getusersitepackages", lambda: str(tmp_path / "none"))
     assert toolchain.cuda_include_dirs(12) == [tmp_path / "nvidia" / "cuda_runtime" / "include"]
     assert toolchain.cuda_include_dirs(13) == [tmp_path / "nvidia" / "cu13" / "include"]
+    toolkit = tmp_path / "cuda-13.0"  # a toolkit comes first, unless another CUDA's headers are asked for
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "include" / "cuda_fp16.h").write_text("")
+    (toolkit / "include" / "cuda.h").write_text("#define CUDA_VERSION 13000\n")
+    monkeypatch.setattr(toolchain, "_toolkit_roots", lambda: [toolkit])
+    assert toolchain.cuda_include_dirs() == toolchain.cuda_include_dirs(13) == [toolkit / "include"]
+    assert toolchain.cuda_include_dirs(12) == [tmp_path / "nvidia" / "cuda_runtime" / "include"]

@@ -185,9 +185,10 @@ def _compiled(nvrtc, source, expressions, options):
     return _COMPILED[key]
 
 
-def compile_options(arch):
-    """NVRTC's options for ``arch``: those CuPy compiles with at run time (``launch``), and ptxas's report."""
-    includes = [f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in toolchain.cuda_include_dirs()]
+def compile_options(arch, cuda_major=None):
+    """NVRTC's options for ``arch``: those CuPy compiles with at run time (``launch``), and ptxas's report;
+    the CUDA headers of ``cuda_major`` where given (the compiler's own: CUDA 12's for sm_70)."""
+    includes = [f"-I{registry.KERNEL_DIR}"] + [f"-I{d}" for d in toolchain.cuda_include_dirs(cuda_major)]
     return [f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", *includes, *registry.compile_options()]
 
 
@@ -219,7 +220,8 @@ def compiled_module(source, arch, nvrtc=None):
     expressions = tuple(registry.instantiations_for(source, arch))
     if not expressions:
         return None
-    _, lowered, cubin = _compiled(nvrtc_for(arch, nvrtc), source, expressions, tuple(compile_options(arch)))
+    compiler = nvrtc_for(arch, nvrtc)
+    _, lowered, cubin = _compiled(compiler, source, expressions, tuple(compile_options(arch, compiler.version[0])))
     return lowered, cubin
 
 
@@ -252,8 +254,9 @@ def compile_all(archs=DEFAULT_ARCHS, sources=None, nvrtc=None, only=None, failur
             if not expressions:
                 continue
             try:
-                log, lowered, _ = _compiled(nvrtc_for(arch, nvrtc), source, tuple(expressions),
-                                            tuple(compile_options(arch)))
+                compiler = nvrtc_for(arch, nvrtc)
+                log, lowered, _ = _compiled(compiler, source, tuple(expressions),
+                                            tuple(compile_options(arch, compiler.version[0])))
             except NvrtcError as error:
                 if failures is None:
                     raise

@@ -8,6 +8,7 @@ which need neither a GPU nor a driver.
 import ctypes.util
 import glob
 import os
+import re
 import site
 import sys
 import tempfile
@@ -39,16 +40,24 @@ def _cuda_major(root):
     return int(root.name[2:]) if root.name.startswith("cu") and root.name[2:].isdigit() else None
 
 
+def _toolkit_major(root):
+    """A toolkit's CUDA major version, from its cuda.h (``#define CUDA_VERSION 13000``), or None."""
+    try:
+        text = (root / "include" / "cuda.h").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", text)
+    return int(found.group(1)) // 1000 if found else None
+
+
 def cuda_include_dirs(cuda_major=None):
-    """Folders holding cuda_fp16.h, for NVRTC's -I: a toolkit first, then NVIDIA's wheels,
-    preferring the headers of ``cuda_major`` (the CUDA version the compiler belongs to)."""
-    wheels = [r for r in _wheel_roots() if (r / "include" / "cuda_fp16.h").is_file()]
+    """Folders holding cuda_fp16.h, for NVRTC's -I: a toolkit first, then NVIDIA's wheels; with
+    ``cuda_major`` (the CUDA version the compiler belongs to), the headers of that version first."""
+    roots = [(r, _toolkit_major(r)) for r in _toolkit_roots()] + [(r, _cuda_major(r)) for r in _wheel_roots()]
+    roots = [(r, major) for r, major in roots if (r / "include" / "cuda_fp16.h").is_file()]
     if cuda_major is not None:
-        wheels.sort(key=lambda r: _cuda_major(r) != cuda_major)
-    for root in _toolkit_roots() + wheels:
-        if (root / "include" / "cuda_fp16.h").is_file():
-            return [root / "include"]
-    return []
+        roots.sort(key=lambda entry: entry[1] != cuda_major)  # stable: a toolkit still before a wheel
+    return [roots[0][0] / "include"] if roots else []
 
 
 NVRTC_MAJORS = (13, 12)
