@@ -83,7 +83,7 @@ def test_corrupt_or_missing_file_is_named(tmp_path):
     bad.write_bytes(b"not a zip file")
     with pytest.raises(CheckpointError, match="checkpoint_0000003.npz"):
         checkpoint.load_checkpoint(bad)
-    with pytest.raises(CheckpointError, match="not found"):
+    with pytest.raises(CheckpointError, match="missing.npz does not exist"):
         checkpoint.load_checkpoint(tmp_path / "missing.npz")
 
 

@@ -30,7 +30,7 @@ def register(commands):
 
 def run(args):
     from ..translation import checkpoint
-    from ..translation.train.state import migrated_with_model
+    from ..translation.train.state import migrated_with_model, model_check
     from ..translation.interop.staging import check_new_files
     from ..translation.weights import SAFETENSORS_SUFFIX, save_safetensors
 
@@ -62,7 +62,7 @@ def run(args):
         raise UsageError(f"--output {output}: a safetensors file's name ends in {SAFETENSORS_SUFFIX}")
     # An existing file is never replaced, whatever it holds, as --format marian and torch refuse theirs.
     check_new_files([output], "--output" if args.output else "the output (the checkpoint's name, .safetensors)")
-    state, meta, _ = checkpoint.load_checkpoint(source)
+    state, meta, _ = checkpoint.load_checkpoint(source, model_check(source))  # refused before its data
     save_safetensors(output, state, migrated_with_model(meta, source))
     print(f"wrote {output} ({len(state)} tensors) from {source}")
     return 0

@@ -11,7 +11,7 @@ import numbers
 
 import numpy
 
-__all__ = ["is_integer", "is_real", "check_int", "check_real", "check_probability", "rectangular_array"]
+__all__ = ["is_integer", "is_real", "check_int", "check_real", "check_probability", "rectangular_array", "json_type"]
 
 
 def is_integer(value):
@@ -80,3 +80,11 @@ def rectangular_array(value, name):
     except ValueError:
         raise ValueError(f"{name} must be a rectangular array, got a ragged {type(value).__name__} "
                          f"(rows of different lengths)") from None
+
+
+def json_type(value):
+    """The JSON name of a parsed JSON value's type (object, array, string, number, true/false, null)."""
+    return ("null" if value is None else "true/false" if isinstance(value, bool) else
+            "string" if isinstance(value, str) else "array" if isinstance(value, list) else
+            "object" if isinstance(value, dict) else "number" if isinstance(value, (int, float)) else
+            type(value).__name__)

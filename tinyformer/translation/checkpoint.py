@@ -9,7 +9,9 @@ place, so a save killed half-way leaves the previous checkpoint untouched; it
 is read with ``allow_pickle=False``, so loading one never runs code. A state
 holding NaN or Inf is never written: ``save_checkpoint`` refuses it, naming the array.
 Any other file (a pickle, an object array, a truncated, corrupt or foreign file)
-is refused on loading with a ``CheckpointError`` naming the file and the problem.
+is refused on loading with a ``CheckpointError`` naming the file and the problem. The metadata and
+every array's header (shape, dtype) are read before any array's data, and the caller's ``check``
+sees them first: a model's shape is refused (``nn.limits``) before an array of that size exists.
 """
 
 import json
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy
 
 from ..common.atomic import replacing
+from ..common.files import readable_file
 
 __all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of",
            "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "CheckpointError"]
@@ -28,6 +31,8 @@ __all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of",
 _NAME = re.compile(r"checkpoint_(\d+)\.npz$")
 _PARTIAL = re.compile(r"^checkpoint_\d+\.npz\.[^.]+\.tmp$")  # a temporary of _atomic_write_npz
 _ZIP_MAGIC = b"PK\x03\x04"
+MAX_METADATA_BYTES = 16 * 2**20  # a run's metadata is a few kilobytes
+_HEADER_READERS = {(1, 0): numpy.lib.format.read_array_header_1_0, (2, 0): numpy.lib.format.read_array_header_2_0}
 
 
 class CheckpointError(ValueError):
@@ -78,16 +83,15 @@ def save_checkpoint(path, model_state, metadata, adam_state=None):
     return Path(path)
 
 
-def load_checkpoint(path):
+def load_checkpoint(path, check=None):
     """(model_state, metadata, adam_state or None) from a checkpoint written by ``save_checkpoint``.
 
-    Never unpickles (``allow_pickle=False``). A missing, empty, truncated or non-zip file, an
-    object (pickled) array, or missing or unreadable metadata is a CheckpointError naming the
-    file and what is wrong with it.
+    Never unpickles (``allow_pickle=False``). A missing, unreadable, empty, truncated or non-zip file,
+    an object (pickled) array, or missing or unreadable metadata is a CheckpointError naming the file
+    and what is wrong with it. ``check(metadata, {parameter: (shape, dtype name)})`` sees the metadata
+    and the parameters' headers before any parameter's data is read; what it raises stops the reading.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
+    path = readable_file(path, "checkpoint", CheckpointError)
 
     def refuse(problem):
         return CheckpointError(f"cannot read checkpoint {path}: {problem}")
@@ -100,28 +104,24 @@ def load_checkpoint(path):
     arrays = {}
     try:
         with numpy.load(path, allow_pickle=False) as npz:
+            headers = {key: _array_header(npz.zip, key, refuse) for key in npz.files}
+            if "metadata" not in headers:
+                raise refuse("no 'metadata' entry: not a tinyformer checkpoint")
+            if headers["metadata"][2] > MAX_METADATA_BYTES:
+                raise refuse(f"its metadata is {headers['metadata'][2]:,} bytes (a checkpoint's is at most "
+                             f"{MAX_METADATA_BYTES:,})")
+            metadata = _metadata(npz["metadata"], refuse)
+            if check is not None:
+                check(metadata, {key[len("model/"):]: (shape, dtype.name)
+                                 for key, (shape, dtype, _) in headers.items() if key.startswith("model/")})
             for key in npz.files:
-                try:
+                if key != "metadata":
                     arrays[key] = npz[key]
-                except ValueError as error:
-                    if "allow_pickle" not in str(error):
-                        raise
-                    raise refuse(f"array {key!r} is a pickled object array; checkpoints are read without "
-                                 "unpickling (allow_pickle=False), so this file was not written by "
-                                 "tinyformer") from None
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         problem = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         raise refuse(f"the file is truncated or corrupt ({problem})") from error
-    if "metadata" not in arrays:
-        raise refuse("no 'metadata' entry: not a tinyformer checkpoint")
-    try:
-        metadata = json.loads(bytes(arrays.pop("metadata")).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise refuse(f"its metadata is not JSON ({error})") from None
-    if not isinstance(metadata, dict):
-        raise refuse(f"its metadata is a JSON {type(metadata).__name__}, not an object")
     model_state = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
     adam_state = None
     if "adam" in metadata:
@@ -133,6 +133,38 @@ def load_checkpoint(path):
         except (KeyError, TypeError, ValueError) as error:
             raise refuse(f"its optimiser state is incomplete (missing {error})") from None
     return model_state, metadata, adam_state
+
+
+def _array_header(archive, key, refuse):
+    """(shape, dtype, bytes) of array ``key`` of an open .npz, read from its .npy header alone; an object
+    (pickled) array, or one declaring more bytes than the file holds, refused before its data."""
+    member = archive.getinfo(key + ".npy")
+    with archive.open(member) as f:
+        version = numpy.lib.format.read_magic(f)
+        if version not in _HEADER_READERS:
+            raise refuse(f"array {key!r} is in .npy format {version}, which tinyformer does not write")
+        shape, _, dtype = _HEADER_READERS[version](f)
+    if dtype.hasobject:
+        raise refuse(f"array {key!r} is a pickled object array; checkpoints are read without unpickling "
+                     "(allow_pickle=False), so this file was not written by tinyformer")
+    size = dtype.itemsize
+    for side in shape:
+        size *= side
+    if size > member.file_size:
+        raise refuse(f"the file is truncated or corrupt (array {key!r} declares {size:,} bytes, its entry holds "
+                     f"{member.file_size:,})")
+    return tuple(shape), dtype, size
+
+
+def _metadata(array, refuse):
+    """The metadata entry's JSON object."""
+    try:
+        metadata = json.loads(bytes(array).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise refuse(f"its metadata is not JSON ({error})") from None
+    if not isinstance(metadata, dict):
+        raise refuse(f"its metadata is a JSON {type(metadata).__name__}, not an object")
+    return metadata
 
 
 def model_config_mismatch(saved, expected, ignore=()):

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy
 
 from ..common.atomic import replacing
+from ..common.validation import json_type
 from .checkpoint import CheckpointError, load_checkpoint
 
 __all__ = ["SAFETENSORS_SUFFIX", "METADATA_KEY", "save_safetensors", "load_safetensors", "load_weights"]
@@ -38,32 +39,38 @@ def save_safetensors(path, model_state, metadata):
     return path
 
 
-def load_safetensors(path):
+def load_safetensors(path, check=None):
     """(model_state, metadata) of a file ``save_safetensors`` wrote; anything else is a CheckpointError
-    naming the file and what is wrong with it."""
-    from safetensors import SafetensorError, safe_open
+    naming the file and what is wrong with it. Read by the one safetensors reader
+    (``interop.tensor_files.read_safetensors``): ``check(metadata, {name: (shape, dtype name)})`` sees
+    the metadata and the tensors' headers before any tensor's data is read."""
+    from .interop.tensor_files import read_safetensors
 
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"weights not found: {path}")
-    try:
-        with safe_open(str(path), framework="np") as f:
-            header = f.metadata() or {}
-            state = {name: f.get_tensor(name) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"cannot read {path} as safetensors: {error}") from None
-    if METADATA_KEY not in header:
-        raise CheckpointError(f"{path} is a safetensors file without tinyformer's metadata (no {METADATA_KEY!r} "
-                              "entry): it was not written by tinyformer export")
-    try:
-        metadata = json.loads(header[METADATA_KEY])
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path}: its {METADATA_KEY!r} metadata is not JSON ({error})") from None
-    return state, metadata
+    found = {}
+
+    def read_header(header, declared):
+        if METADATA_KEY not in header:
+            raise CheckpointError(f"{path} is a safetensors file without tinyformer's metadata (no "
+                                  f"{METADATA_KEY!r} entry): it was not written by tinyformer export")
+        try:
+            metadata = json.loads(header[METADATA_KEY])
+        except json.JSONDecodeError as error:
+            raise CheckpointError(f"{path}: its {METADATA_KEY!r} metadata is not JSON ({error})") from None
+        if not isinstance(metadata, dict):
+            raise CheckpointError(f"{path}: its {METADATA_KEY!r} metadata is a JSON {json_type(metadata)}, "
+                                  "where an object belongs")
+        if check is not None:
+            check(metadata, declared)
+        found["metadata"] = metadata
+
+    state = read_safetensors(path, CheckpointError, read_header)
+    return state, found["metadata"]
 
 
-def load_weights(path):
-    """(model_state, metadata, adam_state or None) of a checkpoint (.npz) or a .safetensors file."""
+def load_weights(path, check=None):
+    """(model_state, metadata, adam_state or None) of a checkpoint (.npz) or a .safetensors file; ``check``:
+    see ``load_checkpoint`` (it sees the metadata and the parameters' headers before their data)."""
     if Path(path).suffix == SAFETENSORS_SUFFIX:
-        return (*load_safetensors(path), None)
-    return load_checkpoint(path)
+        return (*load_safetensors(path, check), None)
+    return load_checkpoint(path, check)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import sentencepiece
 
+from ...common.files import read_bytes
 from ...common.validation import is_integer
 
 __all__ = ["MarianTokenizer", "MARIAN_FILES", "TokenizerFilesError", "marian_sha256"]
@@ -36,7 +37,7 @@ def marian_sha256(folder):
     ``vocab.json``, in that order: ``MarianTokenizer.sha256``, without loading the models."""
     digest = hashlib.sha256()
     for name in MARIAN_FILES:
-        digest.update(hashlib.sha256((Path(folder) / name).read_bytes()).digest())
+        digest.update(hashlib.sha256(read_bytes(Path(folder) / name, error=TokenizerFilesError)).digest())
     return digest.hexdigest()
 
 
@@ -45,9 +46,10 @@ class TokenizerFilesError(ValueError):
 
 
 def _load_spm(path):
+    data = read_bytes(path, error=TokenizerFilesError)  # unreadable is not corrupt
     processor = sentencepiece.SentencePieceProcessor()
     try:
-        processor.LoadFromSerializedProto(path.read_bytes())
+        processor.LoadFromSerializedProto(data)
     except (RuntimeError, OSError):
         raise TokenizerFilesError(f"{path} is not a sentencepiece model (corrupt, truncated or another "
                                   "format)") from None
@@ -55,9 +57,10 @@ def _load_spm(path):
 
 
 def _load_vocabulary(path):
+    text = read_bytes(path, error=TokenizerFilesError)
     try:
-        vocab = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        vocab = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise TokenizerFilesError(f"{path} is not a JSON vocabulary ({error})") from None
     if not isinstance(vocab, dict) or not vocab:
         raise TokenizerFilesError(f"{path} must hold a JSON object {{piece: id}}, got "
@@ -86,7 +89,7 @@ class MarianTokenizer:
             raise FileNotFoundError(f"Marian tokenizer folder {str(folder)!r} does not exist"
                                     if not folder.exists() else
                                     f"Marian tokenizer {str(folder)!r} is not a folder")
-        missing = [name for name in MARIAN_FILES if not (folder / name).is_file()]
+        missing = [name for name in MARIAN_FILES if not (folder / name).exists()]
         if missing:
             raise TokenizerFilesError(f"{folder} lacks {', '.join(missing)} (a Marian tokenizer needs "
                                       f"{', '.join(MARIAN_FILES)})")

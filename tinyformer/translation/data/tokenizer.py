@@ -26,6 +26,7 @@ from pathlib import Path
 import sentencepiece
 
 from ...common.atomic import write_atomically
+from ...common.files import read_bytes
 from .special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from ...common.validation import check_int, is_integer
 
@@ -83,11 +84,7 @@ class Tokenizer:
 
     def __init__(self, path):
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist"
-                                    if not path.exists() else
-                                    f"tokenizer model {str(path)!r} is not a file")
-        data = path.read_bytes()
+        data = read_bytes(path, "tokenizer model")  # unreadable, missing or a folder: said so, not "corrupt"
         processor = sentencepiece.SentencePieceProcessor()
         try:
             processor.LoadFromSerializedProto(data)

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy
 
-from ...model.nn import Transformer, TransformerConfig
-from .tensor_files import InteropError, float_array, read_json, read_safetensors, read_torch_pickle
+from ...engine import functional as F
+from ...model.nn import TransformerConfig, limits
+from .tensor_files import InteropError, float_array, read_json, read_safetensors, read_torch_pickle, torch_declared
 
 __all__ = ["MarianError", "MARIAN_WEIGHTS", "marian_config", "config_to_marian", "marian_names",
            "state_from_marian", "state_to_marian", "read_marian_folder"]
@@ -44,6 +45,11 @@ _EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight", "mode
                "lm_head.weight")
 _POSITIONS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 _ATTENTION = {"q_proj": "w_q", "k_proj": "w_k", "v_proj": "w_v", "out_proj": "w_o"}
+# config.json's name of each TransformerConfig field it gives (what a refusal names)
+LABELS = {"src_vocab_size": "vocab_size", "d_ff": "encoder_ffn_dim=decoder_ffn_dim", "num_layers": "encoder_layers",
+          "heads": "encoder_attention_heads=decoder_attention_heads", "max_len": "max_position_embeddings",
+          "pad_id": "pad_token_id"}
+_DTYPES = limits.FLOAT_DTYPES + ("bfloat16",)  # what float_array reads
 
 
 class MarianError(InteropError):
@@ -81,7 +87,7 @@ def marian_config(values, where="config.json"):
     for name in ("encoder_layerdrop", "decoder_layerdrop"):
         if c[name]:
             raise MarianError(f"{where}: {name}={c[name]!r}: layer drop is not supported (only 0)")
-    if c["activation_function"] not in _ACTIVATIONS:
+    if not isinstance(c["activation_function"], str) or c["activation_function"] not in _ACTIVATIONS:
         raise MarianError(f"{where}: activation_function={c['activation_function']!r} is not one of "
                           f"{', '.join(sorted(_ACTIVATIONS))}")
     if not isinstance(c["eos_token_id"], int):
@@ -90,7 +96,7 @@ def marian_config(values, where="config.json"):
         raise MarianError(f"{where}: decoder_start_token_id={c['decoder_start_token_id']!r} is not pad_token_id="
                           f"{c['pad_token_id']!r}; a Marian decoder starts from the padding id")
     try:
-        return TransformerConfig(
+        config = TransformerConfig(
             src_vocab_size=c["vocab_size"], d_model=c["d_model"], d_ff=c["encoder_ffn_dim"],
             heads=c["encoder_attention_heads"], num_layers=c["encoder_layers"], encoder_layers=c["encoder_layers"],
             decoder_layers=c["decoder_layers"], dropout=c["dropout"], attention_dropout=c["attention_dropout"],
@@ -100,6 +106,7 @@ def marian_config(values, where="config.json"):
             logits_bias=True)
     except (TypeError, ValueError) as error:
         raise MarianError(f"{where}: {error}") from None
+    return limits.check_buildable(config, where, MarianError, LABELS)
 
 
 def config_to_marian(config, eos_id, base=None):
@@ -157,25 +164,27 @@ def state_from_marian(tensors, config, where):
     """tinyformer's state dict of Marian ``tensors`` ({name: array}) for ``config``: every stack tensor
     present with its shape, one embedding matrix (its tied copies equal), the positions (when stored)
     Marian's sinusoids. A MarianError names the first tensor that is missing, unexpected or misshapen."""
-    model = Transformer.from_config(config)
-    expected = model.state_dict()
+    expected = limits.parameter_shapes(config)
     names = marian_names(config)
     state = {}
     embeddings = [name for name in _EMBEDDINGS if name in tensors]
     if not embeddings:
         raise MarianError(f"{where}: no embedding matrix (none of {', '.join(_EMBEDDINGS)})")
-    first = _array(tensors[embeddings[0]])
+    first = _array(tensors[embeddings[0]], f"{where}: tensor {embeddings[0]}")
     for name in embeddings[1:]:
-        if _array(tensors[name]).shape != first.shape or not numpy.array_equal(_array(tensors[name]), first):
+        other = _array(tensors[name], f"{where}: tensor {name}")
+        if other.shape != first.shape or not numpy.array_equal(other, first):
             raise MarianError(f"{where}: {name} differs from {embeddings[0]}: untied embeddings are not supported")
     state["src_embed.weight"] = first
-    bias = _array(tensors["final_logits_bias"]) if "final_logits_bias" in tensors else None
+    bias = (_array(tensors["final_logits_bias"], f"{where}: tensor final_logits_bias")
+            if "final_logits_bias" in tensors else None)
     state["logits_bias"] = (numpy.zeros(config.src_vocab_size, numpy.float32) if bias is None
                             else bias.reshape(-1) if bias.ndim == 2 and bias.shape[0] == 1 else bias)
-    table = model.positional.table
+    table = (F.sinusoid_table(config.max_len, config.d_model, layout="split")
+             if any(name in tensors for name in _POSITIONS) else None)
     for name in _POSITIONS:
         if name in tensors:
-            stored = _array(tensors[name])
+            stored = _array(tensors[name], f"{where}: tensor {name}")
             if stored.shape != table.shape or not numpy.allclose(stored, table, atol=1e-4):
                 raise MarianError(f"{where}: {name} {stored.shape} is not Marian's sinusoids of "
                                   f"{tuple(table.shape)}: learned positions are not supported")
@@ -189,10 +198,10 @@ def state_from_marian(tensors, config, where):
         raise MarianError(f"{where}: tensor {unexpected[0]} is not part of a MarianMTModel of this config.json"
                           + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
     for name, value in state.items():
-        if value.shape != tuple(expected[name].shape):
+        if value.shape != expected[name]:
             marian = next((m for m, o in names.items() if o == name), name)
             raise MarianError(f"{where}: tensor {marian} has shape {value.shape}, but config.json makes it "
-                              f"{tuple(expected[name].shape)}")
+                              f"{expected[name]}")
         if not numpy.isfinite(value).all():
             raise MarianError(f"{where}: tensor {name} holds NaN or Inf")
     return state
@@ -209,19 +218,43 @@ def state_to_marian(state, config):
     return tensors
 
 
-def _array(value, name="a tensor"):
+def _array(value, name):
     """A float32 NumPy array of a tensor read from safetensors or torch (bf16 and fp16 widened)."""
     return float_array(value, name, MarianError).astype(numpy.float32, copy=False)
 
 
-def _read_tensors(folder):
-    """({name: array}, the file) of a folder's weights: model.safetensors, else pytorch_model.bin."""
+def check_declared(declared, config, where):
+    """The dtype and shape of each tensor of ``config``'s Marian model a file declares ({name: (shape, dtype
+    name)}, before its data is read); the missing and the unknown are ``state_from_marian``'s to name."""
+    ours = limits.parameter_dims(config)
+    dims = {marian: ours[name] for marian, name in marian_names(config).items()}
+    dims.update({name: ("src_vocab_size", "d_model") for name in _EMBEDDINGS})
+    dims["final_logits_bias"] = ("src_vocab_size",)
+    for name, (shape, dtype) in declared.items():
+        if name in _POSITIONS:  # compared with Marian's sinusoids once read
+            if dtype not in _DTYPES:
+                raise MarianError(f"{where}: tensor {name} has dtype {dtype}, where floating-point weights belong")
+            continue
+        if name in dims:
+            if name == "final_logits_bias" and len(shape) == 2 and shape[0] == 1:
+                shape = shape[1:]
+            limits.check_tensor(name, shape, dtype, dims[name], config, where, MarianError, LABELS,
+                                source="config.json", dtypes=_DTYPES)
+
+
+def _read_tensors(folder, config):
+    """({name: array}, the file) of a folder's weights: model.safetensors, else pytorch_model.bin; each
+    tensor's shape and dtype checked against ``config`` (safetensors: before its data is read)."""
     safetensors_path, bin_path = (folder / name for name in MARIAN_WEIGHTS)
-    if safetensors_path.is_file():
-        return read_safetensors(safetensors_path, MarianError), safetensors_path
-    if not bin_path.is_file():
+    if safetensors_path.exists():
+        return read_safetensors(safetensors_path, MarianError,
+                                lambda _, declared: check_declared(declared, config, str(safetensors_path))), \
+            safetensors_path
+    if not bin_path.exists():
         raise MarianError(f"{folder} holds no weights ({' or '.join(MARIAN_WEIGHTS)})")
-    return read_torch_pickle(bin_path, MarianError, "give the folder a model.safetensors"), bin_path
+    tensors = read_torch_pickle(bin_path, MarianError, "give the folder a model.safetensors")
+    check_declared(torch_declared(tensors), config, str(bin_path))
+    return tensors, bin_path
 
 
 def read_marian_folder(folder):
@@ -233,14 +266,14 @@ def read_marian_folder(folder):
     folder = Path(folder)
     if not folder.is_dir():
         raise MarianError(f"{folder} is not a folder" if folder.exists() else f"{folder} does not exist")
-    missing = [name for name in ("config.json",) + MARIAN_FILES if not (folder / name).is_file()]
+    missing = [name for name in ("config.json",) + MARIAN_FILES if not (folder / name).exists()]
     if missing:
         raise MarianError(f"{folder} lacks {', '.join(missing)} (a Marian model folder holds config.json, "
                           f"{' or '.join(MARIAN_WEIGHTS)}, {', '.join(MARIAN_FILES)})")
     values = read_json(folder / "config.json", MarianError)
     config = marian_config(values, str(folder / "config.json"))
     tokenizer_config = folder / "tokenizer_config.json"
-    if tokenizer_config.is_file():
+    if tokenizer_config.exists():
         settings = read_json(tokenizer_config, MarianError)
         if isinstance(settings, dict) and settings.get("separate_vocabs"):
             raise MarianError(f"{tokenizer_config}: separate_vocabs=true: separate source and target "
@@ -251,10 +284,12 @@ def read_marian_folder(folder):
                                ("eos_token_id", tokenizer.eos_id, values["eos_token_id"])):
         if ours != theirs:
             raise MarianError(f"{folder}: config.json's {name} is {theirs}, but vocab.json makes it {ours}")
-    tensors, weights = _read_tensors(folder)
+    tensors, weights = _read_tensors(folder, config)
     state = state_from_marian(tensors, config, str(weights))
     generation = folder / "generation_config.json"
-    extras = {"config": values,
-              "generation_config": read_json(generation, MarianError) if generation.is_file() else None}
+    settings = read_json(generation, MarianError) if generation.exists() else None
+    if settings is not None and not isinstance(settings, dict):
+        raise MarianError(f"{generation} must hold a JSON object, got {type(settings).__name__}")
+    extras = {"config": values, "generation_config": settings}
     return config, state, tokenizer, extras
 

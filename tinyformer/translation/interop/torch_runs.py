@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy
 
+from ...common.files import readable_file
 from ..checkpoint import save_checkpoint
 from ..data.tokenizer import Tokenizer
 from ..weights import SAFETENSORS_SUFFIX, load_weights
 from .staging import (IMPORTED_CHECKPOINT, build_beside, check_output, imported_metadata, newest_checkpoint,
                       write_files_whole)
-from .tensor_files import read_json, read_safetensors, read_torch_pickle
-from .torch_transformer import TorchStateError, from_torch_state, to_torch_state, torch_config
+from .tensor_files import read_json, read_safetensors, read_torch_pickle, torch_declared
+from .torch_transformer import TorchStateError, check_declared, from_torch_state, to_torch_state, torch_config
 
 __all__ = ["TORCH_SUFFIXES", "import_torch", "export_torch", "config_file_of"]
 
@@ -43,16 +44,15 @@ def import_torch(source, output, tokenizer_path, model_config_path=None):
 
     source = Path(source)
     output = check_output(output, "--output")
-    if not source.is_file():
-        raise TorchStateError(f"{source} {'is not a file' if source.exists() else 'does not exist'}")
+    readable_file(source, error=TorchStateError)
     if source.suffix not in TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,):
         raise TorchStateError(f"{source}: a PyTorch state dict's file name ends in "
                               f"{', '.join(TORCH_SUFFIXES)} or {SAFETENSORS_SUFFIX}")
     config_path = Path(model_config_path) if model_config_path else config_file_of(source)
-    if not config_path.is_file():
-        raise TorchStateError(f"--model-config {config_path} does not exist" + (
-            "" if model_config_path else f" (the default: {source.name}'s name with .json; name the model_config "
-                                         "JSON with --model-config)"))
+    if not config_path.exists() and not model_config_path:
+        raise TorchStateError(f"--model-config {config_path} does not exist (the default: {source.name}'s name with "
+                              ".json; name the model_config JSON with --model-config)")
+    readable_file(config_path, "--model-config", TorchStateError)
     values = read_json(config_path, TorchStateError)
     if not isinstance(values, dict):
         raise TorchStateError(f"{config_path} must hold a model_config (a JSON object), got {type(values).__name__}")
@@ -64,8 +64,12 @@ def import_torch(source, output, tokenizer_path, model_config_path=None):
     if config.pad_id != tokenizer.pad_id:
         raise TorchStateError(f"{config_path}: pad_id={config.pad_id}, but a tinyformer tokenizer pads with id "
                               f"{tokenizer.pad_id}")
-    tensors = (read_safetensors(source, TorchStateError) if source.suffix == SAFETENSORS_SUFFIX
-               else read_torch_pickle(source, TorchStateError, _ADVICE))
+    if source.suffix == SAFETENSORS_SUFFIX:  # shapes and dtypes checked before any data is read
+        tensors = read_safetensors(source, TorchStateError,
+                                   lambda _, declared: check_declared(declared, config, str(source), config_path))
+    else:
+        tensors = read_torch_pickle(source, TorchStateError, _ADVICE)
+        check_declared(torch_declared(tensors), config, str(source), config_path)
     state = {name: value.astype(numpy.float32, copy=False)
              for name, value in from_torch_state(tensors, config, str(source)).items()}
     meta = imported_metadata(config, tokenizer, TOKENIZER_FILE,
@@ -83,13 +87,13 @@ def export_torch(source, output):
     """Write the model of checkpoint (or .safetensors export, or run directory) ``source`` as a PyTorch
     state dict at ``output`` (``.pt``/``.pth``: ``torch.save`` of tensors; ``.safetensors``) and its
     model_config at ``config_file_of(output)``; returns the two paths."""
-    from ..train.state import migrated_with_model
+    from ..train.state import migrated_with_model, model_check
 
     source, output = newest_checkpoint(source), Path(output)
     if output.suffix not in TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,):
         raise TorchStateError(f"--output {output}: a PyTorch state dict's file name ends in "
                               f"{', '.join(TORCH_SUFFIXES)} or {SAFETENSORS_SUFFIX}")
-    state, meta, _ = load_weights(source)
+    state, meta, _ = load_weights(source, model_check(source))
     config = torch_config(migrated_with_model(meta, source)["model_config"], f"{source}'s model_config")
     tensors = to_torch_state(state, config)
     from_torch_state(tensors, config, str(source))  # every tensor of its shape and finite: it imports back

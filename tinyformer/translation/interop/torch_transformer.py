@@ -42,11 +42,11 @@ weights. Conversions are NumPy only (torch is needed to read or write a ``.pt`` 
 import numpy
 
 from ...engine import functional as F
-from ...model.nn import TransformerConfig
+from ...model.nn import TransformerConfig, limits
 from .tensor_files import InteropError, float_array
 
 __all__ = ["TorchStateError", "EMBEDDING", "POSITIONS", "torch_config", "torch_names", "to_torch_state",
-           "from_torch_state"]
+           "from_torch_state", "check_declared"]
 
 EMBEDDING = "embed.weight"
 POSITIONS = "pe"
@@ -74,9 +74,7 @@ def torch_config(config, where="the model_config"):
         if getattr(config, field) != value:
             raise TorchStateError(f"{where}: {field}={getattr(config, field)!r} cannot be a PyTorch nn.Transformer "
                                   f"state dict (only {field}={value!r}: {why})")
-    if config.src_vocab_size is None:
-        raise TorchStateError(f"{where}: src_vocab_size is unset")
-    return config
+    return limits.check_buildable(config, where, TorchStateError)
 
 
 def torch_names(config):
@@ -143,13 +141,11 @@ def from_torch_state(tensors, config, where):
                               f"model_config{_final_norm_hint(unexpected[0], config)}"
                               + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
     state = {}
+    dims = limits.parameter_dims(config)
     for theirs, parts in names.items():
         value = float_array(tensors[theirs], f"{where}: tensor {theirs}", TorchStateError)
-        wanted = _shape(parts[0], config)
-        wanted = (wanted[0] * len(parts),) + wanted[1:]
-        if value.shape != wanted:
-            raise TorchStateError(f"{where}: tensor {theirs} has shape {value.shape}, but the model_config makes "
-                                  f"it {wanted}")
+        limits.check_tensor(theirs, value.shape, value.dtype.name, dims[parts[0]], config, where, TorchStateError,
+                            times=len(parts))
         if not numpy.isfinite(value).all():
             raise TorchStateError(f"{where}: tensor {theirs} holds NaN or Inf")
         for ours, part in zip(parts, numpy.split(value, len(parts)) if len(parts) > 1 else [value]):
@@ -160,16 +156,17 @@ def from_torch_state(tensors, config, where):
     return state
 
 
-def _shape(name, config):
-    """The shape of tinyformer parameter ``name`` in ``config``'s model (without building it)."""
-    d, f = config.d_model, config.d_ff
-    if name == "src_embed.weight":
-        return (config.src_vocab_size, d)
-    if ".linear1." in name:
-        return (f, d) if name.endswith(".weight") else (f,)
-    if ".linear2." in name:
-        return (d, f) if name.endswith(".weight") else (d,)
-    return (d, d) if "_attn.w_" in name and name.endswith(".weight") else (d,)
+def check_declared(declared, config, where, origin=None):
+    """The dtype and shape of each tensor of the layout a file declares ({name: (shape, dtype name)}, before
+    its data is read) against ``config`` (from the file ``origin``); the missing and the unknown are
+    ``from_torch_state``'s to name."""
+    names, dims = torch_names(config), limits.parameter_dims(config)
+    for name, (shape, dtype) in declared.items():
+        wanted = (("max_len", "d_model"), 1) if name == POSITIONS else (
+            (dims[names[name][0]], len(names[name])) if name in names else None)
+        if wanted is not None:
+            limits.check_tensor(name, shape, dtype, wanted[0], config, where, TorchStateError,
+                                dtypes=limits.FLOAT_DTYPES + ("bfloat16",), times=wanted[1], origin=origin)
 
 
 def _check_positions(stored, config, where):

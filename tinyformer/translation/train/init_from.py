@@ -21,8 +21,9 @@ from .. import checkpoint, distributed
 from ..weights import load_weights
 from ...common.atomic import new_folder, write_atomically
 from ...engine import random as tf_random
-from ...model.nn import Transformer, TransformerConfig
-from .state import _load_state, migrated_with_model, run_tokenizer_path, tokenizer_file_of
+from ...model.nn import Transformer
+from .state import (_load_state, checked_model_config, migrated_with_model, model_check, run_tokenizer_path,
+                    tokenizer_file_of)
 
 __all__ = ["Start", "init_checkpoint", "read_start", "resumed_start", "share", "adopt_tokenizer", "build_model",
            "data_max_len"]
@@ -66,7 +67,7 @@ def read_start(config):
     from ..data.tokenizer import tokenizer_sha256
 
     path = init_checkpoint(config.init_from)
-    state, meta, _ = load_weights(path)
+    state, meta, _ = load_weights(path, model_check(path))
     meta = migrated_with_model(meta, path)
     name = tokenizer_file_of(meta)
     start = Start(meta["model_config"], name, meta.get("tokenizer_sha256"), str(path), state)
@@ -84,7 +85,7 @@ def read_start(config):
 def resumed_start(newest):
     """The Start of a resumed run that began ``--init-from`` another (rank 0): its own newest checkpoint,
     read once here and handed on to ``restore_checkpoint`` (``loaded``)."""
-    loaded = checkpoint.load_checkpoint(newest)
+    loaded = checkpoint.load_checkpoint(newest, model_check(newest))
     meta = migrated_with_model(loaded[1], newest)
     return Start(meta["model_config"], tokenizer_file_of(meta), meta.get("tokenizer_sha256"), str(newest),
                  loaded=loaded)
@@ -147,10 +148,7 @@ def build_model(config, start, rank=0):
     if config.dropout is not None:
         values["dropout"] = config.dropout
     tf_random.manual_seed(distributed.rank_seed(config.seed, rank))
-    try:
-        model = Transformer.from_config(TransformerConfig.from_dict(values))
-    except (TypeError, ValueError) as error:
-        raise checkpoint.CheckpointError(f"{start.source}: its model_config cannot be built ({error})") from None
+    model = Transformer.from_config(checked_model_config(values, start.source))
     if start.state is not None:
         _load_state(model, start.state, f"--init-from {start.source}: its parameters do not fit its model_config")
     return model.to(config.device)

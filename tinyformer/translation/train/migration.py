@@ -24,10 +24,11 @@ as its public API promises, for dicts read by hand.
 """
 
 from ..checkpoint import CheckpointError
+from ...common.validation import json_type
 from ...model.nn import TransformerConfig
 from ...model.nn.presets import PAPER_CHOICES, PRESETS, preset_config
 
-__all__ = ["FORMAT", "migrate", "migrate_config", "migrate_model_config"]
+__all__ = ["FORMAT", "migrate", "migrate_config", "migrate_model_config", "check_metadata_types", "METADATA_TYPES"]
 
 FORMAT = "tinyformer-checkpoint-1"
 
@@ -73,10 +74,37 @@ def _within_format_1(meta):
 
 _MIGRATIONS = {FORMAT: _within_format_1}  # {format tag: its metadata -> today's}
 
+#: the JSON type of each metadata field any version wrote (None: the field may be null)
+METADATA_TYPES = {"format": (str,), "model_config": (dict,), "config": (dict,), "step": (int,), "epoch": (int,),
+                  "batch_in_epoch": (int,), "tokens_seen": (int,), "skipped_updates": (int,),
+                  "train_seconds": (int, float), "rng_state": (dict,), "rng_states": (list,),
+                  "tokenizer_sha256": (str, None), "tokenizer_file": (str, None), "saved_at": (str,),
+                  "grad_scaler": (dict,), "adam": (dict,), "averaged_from": (list,), "imported_from": (dict,)}
+_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
+               None: "null"}
+
+
+def check_metadata_types(meta, path):
+    """A CheckpointError naming the file and the field where checkpoint ``path``'s metadata holds a JSON
+    value of another type than its writers put there (a list, a string or null where an object belongs)."""
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {path}: its metadata is a JSON {json_type(meta)}, where an object belongs")
+    for key, kinds in METADATA_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        fits = any(value is None if kind is None else isinstance(value, kind) and not isinstance(value, bool)
+                   for kind in kinds)
+        if not fits:
+            wanted = " or ".join(_TYPE_NAMES[kind] for kind in kinds)
+            raise CheckpointError(f"checkpoint {path}: its metadata's {key} is a JSON {json_type(value)}, "
+                                  f"where {wanted} belongs")
+
 
 def migrate(meta, path):
     """Checkpoint ``path``'s metadata ``meta`` in today's form (a new dict; ``meta`` is left as the
     file holds it). Every reader of a run's checkpoint reads it through here."""
+    check_metadata_types(meta, path)
     tag = meta.get("format", FORMAT)
     if not isinstance(tag, str) or tag not in _MIGRATIONS:
         raise CheckpointError(f"checkpoint {path} is in format {tag!r}, which this version of tinyformer "

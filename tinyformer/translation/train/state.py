@@ -13,12 +13,12 @@ from pathlib import Path
 from .. import checkpoint
 from ..weights import load_weights
 from ...engine import random as tf_random
-from ...model.nn import StateDictError, Transformer, TransformerConfig
+from ...model.nn import StateDictError, Transformer, TransformerConfig, limits
 from .config import TRAINING_ONLY
 from .migration import FORMAT, migrate
 
 __all__ = ["Position", "TOKENIZER_FILE", "run_metadata", "restore_checkpoint", "load_model", "migrated_with_model",
-           "tokenizer_file_of", "run_tokenizer_path"]
+           "tokenizer_file_of", "run_tokenizer_path", "checked_model_config", "model_check"]
 
 TOKENIZER_FILE = "spm.model"
 
@@ -119,11 +119,36 @@ def tokenizer_file_of(meta):
 def migrated_with_model(meta, path):
     """Checkpoint ``path``'s metadata read through ``migration.migrate``; a CheckpointError naming the file
     when it holds no model_config (not written by a run)."""
-    meta = migrate(meta, path)
+    meta = migrate(meta, path)  # which checks the metadata's types
     if not isinstance(meta.get("model_config"), dict):
         raise checkpoint.CheckpointError(f"checkpoint {path} has no model_config in its metadata: it was not "
                                          "written by tinyformer train (or averaged from such checkpoints)")
     return meta
+
+
+def checked_model_config(values, path):
+    """The TransformerConfig of checkpoint ``path``'s ``model_config`` (migrated), refused (CheckpointError
+    naming the file and the field) unless it is a model and within ``nn.limits``' bounds: arithmetic only."""
+    try:
+        config = TransformerConfig.from_dict(values)
+    except (TypeError, ValueError) as error:
+        raise checkpoint.CheckpointError(f"checkpoint {path}: its model_config cannot be built ({error})") from None
+    return limits.check_buildable(config, f"checkpoint {path}: its model_config", checkpoint.CheckpointError)
+
+
+def model_check(path):
+    """The ``check`` of ``load_weights(path, check)`` for a file a model is built from: its metadata's types,
+    its model_config within bounds and its parameters' names, shapes and dtypes that config's, all refused
+    (CheckpointError naming the file) before any parameter's data is read."""
+    def check(meta, declared):
+        config = checked_model_config(migrated_with_model(meta, path)["model_config"], path)
+        limits.check_tensors(config, declared, f"checkpoint {path}: its parameters do not fit its model_config "
+                             f"({_summary(config.to_dict())})", checkpoint.CheckpointError)
+    return check
+
+
+def _summary(model_config):
+    return ", ".join(f"{k} {model_config.get(k)}" for k in ("d_model", "d_ff", "heads", "num_layers"))
 
 
 def load_model(path, device="cpu", tokenizer_path=None):
@@ -142,7 +167,7 @@ def load_model(path, device="cpu", tokenizer_path=None):
         if not found:
             raise checkpoint.CheckpointError(f"no checkpoint_*.npz in {path}")
         path = found[-1]
-    state, meta, _ = load_weights(path)
+    state, meta, _ = load_weights(path, model_check(path))
     model_config = migrated_with_model(meta, path)["model_config"]
     tokenizer_file = tokenizer_file_of(meta)
     tokenizer_path = Path(tokenizer_path) if tokenizer_path else Path(path).parent / tokenizer_file
@@ -160,12 +185,9 @@ def load_model(path, device="cpu", tokenizer_path=None):
         if size is not None and size != len(tokenizer):
             raise checkpoint.CheckpointError(f"checkpoint {path}: its model's {key} is {size}, but tokenizer "
                                              f"{tokenizer_path} has {len(tokenizer)} pieces")
-    try:
-        model = Transformer.from_config(TransformerConfig.from_dict(model_config))
-    except (TypeError, ValueError) as error:
-        raise checkpoint.CheckpointError(f"checkpoint {path}: its model_config cannot be built ({error})") from None
-    summary = ", ".join(f"{k} {model_config.get(k)}" for k in ("d_model", "d_ff", "heads", "num_layers"))
-    _load_state(model, state, f"checkpoint {path}: its parameters do not fit its model_config ({summary})")
+    model = Transformer.from_config(checked_model_config(model_config, path))
+    _load_state(model, state, f"checkpoint {path}: its parameters do not fit its model_config "
+                f"({_summary(model_config)})")
     return model.to(device).eval(), tokenizer, meta
 
 
