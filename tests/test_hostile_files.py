@@ -432,3 +432,22 @@ def test_the_marian_door_refuses_cleanly_or_imports(files, tmp_path_factory, siz
     else:
         config[field.draw(st.sampled_from(sorted(config) + ["decoder_vocab_size"]))] = value
     check_outcome(*measured(marian_door, files, tmp_path_factory.mktemp("door") / "opus", config))
+
+
+@pytest.mark.parametrize("overrides, field", [({"num_layers": 100_000}, "num_layers"), ({"d_model": 2**20}, "d_model"),
+                                              ({"d_ff": 10**10}, "d_ff")])
+def test_a_run_of_absurd_model_overrides_is_refused_before_building(files, overrides, field):
+    """A training run's sizes come from flags, or on --resume from its checkpoint's config: the same bounds."""
+    from tinyformer.translation.train.builders import build_model as build_run_model
+
+    config = SimpleNamespace(dropout=None, model_overrides=overrides, seed=0, preset="tiny", paper=False, max_len=64,
+                             device="cpu")
+    tracemalloc.start()
+    began = time.perf_counter()
+    try:
+        with pytest.raises(ValueError, match=f"{field}=.*at most") as refused:
+            build_run_model(config, files.tokenizer)
+        seconds, peak = time.perf_counter() - began, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(refused.value) and seconds < QUICK and peak < PEAK

@@ -22,7 +22,8 @@ import numpy
 from .. import checkpoint, distributed
 from ...engine import random as tf_random
 from ..data.batching import ParallelData
-from ...model.nn import Transformer
+from ...model.nn import Transformer, limits
+from ...model.nn.presets import preset_config
 from ...engine.amp import get_precision
 from ...engine.kernels import paths
 from ...model.optim import Adam, GradScaler, NoamSchedule, TimeBudgetSchedule
@@ -332,9 +333,12 @@ def build_model(config, tokenizer, rank=0):
     overrides = {} if config.dropout is None else {"dropout": config.dropout}
     overrides.update(config.model_overrides or {})
     tf_random.manual_seed(distributed.rank_seed(config.seed, rank))
-    return Transformer.from_preset(config.preset, vocab_size=len(tokenizer), pad_id=tokenizer.pad_id,
-                                   paper=config.paper,
-                                   max_len=max(config.max_len, 1024), seed=config.seed, **overrides).to(config.device)
+    shape = preset_config(config.preset, len(tokenizer), paper=config.paper, pad_id=tokenizer.pad_id,
+                          max_len=max(config.max_len, 1024), seed=config.seed, **overrides)
+    # sizes from flags, or a resumed checkpoint's config: within nn.limits' bounds before anything is built
+    limits.check_buildable(shape, f"train: the model of preset {config.preset!r} with model_overrides "
+                                  f"{config.model_overrides or {}}")
+    return Transformer.from_config(shape).to(config.device)
 
 
 def build_optimizer(config, model):
