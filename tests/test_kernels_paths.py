@@ -211,3 +211,28 @@ def test_the_cuda_core_attention_in_float16_matches_the_reference(dim, shape, cx
     shape = dict(shape)
     cases.attention(cases.Device("cpu", "float16"), shape.pop("batch"), shape.pop("heads"), shape.pop("len_q"),
                     shape.pop("len_k"), dim, rng_seed=dim, **shape).check()
+
+
+# ------------------------------------------------------------------ on a GPU: its capability capped at a T4's
+@pytest.mark.gpu
+@pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)")
+def test_on_a_gpu_capped_at_sm75_fp16_attention_runs_on_cuda_cores_and_bf16_is_refused(monkeypatch):
+    import cupy
+
+    monkeypatch.setenv(backend.MAX_CAPABILITY, "sm_75")
+    assert paths.capability_number(backend.compute_capability()) <= 75
+    launched = []
+    real = launch.function
+    monkeypatch.setattr(launch, "function", lambda kernel, dtype, *a, **kw: launched.append(kernel)
+                        or real(kernel, dtype, *a, **kw))
+    rng = np.random.default_rng(1)
+    q, k, v = (Tensor(cupy.asarray(rng.standard_normal((2, 3, 50, 64)).astype(np.float16)), requires_grad=True)
+               for _ in range(3))
+    out = F.scaled_dot_product_attention(q, k, v, causal=True)
+    out.sum().backward()
+    assert launched[:1] == ["attention_forward"] and not [name for name in launched if "_mma_" in name]
+    reference = F.scaled_dot_product_attention(*(Tensor(x.data.astype(np.float64)) for x in (q, k, v)), causal=True)
+    np.testing.assert_allclose(cupy.asnumpy(out.data).astype(np.float64), cupy.asnumpy(reference.data), atol=1e-2)
+    assert all(bool(cupy.isfinite(x.grad).all()) for x in (q, k, v))
+    with pytest.raises(RuntimeError, match=r"precision bf16 needs compute capability 8\.0"):
+        F.scaled_dot_product_attention(*(Tensor(x.data.astype(backend.bfloat16)) for x in (q, k, v)))
