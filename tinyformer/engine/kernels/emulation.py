@@ -1,5 +1,5 @@
-"""The kernels built as C++ against ``cpu_emulation.h`` and called through ctypes: every float32
-kernel and the 16-bit tensor-core attention (``registry.emulated_instantiations()``).
+"""The kernels built as C++ against ``cpu_emulation.h`` and called through ctypes: every kernel in
+every element type but the CUDA-core attention in bfloat16 (``registry.emulated_instantiations()``).
 
 CI has no GPU; this runs the very kernel source on the CPU so that tests can compare its
 results with the NumPy references. A block's CUDA threads are fibers on the calling thread,

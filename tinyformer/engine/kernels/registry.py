@@ -4,8 +4,10 @@ and launched with which block sizes.
 A kernel is a ``template <typename T[, int HEAD_DIM[, int ROWS_PER_WARP | int TILE]]> __global__``
 function. Its *name expression* (``"softmax_forward<float>"``, ``"attention_forward<__half, 64, 4>"``,
 ``"attention_mma_forward<__nv_bfloat16, 64, 64>"``) is what CuPy's ``RawModule(name_expressions=...)``
-and NVRTC instantiate; the CPU emulation instantiates ``emulated_instantiations()``: every float
-kernel, and the 16-bit kernels of the tensor-core attention with the delta kernel they use.
+and NVRTC instantiate; the CPU emulation instantiates ``emulated_instantiations()``: every kernel
+in every element type but the CUDA-core attention in bfloat16, which no architecture's path takes.
+What each kernel family needs of the device (``REQUIREMENTS``, ``DTYPE_CAPABILITY``) is here too,
+beside ``KERNELS``: ``instantiations_for(source, arch)`` is what an architecture compiles.
 
 This module is the one home of the launch geometry. The sources get it at compile time, as
 the ``ROWS_PER_WARP`` template argument and as the preprocessor definitions of
