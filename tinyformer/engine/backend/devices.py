@@ -6,6 +6,7 @@ Chainer and CuPy code does, so the same op code runs on either device; it moves 
 the devices (never inside a captured step) and holds the array helpers that differ between them.
 """
 
+import functools
 import math
 import os
 
@@ -156,7 +157,13 @@ def capability_number(arch, what="compute capability"):
 
 def capped_capability(arch):
     """``arch`` (``"sm_90"``) lowered to ``$TINYFORMER_MAX_CAPABILITY`` where that is set and lower."""
-    cap = os.environ.get(MAX_CAPABILITY, "").strip()
+    return _capped(arch, os.environ.get(MAX_CAPABILITY, ""))
+
+
+@functools.lru_cache(maxsize=64)
+def _capped(arch, cap):
+    """``capped_capability`` once per (architecture, variable's value): asked at every kernel launch."""
+    cap = cap.strip()
     if not cap or arch is None:
         return arch
     limit = capability_number(cap, f"${MAX_CAPABILITY}")
@@ -169,8 +176,13 @@ def compute_capability(capped=True):
     binaries' architecture); None without a GPU. The one place the engine reads it."""
     if not is_gpu_available():
         return None
-    arch = f"sm_{cupy.cuda.Device().compute_capability}"
+    arch = _device_arch(cupy.cuda.runtime.getDevice())
     return capped_capability(arch) if capped else arch
+
+
+@functools.lru_cache(maxsize=None)
+def _device_arch(device_id):
+    return f"sm_{cupy.cuda.Device(device_id).compute_capability}"
 
 
 def device_name():

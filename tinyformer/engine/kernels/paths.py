@@ -13,6 +13,7 @@ The device's capability comes from ``backend.compute_capability()`` (capped by
 * every other fused op and Adam: its kernel for every element type its family runs there.
 """
 
+import functools
 import os
 from collections import namedtuple
 
@@ -39,6 +40,7 @@ OPS = {  # op (as ``tinyformer info`` names it) -> its kernel source
 PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
+@functools.lru_cache(maxsize=64)
 def capability_number(capability):
     """75 for "sm_75" or 75; None for None (no device)."""
     if capability is None or isinstance(capability, int):
