@@ -147,9 +147,18 @@ def test_a_captured_steps_launches_follow_the_models_structure():
     assert parameters > 2
 
 
-def test_a_captured_steps_launches_do_not_depend_on_the_batch():
+def test_a_captured_steps_launches_do_not_depend_on_the_batch(monkeypatch):
+    """Not even where NumPy splits large work into row blocks on several threads: a count is of
+    launches as a device makes them, one an operation (``backend.is_counting_launches``)."""
     _, few = captured_step_launches(tokens=16)
-    _, more = captured_step_launches(tokens=48, seed=1)
+    threads = backend.get_num_threads()
+    monkeypatch.setattr(backend.threads, "ROW_BLOCK_MIN_ELEMENTS", 4)  # every array large enough to split
+    monkeypatch.setattr(backend.threads, "CACHE_BLOCK_ELEMENTS", 64)
+    backend.set_num_threads(2)
+    try:
+        _, more = captured_step_launches(tokens=48, seed=1)
+    finally:
+        backend.set_num_threads(threads)
     assert few == more
     _, deeper = captured_step_launches(tokens=16, num_layers=2)
     assert sum(deeper.values()) > sum(few.values())

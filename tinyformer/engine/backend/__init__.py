@@ -22,7 +22,7 @@ A setting lives in its module, which reads it there: change it there
 
 from .allocator import keep_freed_memory
 from .capture import (CaptureUnavailable, Launch, LaunchCounts, captured_memory, capturing, check_not_capturing,
-                      counting_launches, is_capturing, note_launch)
+                      counting_launches, is_capturing, is_counting_launches, note_launch)
 from .cuda_graphs import GraphCapture, graph_nodes
 from .devices import (DEFAULT_DTYPE, DEVICES, MAX_CAPABILITY, capability_number, capped_capability, check_device,
                       compute_capability, copy_into, cuda_runtime_major, device_facts, device_name, device_of, erf, get_array_module, is_cupy_array, is_gpu_available, like, load_module,
@@ -49,7 +49,7 @@ __all__ = [
     "out_of_memory_errors", "out_of_memory_report",
     # capture, cuda_graphs
     "capturing", "is_capturing", "captured_memory", "check_not_capturing", "CaptureUnavailable", "GraphCapture",
-    "counting_launches", "note_launch", "Launch", "LaunchCounts", "graph_nodes",
+    "counting_launches", "is_counting_launches", "note_launch", "Launch", "LaunchCounts", "graph_nodes",
 ]
 
 

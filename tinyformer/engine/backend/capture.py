@@ -95,6 +95,13 @@ def counting_launches():
         _launch_counts.remove(counts)
 
 
+def is_counting_launches():
+    """True inside ``counting_launches()``: work is then issued as a device issues it, one launch an
+    operation (``threads.map_row_blocks`` and ``blockwise`` do not split NumPy work into row blocks,
+    which a count would take for launches of their own)."""
+    return bool(_launch_counts)
+
+
 def note_launch(family, count=1, bytes=0, flops=0, compute="memory"):  # noqa: A002 - the cost's own word
     """Count ``count`` launches of ``family`` in every enclosing ``counting_launches()`` block, each
     moving ``bytes`` and doing ``flops`` (``Launch``)."""

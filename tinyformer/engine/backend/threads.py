@@ -12,6 +12,7 @@ import os
 import numpy
 
 from ...common.validation import check_int
+from .capture import is_counting_launches
 from .devices import is_cupy_array
 
 _num_threads = None
@@ -52,7 +53,7 @@ def map_row_blocks(fn, rows, like, row_size=1, min_elements=None, cache_sized=Fa
     global _pool, _pool_size
     min_elements = ROW_BLOCK_MIN_ELEMENTS if min_elements is None else min_elements
     threads = min(get_num_threads(), (rows * row_size) // max(min_elements, 1), rows)
-    if is_cupy_array(like):
+    if is_cupy_array(like) or is_counting_launches():  # one call, as a device makes it (one launch an op)
         return [fn(0, rows)]
     piece = max(1, CACHE_BLOCK_ELEMENTS // max(row_size, 1)) if cache_sized else max(rows, 1)
 
@@ -74,7 +75,7 @@ def blockwise(ufunc, *operands):
     shape = arrays[0].shape if arrays else ()
     size = arrays[0].size if arrays else 0
     if (size < 2 * ROW_BLOCK_MIN_ELEMENTS or get_num_threads() < 2 or any(is_cupy_array(a) for a in arrays)
-            or any(a.shape != shape for a in arrays)):
+            or any(a.shape != shape for a in arrays) or is_counting_launches()):
         return ufunc(*operands)
     flat = [numpy.ascontiguousarray(a).reshape(-1) if hasattr(a, "shape") else a for a in operands]
     dtype = ufunc(*[f[:1] if hasattr(f, "shape") else f for f in flat]).dtype
