@@ -263,9 +263,9 @@ def test_kernels_follow_a_changed_registry_geometry(monkeypatch, request):
     launches = []
     original = launch.launch
 
-    def recording(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0):
+    def recording(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0, cost=None):
         launches.append((kernel, tuple(grid), tuple(block)))
-        return original(kernel, dtype, grid, block, args, head_dim, shared_mem)
+        return original(kernel, dtype, grid, block, args, head_dim, shared_mem, cost)
 
     monkeypatch.setattr(launch, "launch", recording)
     cases.softmax(CPU, 3, 1000, seed=1).check()

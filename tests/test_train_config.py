@@ -132,7 +132,7 @@ SAME_REFUSALS = [
     (["--lr-factor", "0"], "lr_factor", 0.0, "must be a positive number", "0.0"),
     (["--lr-factor", "nan"], "lr_factor", math.nan, "must be a finite number", "nan"),
     (["--max-grad-norm", "-1"], "max_grad_norm", -1.0, "must be a positive number", "-1.0"),
-    (["--alpha", "-0.5"], "alpha", -0.5, "must be a number >= 0", "-0.5"),
+    (["--alpha", "-0.5"], "alpha", -0.5, "must be a number in [0, 10]", "-0.5"),
     (["--seed", "-1"], "seed", -1, "must be an integer >= 0", "-1"),
     (["--accum", "0"], "accum", 0, "must be a positive integer", "0"),
 ]
