@@ -27,6 +27,8 @@
 #                       (--vs-torch when PyTorch has CUDA), ratios, kernel launches per step
 #   launch count        benchmarks/launch_count.py --device cuda: launches per captured step by family, and the
 #                       graph's nodes by type as the CUDA driver counts them
+#   sm_75 capped tests  issue 66: with TINYFORMER_MAX_CAPABILITY=sm_75 (a T4's path on this GPU), the GPU test of
+#   multi30k sm_75 fp16 the capped dispatch, then 200 fp16 steps of the Multi30k recipe on it (with TINYFORMER_DATA)
 # Earlier checks' stages follow while budget is left:
 #   tensor-core tests   the GPU tests of the tensor-core attention and of its instructions
 #   gpu tests           every other GPU test (-m gpu over the files that hold them), on 8 pytest-xdist workers
@@ -272,6 +274,16 @@ run_stage "bench_step graphs bf16" 75 "$PYTHON" benchmarks/bench_step.py "${grap
 # Launches per captured step by family, and the graph's nodes by type from the CUDA driver (the CPU's
 # emulated count of the same step: benchmarks/results/launches.md).
 run_stage "launch count" 60 "$PYTHON" benchmarks/launch_count.py --device cuda --families
+# Issue 66: the T4's path on this GPU, its capability capped at 7.5 (TINYFORMER_MAX_CAPABILITY): the GPU test of
+# the capped dispatch (fp16 attention on CUDA cores, bf16 refused), then 200 steps of the Multi30k recipe in fp16
+# on that path (fp32's path is the same kernels on any GPU: the gpu tests and `train cuda` run it).
+run_stage "sm_75 capped tests" 60 env TINYFORMER_MAX_CAPABILITY=sm_75 "$PYTHON" -m pytest "${pytest_args[@]}" -n 0 \
+    tests/test_kernels_paths.py
+if [[ -n ${TINYFORMER_DATA:-} ]]; then
+    run_stage "multi30k sm_75 fp16" 120 env TINYFORMER_MAX_CAPABILITY=sm_75 "$PYTHON" -m tinyformer.cli train \
+        --data multi30k --device cuda --precision fp16 --max-steps 200 --eval-every 100 --no-test --no-progress \
+        --save-dir "$scratch/multi30k-sm75"
+fi
 
 # Earlier checks' stages, while budget is left.
 run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/test_kernels_gpu.py \
