@@ -297,7 +297,8 @@ def test_an_integer_key_of_a_state_dict_is_called_so(files, tmp_path, capsys):
     torch = pytest.importorskip("torch")
     from safetensors.numpy import load_file
 
-    tensors = {name: torch.from_numpy(value) for name, value in load_file(str(files.torch / "model.safetensors")).items()}
+    stored = load_file(str(files.torch / "model.safetensors"))
+    tensors = {name: torch.from_numpy(value) for name, value in stored.items()}
     tensors[7] = torch.zeros(3)
     torch.save(tensors, str(tmp_path / "model.pt"))
     line = one_error_line(capsys, ["import", "torch", str(tmp_path / "model.pt"), "--output", str(tmp_path / "out"),

@@ -108,8 +108,9 @@ def parameter_dims(config):
             for attention in attentions:
                 for w in ("w_q", "w_k", "w_v", "w_o"):
                     dims[f"{layer}{attention}.{w}.weight"], dims[f"{layer}{attention}.{w}.bias"] = (d, d), (d,)
-            dims[f"{layer}feed_forward.linear1.weight"], dims[f"{layer}feed_forward.linear1.bias"] = ("d_ff", d), ("d_ff",)
-            dims[f"{layer}feed_forward.linear2.weight"], dims[f"{layer}feed_forward.linear2.bias"] = (d, "d_ff"), (d,)
+            ff = f"{layer}feed_forward."
+            dims[f"{ff}linear1.weight"], dims[f"{ff}linear1.bias"] = ("d_ff", d), ("d_ff",)
+            dims[f"{ff}linear2.weight"], dims[f"{ff}linear2.bias"] = (d, "d_ff"), (d,)
             for norm in norms:
                 dims[f"{layer}{norm}.norm.weight"], dims[f"{layer}{norm}.norm.bias"] = (d,), (d,)
         if config.has_final_norm:
