@@ -452,3 +452,17 @@ def test_a_run_of_absurd_model_overrides_is_refused_before_building(files, overr
     finally:
         tracemalloc.stop()
     assert "\n" not in str(refused.value) and seconds < QUICK and peak < PEAK
+
+
+@pytest.mark.parametrize("change, phrase", [(("model_config", "d_model", 10**9), "d_model"),
+                                            (("model_config", "num_layers", 50_000), "num_layers"),
+                                            (("config", None, [1, 2]), "config"), (("config", None, None), "config")])
+def test_train_resume_refuses_a_hostile_checkpoint_in_one_line(files, tmp_path, capsys, change, phrase):
+    meta = json.loads(json.dumps(files.meta))
+    key, field, value = change
+    if field is None:
+        meta[key] = value
+    else:
+        meta[key][field] = value
+    path = write_npz(copy_run(files, tmp_path / "run") / "checkpoint_0000002.npz", files.state, meta)
+    one_error_line(capsys, ["train", "--resume", "--save-dir", str(tmp_path / "run")], str(path), phrase)

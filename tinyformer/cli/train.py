@@ -115,7 +115,13 @@ def _saved_config(save_dir):
     paths = checkpoint.list_checkpoints(save_dir)
     if not paths:
         raise FileNotFoundError(f"--resume: no checkpoint_*.npz in {save_dir}")
-    _, meta, _ = checkpoint.load_checkpoint(paths[-1])
+    from ..translation.train.state import model_check
+
+    # its model_config within nn.limits' bounds and its parameters' headers that model's, before any data is read
+    _, meta, _ = checkpoint.load_checkpoint(paths[-1], model_check(paths[-1]))
+    if not isinstance(meta.get("config"), dict):
+        raise checkpoint.CheckpointError(f"--resume: checkpoint {paths[-1]} holds no run config (a JSON object) "
+                                         "in its metadata: it was not written by tinyformer train")
     return TrainConfig.from_dict(meta["config"], meta.get("model_config"))
 
 

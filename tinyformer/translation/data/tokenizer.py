@@ -26,7 +26,7 @@ from pathlib import Path
 import sentencepiece
 
 from ...common.atomic import write_atomically
-from ...common.files import read_bytes
+from ...common.files import read_bytes, readable_file
 from .special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from ...common.validation import check_int, is_integer
 
@@ -38,6 +38,7 @@ MODEL_TYPES = ("bpe", "unigram", "char", "word")
 def file_sha256(path, chunk_size=1 << 20):
     """Hex SHA-256 of a file's bytes, read in chunks (a data file need not fit in memory twice)."""
     digest = hashlib.sha256()
+    readable_file(path)  # unreadable, missing or a folder: said so
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(chunk_size), b""):
             digest.update(chunk)
