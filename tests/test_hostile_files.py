@@ -340,7 +340,7 @@ def _unprivileged(argv):
 
 
 @pytest.mark.parametrize("unreadable", ["spm.model", "checkpoint", "safetensors", "config.json", "vocab.json",
-                                        "source.spm", "model-config", "torch-weights"])
+                                        "source.spm", "model-config", "torch-weights", "init-from tokenizer"])
 def test_an_unreadable_file_is_called_unreadable(files, tmp_path, unreadable):
     folder = copy_run(files, tmp_path / "run")
     checkpoint = write_npz(folder / "checkpoint_0000000.npz", files.state, files.meta)
@@ -358,7 +358,9 @@ def test_an_unreadable_file_is_called_unreadable(files, tmp_path, unreadable):
              "vocab.json": (["import", "marian", str(opus), "--output", str(tmp_path / "out")], opus / "vocab.json"),
              "source.spm": (["import", "marian", str(opus), "--output", str(tmp_path / "out")], opus / "source.spm"),
              "model-config": (torch_import, tmp_path / "torch" / "model.json"),
-             "torch-weights": (torch_import, tmp_path / "torch" / "model.safetensors")}
+             "torch-weights": (torch_import, tmp_path / "torch" / "model.safetensors"),
+             "init-from tokenizer": (["train", "--init-from", str(folder), "--save-dir", str(tmp_path / "out"),
+                                      "--max-steps", "1"], folder / "spm.model")}
     argv, locked = cases[unreadable]
     locked.chmod(0)
     done = run_child(_unprivileged(tinyformer(*argv)), timeout=120)

@@ -38,7 +38,6 @@ MODEL_TYPES = ("bpe", "unigram", "char", "word")
 def file_sha256(path, chunk_size=1 << 20):
     """Hex SHA-256 of a file's bytes, read in chunks (a data file need not fit in memory twice)."""
     digest = hashlib.sha256()
-    readable_file(path)  # unreadable, missing or a folder: said so
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(chunk_size), b""):
             digest.update(chunk)
@@ -293,4 +292,4 @@ def tokenizer_sha256(path):
         from .marian_tokenizer import MARIAN_FILES, marian_sha256
 
         return marian_sha256(path) if all((path / name).is_file() for name in MARIAN_FILES) else None
-    return file_sha256(path) if path.is_file() else None
+    return file_sha256(readable_file(path, "tokenizer")) if path.is_file() else None  # unreadable: said so
