@@ -468,3 +468,23 @@ def test_train_resume_refuses_a_hostile_checkpoint_in_one_line(files, tmp_path, 
         meta[key][field] = value
     path = write_npz(copy_run(files, tmp_path / "run") / "checkpoint_0000002.npz", files.state, meta)
     one_error_line(capsys, ["train", "--resume", "--save-dir", str(tmp_path / "run")], str(path), phrase)
+
+
+@pytest.mark.parametrize("extra", ["adam/m/0", "notes"])
+def test_a_compressed_array_of_absurd_size_beside_the_parameters_is_never_read(files, tmp_path, extra):
+    """A zip entry may deflate a gigabyte of zeros into a megabyte: an Adam moment larger than any parameter
+    is refused from its header, and an entry that is neither a parameter nor a moment is not read at all."""
+    from tinyformer.translation.checkpoint import load_checkpoint
+
+    path = tmp_path / "checkpoint_0000000.npz"
+    arrays = {f"model/{k}": v for k, v in files.state.items()}
+    meta = {**files.meta, "adam": {"has_moment": [True], "step": 1}} if extra.startswith("adam") else files.meta
+    np.savez_compressed(path, metadata=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                        **{**arrays, extra: np.zeros(2**28, np.uint8), "adam/v/0": np.zeros(1, np.float32)})
+    outcome, seconds, peak = measured(load_checkpoint, path)
+    assert peak < PEAK and seconds < QUICK, (peak, seconds)
+    if extra == "notes":
+        assert extra not in outcome[0] and "adam/m/0" not in str(outcome)
+    else:
+        assert isinstance(outcome, CheckpointError) and "adam/m/0" in str(outcome)
+        assert "more values than any parameter" in str(outcome)

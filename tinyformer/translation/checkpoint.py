@@ -114,8 +114,14 @@ def load_checkpoint(path, check=None):
             if check is not None:
                 check(metadata, {key[len("model/"):]: (shape, dtype.name)
                                  for key, (shape, dtype, _) in headers.items() if key.startswith("model/")})
+            largest = max((size // dtype.itemsize for key, (_, dtype, size) in headers.items()
+                           if key.startswith("model/")), default=0)
+            for key, (shape, dtype, size) in headers.items():
+                # a moment has its parameter's shape
+                if key.startswith("adam/") and size // max(dtype.itemsize, 1) > largest:
+                    raise refuse(f"array {key!r} declares shape {shape}: more values than any parameter holds")
             for key in npz.files:
-                if key != "metadata":
+                if key.startswith(("model/", "adam/")):  # nothing else is read, whatever it declares
                     arrays[key] = npz[key]
     except CheckpointError:
         raise
