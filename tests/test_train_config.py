@@ -178,10 +178,15 @@ def test_a_bad_language_or_name_is_refused_in_the_same_words_by_the_api_and_the_
 # ------------------------------------------------------------------ --resume
 @pytest.fixture
 def saved_run(tmp_path):
-    """A run directory whose newest checkpoint holds a resolved config (and nothing else of a run)."""
+    """A run directory whose newest checkpoint holds a resolved config and the model it describes
+    (--resume reads the model's config and parameter headers through the checks every model file
+    gets; nothing else of a run is there)."""
+    from tinyformer.model.nn import Transformer
+
     config = TrainConfig(save_dir=str(tmp_path), vocab_size=120, max_steps=6).resolved()
-    checkpoint.save_checkpoint(checkpoint.checkpoint_path(tmp_path, 3), {"w": np.zeros(2, np.float32)},
-                               {"config": config.to_dict()})
+    model = Transformer.from_preset(config.preset, vocab_size=120, seed=0)
+    checkpoint.save_checkpoint(checkpoint.checkpoint_path(tmp_path, 3), model.state_dict(),
+                               {"config": config.to_dict(), "model_config": model.config})
     return tmp_path, config
 
 
