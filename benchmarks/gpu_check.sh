@@ -226,7 +226,7 @@ gpu_test_files=(tests/test_kernels_gpu.py tests/test_amp_gpu.py tests/test_backe
 pytest_args=(-m gpu -q -rfE --tb=short --durations=5 -p no:cacheprovider)
 # The kernels first: every module loaded from the prebuilt cubins in $TINYFORMER_CUBINS (default
 # build/cubins where it holds a manifest: built on the CPU, no device minute spent compiling, with
-#   python -m tinyformer.engine.kernels.prebuilt build/cubins --arch sm_90
+#   python -m tinyformer.engine.kernels.cubins build/cubins --arch sm_90
 # and carried to the device), or compiled once, serially, into CuPy's disk cache, so that no later stage
 # and no test worker compiles a module again. Its last line gives the seconds spent compiling.
 if [[ -z ${TINYFORMER_CUBINS:-} && -f $ROOT/build/cubins/manifest.json ]]; then

@@ -10,7 +10,7 @@ import pytest
 from ci import in_ci
 
 from tinyformer.engine import backend
-from tinyformer.engine.kernels import compile_check, launch, prebuilt, registry, toolchain
+from tinyformer.engine.kernels import compile_check, cubins, launch, prebuilt, registry, toolchain
 
 
 @pytest.fixture
@@ -112,11 +112,11 @@ def _elf(machine):
 
 
 def test_cubin_symbols_refuses_what_is_not_a_cuda_elf():
-    assert prebuilt.cubin_symbols(_elf(190)) == []
+    assert cubins.cubin_symbols(_elf(190)) == []
     with pytest.raises(ValueError, match="not CUDA"):
-        prebuilt.cubin_symbols(_elf(62))  # x86-64
+        cubins.cubin_symbols(_elf(62))  # x86-64
     with pytest.raises(ValueError, match="ELF64"):
-        prebuilt.cubin_symbols(b"#!/bin/sh\n" + bytes(64))
+        cubins.cubin_symbols(b"#!/bin/sh\n" + bytes(64))
 
 
 def _nvrtc_or_skip():
@@ -130,12 +130,12 @@ def _nvrtc_or_skip():
 def test_build_writes_a_cubin_of_every_source_holding_every_instantiation(tmp_path, fresh_modules):
     """The build reuses compile_check's compilations (the test run's background build makes them)."""
     nvrtc = _nvrtc_or_skip()
-    manifest = prebuilt.build(tmp_path, ("sm_80", "sm_90"), nvrtc)
+    manifest = cubins.build(tmp_path, ("sm_80", "sm_90"), nvrtc)
     assert len(manifest["modules"]) == 2 * len(registry.KERNELS)
     for key, entry in manifest["modules"].items():
         assert key == prebuilt.module_key(entry["source"], entry["arch"])
         assert set(entry["lowered"]) == set(registry.instantiations(entry["source"]))
-        symbols = set(prebuilt.cubin_symbols((tmp_path / entry["file"]).read_bytes()))
+        symbols = set(cubins.cubin_symbols((tmp_path / entry["file"]).read_bytes()))
         assert set(entry["lowered"].values()) <= symbols, entry["file"]
     assert json.loads((tmp_path / prebuilt.MANIFEST).read_text()) == manifest
 

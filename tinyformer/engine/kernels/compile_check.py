@@ -167,7 +167,7 @@ def _compiled(nvrtc, source, expressions, options):
     """``nvrtc.compile_cubin``'s (log, lowered names, cubin), once for the same compiler, sources (the
     file and every header beside it) and options: in memory for this process, and in the build cache
     (``toolchain.cached_product``) for the next one — the tests, the command, the test run's background
-    build and ``prebuilt.build`` ask for the same compilations, which take a minute."""
+    build and ``cubins.build`` ask for the same compilations, which take a minute."""
     text = registry.read_source(source)
     digest = hashlib.sha256(repr((nvrtc.path, nvrtc.version, source, expressions, options)).encode())
     for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):

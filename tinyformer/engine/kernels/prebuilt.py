@@ -1,6 +1,6 @@
 """Kernel modules compiled ahead, on any machine, and loaded on the GPU without compiling.
 
-NVRTC compiles for any architecture without a GPU (``compile_check``). ``build`` writes every
+NVRTC compiles for any architecture without a GPU (``compile_check``). ``cubins.build`` writes every
 kernel source's cubin for the architectures asked (sm_80, sm_90, ...) into a folder with a
 manifest; a process whose ``TINYFORMER_CUBINS`` names that folder loads the module of its device's
 architecture from it (``cupy.RawModule(path=...)``) instead of compiling it with NVRTC on the
@@ -9,21 +9,16 @@ CuPy's disk cache cold. A module whose sources, geometry or architecture differ 
 (``module_key``), or that the driver refuses to load, is compiled as before; ``origins()`` says
 which happened to each source.
 
-    python -m tinyformer.engine.kernels.prebuilt FOLDER [--arch sm_80 --arch sm_90]   (no GPU needed)
+    python -m tinyformer.engine.kernels.cubins FOLDER [--arch sm_80 --arch sm_90]   (no GPU needed)
 
 On the GPU, ``python -m tinyformer.engine.kernels.warm`` loads (or compiles) every module once.
 """
 
-import argparse
 import hashlib
 import json
 import os
-import struct
-import sys
-import time
 from pathlib import Path
 
-from ...common import atomic
 from .. import backend
 from . import registry
 
@@ -44,57 +39,6 @@ def module_key(source, arch):
     for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
-
-
-def cubin_symbols(data):
-    """The names of the symbols of an ELF64 file's symbol table (a cubin's kernels among them); a
-    ValueError when ``data`` is not a little-endian ELF64 file for CUDA (e_machine 190)."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError("not a little-endian ELF64 file")
-    machine, = struct.unpack_from("<H", data, 18)
-    if machine != 190:
-        raise ValueError(f"ELF machine {machine}, not CUDA (190)")
-    section_offset, = struct.unpack_from("<Q", data, 40)
-    entry_size, count = struct.unpack_from("<HH", data, 58)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size) for i in range(count)]
-    names = []
-    for _, kind, _, _, offset, size, link, _, _, symbol_size in sections:
-        if kind != 2:  # SHT_SYMTAB
-            continue
-        strings_offset = sections[link][4]
-        for start in range(offset, offset + size, symbol_size):
-            name_offset, = struct.unpack_from("<I", data, start)
-            end = data.index(b"\0", strings_offset + name_offset)
-            names.append(data[strings_offset + name_offset:end].decode())
-    return names
-
-
-def build(folder, archs=DEFAULT_ARCHS, nvrtc=None):
-    """Compile every kernel source for each of ``archs`` with NVRTC (no GPU needed) into ``folder``:
-    one ``<source>.<arch>.cubin`` each, of the instantiations that architecture runs
-    (``registry.instantiations_for``; none of attention_mma.cu below sm_80), and the manifest.
-    Returns the manifest."""
-    from . import compile_check  # NVRTC, the build's compiler, only where cubins are built
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    nvrtc = nvrtc or compile_check.Nvrtc()
-    modules = {}
-    for source in registry.KERNELS:
-        for arch in archs:
-            module = compile_check.compiled_module(source, arch, nvrtc)  # what arch runs of it (None: nothing)
-            if module is None:
-                continue
-            lowered, cubin = module
-            missing = sorted(set(lowered.values()) - set(cubin_symbols(cubin)))
-            if missing:
-                raise ValueError(f"prebuilt: the cubin of {source} for {arch} lacks {missing[0]}")
-            name = f"{source}.{arch}.cubin"
-            atomic.write_atomically(folder / name, cubin)
-            modules[module_key(source, arch)] = {"source": source, "arch": arch, "file": name, "lowered": lowered}
-    manifest = {"format": FORMAT, "nvrtc": ".".join(map(str, nvrtc.version)), "modules": modules}
-    atomic.write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return manifest
 
 
 class PrebuiltModule:
@@ -150,20 +94,3 @@ def note_compiled(source, seconds):
     """Record that ``source`` was compiled here (``launch``), where no prebuilt module was taken."""
     reason = _origins.get(source, "compiled")
     _origins[source] = f"{reason}, {seconds:.1f} s" if reason.startswith("compiled") else reason
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tinyformer.engine.kernels.prebuilt",
-                                     description="compile every kernel source into FOLDER with NVRTC (no GPU needed)")
-    parser.add_argument("folder")
-    parser.add_argument("--arch", action="append", help="target architecture (repeatable; default sm_80, sm_90)")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    manifest = build(args.folder, tuple(args.arch or DEFAULT_ARCHS))
-    print(f"prebuilt: {len(manifest['modules'])} cubins (NVRTC {manifest['nvrtc']}) in {args.folder}, "
-          f"{time.perf_counter() - start:.1f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
