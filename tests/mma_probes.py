@@ -81,7 +81,7 @@ def nvrtc_reports(nvrtc, arch):
     kernels/ and the options."""
     options = [f"-arch={arch}", "-Xptxas", "-v", *_nvrtc_options()]
     digest = hashlib.sha256(repr((nvrtc.path, nvrtc.version, options, expressions())).encode())
-    for path in [SOURCE, *emulation.kernel_files()]:
+    for path in [SOURCE, *registry.kernel_files()]:
         digest.update(path.read_bytes())
 
     def compile_into(partial):

@@ -131,7 +131,7 @@ def test_the_emulation_build_and_the_package_cover_every_header_it_includes():
     key (an edit rebuilds), shipped (pyproject's package-data), and within the 500-line limit."""
     parts = _included("cpu_emulation.h")
     assert {"cpu_emulation_threads.h", "cpu_emulation_half.h", "cpu_emulation_warp.h"} <= parts
-    hashed = {p.name for p in emulation.kernel_files()}
+    hashed = {p.name for p in registry.kernel_files()}
     assert parts | {"cpu_emulation.h"} | set(registry.KERNELS) <= hashed
     package_data = re.search(r'"tinyformer\.engine\.kernels" = \[([^\]]*)\]',
                              (registry.KERNEL_DIR.parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
@@ -148,7 +148,7 @@ def test_the_emulation_rebuilds_when_a_part_of_its_header_changes(tmp_path, monk
     monkeypatch.setattr(emulation.toolchain, "cached_product", lambda name, make: names.append(name) or name)
     copy = tmp_path / "kernels"
     copy.mkdir()
-    for path in emulation.kernel_files():
+    for path in registry.kernel_files():
         (copy / path.name).write_bytes(path.read_bytes())
     monkeypatch.setattr(registry, "KERNEL_DIR", copy)
     header = copy / "cpu_emulation_warp.h"

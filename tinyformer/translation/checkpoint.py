@@ -26,7 +26,7 @@ from ..common.atomic import replacing
 from ..common.files import readable_file
 
 __all__ = ["save_checkpoint", "load_checkpoint", "list_checkpoints", "step_of",
-           "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "CheckpointError"]
+           "prune_checkpoints", "remove_partial_files", "model_config_mismatch", "non_finite", "CheckpointError"]
 
 _NAME = re.compile(r"checkpoint_(\d+)\.npz$")
 _PARTIAL = re.compile(r"^checkpoint_\d+\.npz\.[^.]+\.tmp$")  # a temporary of _atomic_write_npz
@@ -46,15 +46,27 @@ def _atomic_write_npz(path, arrays):
         numpy.savez(f, **arrays)
 
 
+def non_finite(arrays):
+    """(name, how many values are NaN or Inf, size) of the first floating-point array of ``arrays``
+    ({name: array}) that holds any, or None: what every writer of weights refuses."""
+    for key, array in arrays.items():
+        array = numpy.asarray(array)
+        if array.dtype.kind in "fc":
+            finite = numpy.isfinite(array)
+            if not finite.all():
+                return key, int(array.size - numpy.count_nonzero(finite)), array.size
+    return None
+
+
 def _check_finite(path, arrays):
     """Refuse a state holding NaN or Inf: such a checkpoint would only spread the failure to a resume."""
-    for key, array in arrays.items():
-        if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
-            bad = int(array.size - numpy.count_nonzero(numpy.isfinite(array)))
-            what = (f"parameter {key[len('model/'):]!r}" if key.startswith("model/")
-                    else f"Adam moment {key!r}" if key.startswith("adam/") else f"array {key!r}")
-            raise CheckpointError(f"refusing to write checkpoint {path}: {what} holds {bad} non-finite "
-                                  f"value(s) (NaN or Inf) of {array.size}")
+    found = non_finite(arrays)
+    if found is not None:
+        key, bad, size = found
+        what = (f"parameter {key[len('model/'):]!r}" if key.startswith("model/")
+                else f"Adam moment {key!r}" if key.startswith("adam/") else f"array {key!r}")
+        raise CheckpointError(f"refusing to write checkpoint {path}: {what} holds {bad} non-finite "
+                              f"value(s) (NaN or Inf) of {size}")
 
 
 def save_checkpoint(path, model_state, metadata, adam_state=None):

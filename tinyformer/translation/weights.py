@@ -10,7 +10,7 @@ import numpy
 
 from ..common.atomic import replacing
 from ..common.validation import json_type
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, non_finite
 
 __all__ = ["SAFETENSORS_SUFFIX", "METADATA_KEY", "save_safetensors", "load_safetensors", "load_weights"]
 
@@ -25,12 +25,11 @@ def save_safetensors(path, model_state, metadata):
     from safetensors.numpy import save
 
     tensors = {name: numpy.ascontiguousarray(value) for name, value in model_state.items()}
-    for name, value in tensors.items():
-        finite = numpy.isfinite(value) if value.dtype.kind in "fc" else True
-        if not numpy.all(finite):
-            raise CheckpointError(f"refusing to write {path}: parameter {name!r} holds "
-                                  f"{value.size - int(numpy.sum(finite))} non-finite value(s) (NaN or Inf) of "
-                                  f"{value.size}")
+    found = non_finite(tensors)
+    if found is not None:
+        name, bad, size = found
+        raise CheckpointError(f"refusing to write {path}: parameter {name!r} holds {bad} non-finite value(s) "
+                              f"(NaN or Inf) of {size}")
     kept = {key: metadata[key] for key in KEPT if key in metadata}
     data = save(tensors, metadata={METADATA_KEY: json.dumps(kept, sort_keys=True), "format": "np"})
     path = Path(path)

@@ -25,8 +25,9 @@ from .capture import (CaptureUnavailable, Launch, LaunchCounts, captured_memory,
                       counting_launches, is_capturing, is_counting_launches, note_launch)
 from .cuda_graphs import GraphCapture, graph_nodes
 from .devices import (DEFAULT_DTYPE, DEVICES, MAX_CAPABILITY, capability_number, capped_capability, check_device,
-                      compute_capability, copy_into, cuda_runtime_major, device_facts, device_name, device_of, erf, get_array_module, is_cupy_array, is_gpu_available, like, load_module,
-                      raw_module, scatter_add, scatter_add_rows, to_device, to_numpy)
+                      compute_capability, copy_into, cuda_runtime_major, device_facts, device_name, device_of, erf,
+                      get_array_module, is_cupy_array, is_gpu_available, like, load_module, raw_module, scatter_add,
+                      scatter_add_rows, to_device, to_numpy)
 from .half_precision import (BFLOAT16_CAST_PROBE, cast, from_bfloat16, has_half_matmul, has_native_bfloat16_cast,
                              is_bfloat16, is_floating, is_half, to_bfloat16)
 from .out_of_memory import out_of_memory_errors, out_of_memory_report

@@ -19,8 +19,6 @@ each op's path from the device's capability. ``python -m tinyformer.engine.kerne
 compiles all of them with NVRTC, per architecture, no GPU needed.
 """
 
-import os
-
 from .. import backend
 from . import paths
 from .registry import CUDA_TYPES, OLDEST_CAPABILITY
@@ -41,7 +39,7 @@ def use_kernels(*arrays):
     (softmax: the last axis; attention: its mask and head dim, and its kernel by dtype and device:
     ``paths.attention_path``); see ``tinyformer.engine.functional``.
     """
-    if os.environ.get("TINYFORMER_KERNELS", "1") == "0":
+    if not paths.kernels_switched_on():
         return False
     return (on_gpu(*arrays) and all(a.dtype.name in CUDA_TYPES for a in arrays)
             and paths.capability_number(paths.device_capability()) >= OLDEST_CAPABILITY)

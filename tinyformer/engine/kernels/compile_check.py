@@ -170,7 +170,7 @@ def _compiled(nvrtc, source, expressions, options):
     build and ``cubins.build`` ask for the same compilations, which take a minute."""
     text = registry.read_source(source)
     digest = hashlib.sha256(repr((nvrtc.path, nvrtc.version, source, expressions, options)).encode())
-    for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):
+    for path in registry.kernel_files():
         digest.update(path.read_bytes())
     key = digest.hexdigest()
     if key not in _COMPILED:

@@ -189,7 +189,9 @@ def _note_launches(a, b, out):
     """Count (``backend.note_launch``) the launches ``_gemm`` makes for this product, on either
     device, with their bytes and FLOPs: the GEMM (each operand read once, the result written once),
     and the copies of operands cuBLAS cannot read in place and of a result that cannot be written in
-    place; CuPy's own product where cuBLAS is not called."""
+    place; CuPy's own product where cuBLAS is not called. Nothing is computed where no count is kept."""
+    if not backend.is_counting_launches():
+        return
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     (m, k), n, count = a.shape[-2:], b.shape[-1], math.prod(batch)
     flops, result_bytes = 2 * m * n * k * count, m * n * count * a.itemsize

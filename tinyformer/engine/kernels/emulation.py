@@ -58,12 +58,6 @@ def translation_unit(sources=None, expressions=None):
     return "\n".join(lines) + "\n"
 
 
-def kernel_files():
-    """Every file of kernels/ a build reads: the .cu sources, the .cuh headers, and the emulation's
-    .h headers (cpu_emulation.h and the parts it includes)."""
-    return sorted(p for p in registry.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h"))
-
-
 def sanitize_requested():
     return os.environ.get("TINYFORMER_EMULATION_SANITIZE", "") not in ("", "0")
 
@@ -93,7 +87,7 @@ def build(sanitize=None, sources=None, expressions=None):
     for part in [cxx, " ".join(flags), unit]:
         digest.update(part.encode())
     outside = [Path(s) for s in sources or () if Path(s).is_absolute()]
-    for path in kernel_files() + outside:
+    for path in registry.kernel_files() + outside:
         digest.update(path.read_bytes())
     suffix = "-asan" if sanitize else ""
 

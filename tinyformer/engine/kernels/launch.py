@@ -43,6 +43,12 @@ def _emulated(geometry):
     return frozenset(registry.emulated_instantiations())
 
 
+@functools.lru_cache(maxsize=None)
+def _runs_here(kernel, dtype_name, capability):
+    """``registry.runs_on`` of ``kernel``'s family, once per (kernel, element type, capability): asked at every launch."""
+    return registry.runs_on(registry.source_of(kernel), dtype_name, capability)
+
+
 STATIC_SHARED_LIMIT = 48 * 1024
 """Shared memory a block gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
 
@@ -53,7 +59,7 @@ def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
     expression = registry.name_expression(kernel, dtype, head_dim)
     capability = paths.device_capability()
     name = dtype if isinstance(dtype, str) else numpy.dtype(dtype).name
-    if not registry.runs_on(registry.source_of(kernel), name, capability):
+    if not _runs_here(kernel, name, capability):
         raise RuntimeError(paths.precision_problem(capability, name, backend.device_name())
                            or f"{expression}: {registry.REQUIREMENTS[registry.source_of(kernel)].why}, not {capability}")
     if gpu:
@@ -74,6 +80,7 @@ def launch(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0, cost=N
     arguments do not tell it (operands passed as pointers, FLOPs); by default the bytes of those arrays."""
     gpu = any(backend.is_cupy_array(a) for a in args)
     function(kernel, dtype, head_dim, gpu, shared_mem)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
-    if cost is None:
-        cost = (sum(a.nbytes for a in args if getattr(a, "ndim", 0) > 0), 0, "memory")
-    backend.note_launch(kernel, bytes=cost[0], flops=cost[1], compute=cost[2])
+    if backend.is_counting_launches():
+        if cost is None:
+            cost = (sum(a.nbytes for a in args if getattr(a, "ndim", 0) > 0), 0, "memory")
+        backend.note_launch(kernel, bytes=cost[0], flops=cost[1], compute=cost[2])

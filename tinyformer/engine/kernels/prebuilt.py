@@ -36,7 +36,7 @@ def module_key(source, arch):
     include one another), the geometry's definitions and the architecture. Compiler versions are not
     part of it: a cubin runs on every driver of its architecture's major CUDA version and later."""
     digest = hashlib.sha256(repr((source, arch, registry.compile_options(), "-std=c++17")).encode())
-    for path in sorted(registry.KERNEL_DIR.glob("*.cu*")) + sorted(registry.KERNEL_DIR.glob("*.h")):
+    for path in registry.kernel_files():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -298,3 +298,9 @@ def emulated_instantiations():
 
 def read_source(source):
     return (KERNEL_DIR / source).read_text(encoding="utf-8")
+
+
+def kernel_files():
+    """Every file of kernels/ a build reads: the .cu sources, the .cuh headers, and the emulation's
+    .h headers (cpu_emulation.h and the parts it includes); what a built product's key hashes."""
+    return sorted(p for p in KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h"))

@@ -13,10 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy
-
 from ...model.nn import TransformerConfig
-from ..checkpoint import save_checkpoint
+from ..checkpoint import non_finite, save_checkpoint
 from .marian import MarianError, config_to_marian, read_marian_folder, state_to_marian
 from .staging import IMPORTED_CHECKPOINT, build_beside, check_output, imported_metadata, newest_checkpoint
 
@@ -62,11 +60,11 @@ def export_marian(source, output, tokenizer_path=None):
     if not isinstance(tokenizer, MarianTokenizer):
         raise MarianError(f"{source}'s tokenizer is a joint sentencepiece model ({tokenizer.path.name}), not a "
                           "Marian one (source.spm, target.spm, vocab.json): only Marian runs export as Marian")
-    for name, value in model.state_dict().items():  # as the other formats: no NaN or Inf leaves tinyformer
-        finite = numpy.isfinite(value)
-        if not finite.all():
-            raise MarianError(f"{source}: parameter {name!r} holds {value.size - int(finite.sum())} non-finite "
-                              f"value(s) (NaN or Inf) of {value.size}: a model holding them is not exported")
+    found = non_finite(model.state_dict())  # as the other formats: no NaN or Inf leaves tinyformer
+    if found is not None:
+        name, bad, size = found
+        raise MarianError(f"{source}: parameter {name!r} holds {bad} non-finite value(s) (NaN or Inf) of {size}: "
+                          "a model holding them is not exported")
     config = model.config
     imported = meta.get("imported_from") or {}
     values = config_to_marian(config, tokenizer.eos_id, imported.get("config"))
