@@ -5,9 +5,15 @@ fails instead of skipping: CI installs all of it, so a skip there would hide a c
 import os
 
 CI_VARIABLE = "TINYFORMER_CI"
+CI_VARIABLES = (CI_VARIABLE, "CI")  # a child test run that must not count as CI removes both
+
+
+def ci_setting(environ=None):
+    """The first of ``TINYFORMER_CI`` and ``CI`` set to anything but "", "0" or "false", or None."""
+    environ = os.environ if environ is None else environ
+    return next((name for name in CI_VARIABLES if environ.get(name, "").lower() not in ("", "0", "false")), None)
 
 
 def in_ci(environ=None):
-    """``TINYFORMER_CI`` or ``CI`` set to anything but "", "0" or "false"."""
-    environ = os.environ if environ is None else environ
-    return any(environ.get(name, "").lower() not in ("", "0", "false") for name in (CI_VARIABLE, "CI"))
+    """Whether ``TINYFORMER_CI`` or ``CI`` says this run is CI's."""
+    return ci_setting(environ) is not None

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from ci import CI_VARIABLE, in_ci  # noqa: F401  (re-exported: conftest keeps CI_VARIABLE in the tests' environment)
+from ci import CI_VARIABLE, CI_VARIABLES, ci_setting  # noqa: F401  (re-exported: conftest keeps CI_VARIABLE in the tests' environment)
 
 
 def find(environ=None, which=None):
@@ -32,7 +32,8 @@ def require(environ=None, which=None):
     if found:
         return found
     wanted = f"CXX={environ['CXX']!r}" if environ.get("CXX") else "g++ or clang++"
-    if in_ci(environ):
-        pytest.fail(f"{CI_VARIABLE} is set but no C++ compiler ({wanted}) is on the PATH: CI must install one "
+    setting = ci_setting(environ)
+    if setting:
+        pytest.fail(f"{setting} is set but no C++ compiler ({wanted}) is on the PATH: CI must install one "
                     "(.ci/run does, with apt) so that the CPU emulation's tests run", pytrace=False)
     pytest.skip(f"no C++ compiler ({wanted}) for the CPU emulation")

@@ -25,12 +25,14 @@ def test_the_compiler_is_cxx_else_gxx_else_clang():
     assert compilers.find({}, which_of(set())) is None
 
 
+@pytest.mark.parametrize("name", ["TINYFORMER_CI", "CI"])
 @pytest.mark.parametrize("value, ci", [("1", True), ("true", True), ("0", False), ("", False), (None, False)])
-def test_without_a_compiler_ci_fails_and_elsewhere_skips(value, ci):
-    environ = {} if value is None else {compilers.CI_VARIABLE: value}
+def test_without_a_compiler_ci_fails_and_elsewhere_skips(name, value, ci):
+    environ = {} if value is None else {name: value}
     with pytest.raises(OUTCOMES, match="no C\\+\\+ compiler") as info:  # a skip caught too: not the test's own
         compilers.require(environ, which_of(set()))
     assert info.type is (pytest.fail.Exception if ci else pytest.skip.Exception)
+    assert not ci or str(info.value).startswith(f"{name} is set")  # the setting that made it CI's run, named
     assert "\n" not in str(info.value)
     assert compilers.require(environ, which_of({"g++"})) == "/usr/bin/g++"
 
@@ -58,7 +60,8 @@ def test_in_ci_a_ptx_layout_test_without_a_compiler_fails(tmp_path):
     TINYFORMER_* settings, or the first would be skipped too)."""
     test = f"{ROOT / 'tests' / 'test_kernels_mma.py'}::test_mma_ldmatrix_cp_async_and_conversions_follow_the_ptx_layouts"
     command = [children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", test + "[float16]"]
-    bare = {"PATH": str(tmp_path), "CXX": None}  # nothing on the PATH: no g++, no clang++
+    bare = {"PATH": str(tmp_path), "CXX": None,  # nothing on the PATH: no g++, no clang++
+            **dict.fromkeys(compilers.CI_VARIABLES)}  # and not CI's run, even where the CI service sets CI
     failed = children.run(command, env={**bare, compilers.CI_VARIABLE: "1"}, timeout=300)
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-2000:]
     assert "1 error" in failed.stdout and "TINYFORMER_CI is set but no C++ compiler" in failed.stdout, failed.stdout
