@@ -1,8 +1,10 @@
-"""The course: six exercises in order, and the files ``tinyformer study start`` writes.
+"""The course: eight exercises in order, and the files ``tinyformer study start`` writes.
 
 An exercise is one Python file, kept here as a template (``templates/NN_name.py``): the forward
 pass in NumPy, given, and ``backward`` for the reader to write (it raises NotImplementedError until
-then), with the maths to derive in the docstrings. The module-level constant ``EXERCISE = N`` says
+then), with the maths to derive in the docstrings; exercise 7 has the reader write the tiled
+``forward`` (FlashAttention's online softmax) and 8 its tiled ``backward``, checked by
+``flash_check``. The module-level constant ``EXERCISE = N`` says
 which exercise a file holds; the checker reads it. The template's own ``forward`` is the one the
 checker differentiates numerically, whatever the reader's copy has become.
 """
@@ -22,7 +24,8 @@ __all__ = ["Exercise", "EXERCISES", "exercise", "template_module", "write_exerci
 class Exercise:
     """One exercise: its place in the course, what it is about and what ``backward`` returns.
 
-    ``gradients`` are the names the checker reports, in the order ``backward`` returns them;
+    ``gradients`` are the names the checker reports, in the order ``backward`` (7: ``forward``)
+    returns them;
     ``keys`` are the names of a dict ``backward`` returns instead (exercise 6), in the same order.
     ``reference`` names tinyformer's op whose gradients are the right answer; ``model_op`` the op
     the reader's backward replaces while a model trains (None: there is none).
@@ -36,6 +39,7 @@ class Exercise:
     reference: str
     keys: tuple = None
     model_op: str = None
+    writes: str = "backward"  # the function the reader writes (7: forward)
 
     @property
     def filename(self):
@@ -66,11 +70,20 @@ EXERCISES = (
              ("dquery", "dkey", "dvalue", "dW_Q", "db_Q", "dW_K", "db_K", "dW_V", "db_V", "dW_O", "db_O"),
              "nn.MultiHeadAttention", keys=_MHA_KEYS,
              model_op="nn.MultiHeadAttention (one node: your forward and backward)"),
+    Exercise(7, "flash_forward", "FlashAttention forward",
+             "the tiled forward: online softmax over key tiles, O and the log-sum-exp, never S whole",
+             ("O", "lse"), "the float64 formula (S and P whole) and F.scaled_dot_product_attention",
+             model_op="ScaledDotProductAttention's forward (your O; P recomputed from your lse for backward)",
+             writes="forward"),
+    Exercise(8, "flash_backward", "FlashAttention backward",
+             "the tiled backward: dQ, dK, dV from the saved log-sum-exp, D = rowsum(dO ∘ O), tile by tile",
+             ("dQ", "dK", "dV"), "F.scaled_dot_product_attention",
+             model_op="ScaledDotProductAttention's backward (your tiles, from its O and lse)"),
 )
 
 
 def exercise(number):
-    """The exercise numbered ``number`` (1 to 6); a ValueError names the valid numbers otherwise."""
+    """The exercise numbered ``number`` (1 to 8); a ValueError names the valid numbers otherwise."""
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= len(EXERCISES):
         raise ValueError(f"there is no exercise {number!r}: the exercises are numbered 1 to {len(EXERCISES)} "
                          "(tinyformer study lists them)")

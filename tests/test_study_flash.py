@@ -1,0 +1,189 @@
+"""tinyformer.study.course, exercises 7 and 8: FlashAttention's tiled forward and backward by hand.
+
+The reference solutions (tests/study_solutions/07_flash_forward.py, 08_flash_backward.py) pass;
+each typical mistake, made as an edit of a reference solution, fails with its name and the tile
+and row where it shows: a running sum not rescaled, the max not subtracted (scores of ~1,000),
+S or P materialised whole (the memory at 3,072 tokens, its line named), masked or padded keys
+leaking, causal tiles computed and thrown away (counted); D from P·dP passes, and is said.
+"""
+
+from pathlib import Path
+
+import numpy
+import pytest
+
+from tinyformer.study.course import EXERCISES, check
+from tinyformer.study.course.flash_cases import prepared_tiled
+from tinyformer.study.course.flash_reference import attention, running_state, tiled_backward, tiled_forward
+
+SOLUTIONS = Path(__file__).with_name("study_solutions")
+FORWARD, BACKWARD = EXERCISES[6], EXERCISES[7]
+
+
+def solution_text(exercise):
+    """The file `study start` writes with the reader's function replaced by the reference solution's."""
+    marker = f"def {exercise.writes}("
+    given, found, _ = exercise.template().partition(marker)
+    _, written, body = (SOLUTIONS / exercise.filename).read_text(encoding="utf-8").partition(marker)
+    assert found and written
+    return given + written + body
+
+
+def edited(tmp_path, exercise, *edits):
+    """A copy of the reference solution with each (old, new) of ``edits`` made (old found exactly once)."""
+    text = solution_text(exercise)
+    for old, new in edits:
+        assert text.count(old) == 1, f"{old!r} is not found once in {exercise.filename}"
+        text = text.replace(old, new)
+    path = tmp_path / exercise.filename
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def checked(path):
+    report = check(path)
+    return report, "\n".join(report.lines())
+
+
+# ---------------------------------------------------------------------------- the reference solutions
+@pytest.mark.parametrize("exercise", [FORWARD, BACKWARD], ids=lambda e: e.filename)
+def test_the_reference_solution_passes_with_its_memory_and_tiles(exercise, tmp_path):
+    report, text = checked(edited(tmp_path, exercise))
+    assert report.passed, text
+    assert f"exercise {exercise.number}, {exercise.title}: right." in text
+    assert report.peak[0] < 2 << 20 and report.tiles[0] > 0 and report.tiles[1] == 0, report
+    assert "none wholly above the diagonal" in text and "note:" not in text
+
+
+@pytest.mark.parametrize("number", [7, 8])
+def test_the_tiled_recurrences_agree_with_the_plain_formula_and_the_op(number):
+    for case in prepared_tiled(number):
+        q, k, v, lengths, causal = case.args
+        block = case.factors["block"]
+        o, lse = tiled_forward(q, k, v, lengths, causal, block)
+        plain_o, plain_lse = attention(q, k, v, lengths, causal)
+        numpy.testing.assert_allclose(o, plain_o, rtol=1e-12, atol=1e-12)
+        assert numpy.array_equal(numpy.isneginf(lse), numpy.isneginf(plain_lse))
+        if number == 8:
+            grads = tiled_backward(q, k, v, o, lse, case.d_out, lengths, causal, block)
+            for name, grad in zip(("dQ", "dK", "dV"), grads):
+                numpy.testing.assert_allclose(grad, case.expected[name], rtol=1e-10, atol=1e-12)
+
+
+def test_the_running_state_is_carried_through_skipped_tiles():
+    m, l = running_state([(0, 0, 0, 1.0, 2.0), (0, 0, 2, 3.0, 4.0)], 1, 2, 3)
+    assert m[0, 0].tolist() == [1.0, 1.0, 3.0] and l[0, 0].tolist() == [2.0, 2.0, 4.0]
+    assert m[0, 1].tolist() == [-numpy.inf] * 3 and l[0, 1].tolist() == [0.0] * 3
+
+
+# ---------------------------------------------------------------------------- the mistakes, one test each
+def test_a_running_sum_not_rescaled_is_named_with_its_tile_and_row(tmp_path):
+    report, text = checked(edited(tmp_path, FORWARD, ("l = l * correction + p.sum(axis=1)", "l = l + p.sum(axis=1)")))
+    assert not report.passed
+    assert "O, lse are wrong" in text and "largest error" in text
+    assert "what it looks like: the running sum not rescaled when the max changes" in text
+    assert ", the max rose at key tile " in text and "must be multiplied by exp(m − m_new)" in text
+
+
+def test_the_max_not_subtracted_overflows_at_large_logits_only(tmp_path):
+    report, text = checked(edited(
+        tmp_path, FORWARD,
+        ("base = numpy.where(numpy.isfinite(m_new), m_new, 0.0)", "base = numpy.zeros_like(m_new)"),
+        ("correction = numpy.exp(m - base)", "correction = numpy.ones_like(m)"),
+        ("m + numpy.log(numpy.where(some, l, 1.0))", "numpy.log(numpy.where(some, l, 1.0))")))
+    assert not report.passed
+    assert 'wrong in 1 of 10 cases (large logits (scores ~ ±1,000))' in text
+    assert "what it looks like: the max not subtracted: P = exp(S) overflows at large scores" in text
+    assert "whose exp is inf in float64" in text and "key tile" in text
+
+
+@pytest.mark.parametrize("exercise", [FORWARD, BACKWARD], ids=lambda e: e.filename)
+def test_s_materialised_whole_is_caught_by_its_memory_and_its_line_named(exercise, tmp_path):
+    length_line = "        length = len_k if key_lengths is None else min(int(key_lengths[b]), len_k)\n"
+    path = edited(tmp_path, exercise,
+                  (length_line, length_line + "        s_all = q[b] @ k[b].T * scale\n"),
+                  ("s = q[b, i0:i1] @ k[b, j0:j1].T * scale", "s = s_all[i0:i1, j0:j1]"))
+    line = path.read_text(encoding="utf-8").splitlines().index("        s_all = q[b] @ k[b].T * scale") + 1
+    report, text = checked(path)
+    assert not report.passed and report.peak[0] >= 64 << 20
+    assert f"S or P materialised whole: at 3,072 tokens line {line} (`s_all = q[b] @ k[b].T * scale`) took 72 MiB" \
+        in text
+
+
+def test_padded_keys_leaking_are_named(tmp_path):
+    report, text = checked(edited(
+        tmp_path, FORWARD,
+        ("length = len_k if key_lengths is None else min(int(key_lengths[b]), len_k)", "length = len_k")))
+    assert not report.passed
+    assert "what it looks like: padded keys leak into the sum: the key length is left out" in text
+    assert "holds keys it must not see" in text
+
+
+def test_masked_keys_at_zero_instead_of_minus_infinity_are_named(tmp_path):
+    report, text = checked(edited(tmp_path, FORWARD, ("                                s, -numpy.inf)",
+                                                      "                                s, 0.0)")))
+    assert not report.passed
+    assert "masked keys leak into the sum: a hidden key's score is set to 0 instead of −∞" in text
+
+
+@pytest.mark.parametrize("exercise, old, new", [
+    (FORWARD, "end = min(length, i1 + len_k - len_q) if causal else length", "end = length"),
+    (BACKWARD, "first = max(0, j0 - (len_k - len_q)) // block * block if causal else 0", "first = 0"),
+], ids=["forward", "backward"])
+def test_causal_tiles_computed_and_thrown_away_are_counted(exercise, old, new, tmp_path):
+    report, text = checked(edited(tmp_path, exercise, (old, new)))
+    assert not report.passed and report.tiles[1] > 0
+    assert f"causal tiles computed and thrown away: {report.tiles[1]} of the {report.tiles[0]} score tiles" in text
+    assert "lie wholly above the diagonal (e.g. query rows" in text
+
+
+def test_d_from_p_dp_passes_and_is_said(tmp_path):
+    report, text = checked(edited(tmp_path, BACKWARD, ("    delta = (d_out * o).sum(axis=-1)\n", """\
+    delta = numpy.zeros(lse.shape)
+    for b in range(batch):
+        length = len_k if key_lengths is None else min(int(key_lengths[b]), len_k)
+        for i0 in range(0, len_q, block):
+            i1 = min(i0 + block, len_q)
+            for j0 in range(0, min(length, i1 + len_k - len_q) if causal else length, block):
+                j1 = min(j0 + block, len_k)
+                s = q[b, i0:i1] @ k[b, j0:j1].T * scale
+                hidden = ~seen(len_q, len_k, length, causal, numpy.arange(i0, i1), numpy.arange(j0, j1))
+                row_lse = lse[b, i0:i1, None]
+                p = numpy.exp(numpy.where(hidden | numpy.isinf(row_lse), -numpy.inf, s - row_lse))
+                delta[b, i0:i1] += (p * (d_out[b, i0:i1] @ v[b, j0:j1].T)).sum(axis=1)
+""")))
+    assert report.passed, text
+    assert "note: D computed from P·dP (Σⱼ Pᵢⱼ dPᵢⱼ; your backward never reads O): right, but" in text
+
+
+def test_d_from_the_row_sum_of_do_alone_is_named(tmp_path):
+    report, text = checked(edited(tmp_path, BACKWARD, ("delta = (d_out * o).sum(axis=-1)", "delta = d_out.sum(axis=-1)")))
+    assert not report.passed
+    assert "what it looks like: D = rowsum(dO) where it is rowsum(dO ∘ O)" in text
+
+
+def test_padded_keys_leaking_into_the_backward_are_named(tmp_path):
+    report, text = checked(edited(
+        tmp_path, BACKWARD,
+        ("length = len_k if key_lengths is None else min(int(key_lengths[b]), len_k)", "length = len_k")))
+    assert not report.passed
+    assert "padded keys leak into the backward: the key length is left out" in text
+
+
+def test_p_as_exp_s_times_exp_minus_lse_overflows_at_large_logits(tmp_path):
+    report, text = checked(edited(
+        tmp_path, BACKWARD,
+        ("p = numpy.exp(numpy.where(hidden | numpy.isinf(row_lse), -numpy.inf, s - row_lse))",
+         "p = numpy.where(hidden | numpy.isinf(row_lse), 0.0, numpy.exp(s) * numpy.exp(-row_lse))")))
+    assert not report.passed
+    assert "wrong in 1 of 10 cases (large logits" in text
+    assert "P taken as exp(S)·exp(−lse): exp(S) overflows at large scores" in text
+
+
+def test_an_unwritten_exercise_says_so(tmp_path):
+    for exercise in (FORWARD, BACKWARD):
+        path = tmp_path / exercise.filename
+        path.write_text(exercise.template(), encoding="utf-8")
+        report, text = checked(path)
+        assert report.not_written and not report.passed
+        assert f"{exercise.writes} is not written yet" in text
