@@ -71,6 +71,10 @@ def get_precision(precision):
 
 class _State:
     dtype = None  # the active compute dtype, None outside autocast
+    # id(tensor) -> (tensor, its cast to ``dtype``) inside the innermost autocast: an activation that
+    # feeds several products (the queries', keys' and values' input) is rounded once, as a parameter's
+    # compute copy is (tinyformer's ops never change a tensor's values in place)
+    casts = None
 
 
 def active_dtype():
@@ -82,17 +86,20 @@ def active_dtype():
 def autocast(precision="bf16"):
     """Run the ops inside in ``precision`` (a name or ``Precision``); fp32 changes nothing. Nests;
     the previous setting comes back on exit, also after an exception."""
-    previous, _State.dtype = _State.dtype, get_precision(precision).compute_dtype
+    previous = _State.dtype, _State.casts
+    _State.dtype, _State.casts = get_precision(precision).compute_dtype, {}
     try:
         yield
     finally:
-        _State.dtype = previous
+        _State.dtype, _State.casts = previous
 
 
 # ------------------------------------------------------------------ casts that autograd sees
 class Cast(Function):
     """y = x rounded to ``dtype``;  dx = dy rounded to x's dtype. A float16 overflow becomes inf
     without a warning: the loss scaler looks for it."""
+
+    passes_gradient_to_input = True  # a product may add its gradient into x's (autograd.GradTarget)
 
     def forward(self, x, dtype):
         self.source = x.dtype
@@ -106,7 +113,10 @@ class Cast(Function):
 
 class CastWeight(Function):
     """A parameter's compute copy (see ``compute_copy``) as a graph node; its gradient arrives at
-    the float32 parameter."""
+    the float32 parameter (or a product adds it into the parameter's gradient itself:
+    ``passes_gradient_to_input``, autograd.GradTarget)."""
+
+    passes_gradient_to_input = True
 
     def forward(self, weight, copy):
         return copy
@@ -162,7 +172,13 @@ def _half(x, dtype):
         return x
     if getattr(x, "keeps_compute_copy", False):  # an nn.Parameter: its cached compute copy
         return CastWeight.apply(x, compute_copy(x, dtype))
-    return Cast.apply(x, dtype=dtype)
+    kept = _State.casts.get(id(x)) if _State.casts is not None else None
+    if kept is not None and kept[0] is x and kept[1].dtype == dtype:
+        return kept[1]
+    cast = Cast.apply(x, dtype=dtype)
+    if _State.casts is not None:
+        _State.casts[id(x)] = (x, cast)
+    return cast
 
 
 def half_args(*tensors):

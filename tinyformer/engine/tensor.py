@@ -272,6 +272,16 @@ class Function:
     # Set by the engine before each backward: False means the Function is released right
     # after, so its backward may reuse (overwrite) what it saved instead of copying it.
     retain_graph = True
+    # True: the engine sets ``grad_targets`` before each backward (autograd.GradTarget: inputs whose
+    # gradient the backward may add into a leaf's .grad itself, returning None there); () otherwise.
+    accepts_grad_targets = False
+    grad_targets = ()
+    # True: backward returns its output's gradient for input 0 unchanged but for the dtype (a
+    # parameter's compute copy), so a gradient for the output may go to input 0's .grad directly.
+    passes_gradient_to_input = False
+    # True: every gradient backward returns is a new array no one else holds (a product's output), so the
+    # engine may add later gradients of that input into it in place (autograd.GradTarget).
+    fresh_input_grads = False
     _hooks = None
     _out_meta = None
 

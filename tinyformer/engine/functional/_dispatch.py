@@ -20,9 +20,10 @@ class KernelFunction(Function):
     outputs rounded to the half type, except those listed in ``float32_outputs`` (the loss).
     The gradients reach the inputs in their own dtypes (the engine casts them).
 
-    The reference's outputs pass through ``backend.captured_memory``: inside a CUDA graph capture
-    whose memory is not CuPy's they become memory of the captured step (``backend.capturing``'s
-    ``memory``); otherwise they are returned as they are.
+    Both paths' outputs pass through ``backend.captured_memory``: inside a CUDA graph capture
+    whose memory is not CuPy's (the kernels emulated on NumPy arrays) they become memory of the
+    captured step (``backend.capturing``'s ``memory``), so that what the step does with them is
+    that memory's work too; otherwise they are returned as they are.
     """
 
     float32_outputs = ()
@@ -31,7 +32,7 @@ class KernelFunction(Function):
         self.check_forward(*args, **params)
         self.uses_kernel = bool(self.kernel_applies(*args, **params))
         if self.uses_kernel:
-            return self.forward_kernel(*args, **params)
+            return backend.captured_memory(self.forward_kernel(*args, **params))
         half = next((a.dtype for a in args if hasattr(a, "dtype") and backend.is_half(a.dtype)), None)
         if half is None:
             return backend.captured_memory(self.forward_reference(*args, **params))
@@ -44,7 +45,7 @@ class KernelFunction(Function):
 
     def backward(self, *grad_outputs):
         if self.uses_kernel:
-            return self.backward_kernel(*grad_outputs)
+            return backend.captured_memory(self.backward_kernel(*grad_outputs))
         return backend.captured_memory(self.backward_reference(*(_float32(g) for g in grad_outputs)))
 
     def check_forward(self, *args, **params):

@@ -1,11 +1,10 @@
 """The affine map of a linear layer, and the feed-forward net's first layer fused with its ReLU
 (§3.3) and, for activation dropout, with its dropout too (kernels/bias_relu_dropout.cu on the GPU)."""
 
-import numpy
 
 from .. import amp, backend, kernels
 from ..kernels import bias_relu_dropout as bias_relu_dropout_kernel
-from ..kernels.cublas import matmul
+from ..kernels.cublas import column_sums, matmul
 from ..tensor import Function
 from ...common.validation import check_probability
 from ._dispatch import KernelFunction
@@ -29,49 +28,70 @@ def _check_linear(x, weight, bias):
                          f"features, got {bias.shape}")
 
 
-def _linear_grads(g, x, weight, needs):
-    """(dx, dW, db) of y = x Wᵀ + b for the upstream g, each only where ``needs`` says."""
+def _linear_grads(g, x, weight, needs, targets=()):
+    """(dx, dW, db) of y = x Wᵀ + b for the upstream g, each only where ``needs`` says. Each goes
+    straight into the gradient that ``targets`` (autograd.GradTarget, by input) offers for it (a
+    leaf's ``.grad``, or x's gradient gathered so far): the product accumulates into that buffer, one
+    launch, and None is returned for it."""
     need_x, need_w, need_b = (tuple(needs) + (False,))[:3]
+    target_x, target_w, target_b = (tuple(targets) + (None,) * 3)[:3]
     g2 = g.reshape(-1, g.shape[-1])
-    grad_x = matmul(g2, weight).reshape(x.shape) if need_x else None
-    grad_w = matmul(g2.T, x.reshape(-1, x.shape[-1])) if need_w else None
-    grad_b = g2.sum(axis=0) if need_b else None
+    grad_x = grad_w = grad_b = None
+    if need_x:
+        if target_x is None:
+            grad_x = matmul(g2, weight).reshape(x.shape)
+        else:
+            matmul(g2, weight, out=target_x.array().reshape(g2.shape[0], weight.shape[1]), accumulate=True)
+    if need_w:
+        x2 = x.reshape(-1, x.shape[-1])
+        if target_w is None:
+            grad_w = matmul(g2.T, x2)
+        else:
+            matmul(g2.T, x2, out=target_w.array(), accumulate=True)
+    if need_b:
+        if target_b is None:
+            grad_b = column_sums(g2)
+        else:
+            column_sums(g2, out=target_b.array(), accumulate=True)
     return grad_x, grad_w, grad_b
+
+
+def _add_bias(y, bias):
+    """y += bias over the rows of a 2-D y in place, in cache-sized row blocks (one launch on a GPU)."""
+    def add_bias(start, stop):
+        block = y[start:stop]
+        _xp(y).add(block, bias, out=block)
+
+    backend.map_row_blocks(add_bias, len(y), y, row_size=y.shape[1], cache_sized=True)
 
 
 class Linear(Function):
     """y = x Wᵀ + b with W of shape (out, in);  dx = dy W, dW = dyᵀ x, db = Σ dy.
 
-    dW and db are single products over the flattened batch (no per-example temporaries). On the
-    GPU each product is one cuBLAS GEMM that CUDA graphs can capture (``kernels.cublas``).
-    Half-precision operands without a native product (``backend.has_half_matmul``: NumPy) are
-    multiplied in float32 and the result rounded once, as a float32 accumulator would.
+    dW and db are single products over the flattened batch (no per-example temporaries), added
+    straight into the parameters' gradients where the engine offers them (``grad_targets``). On the
+    GPU each product is one cuBLAS GEMM that CUDA graphs can capture (``kernels.cublas``); half
+    operands accumulate in float32, and a float32 parameter's dW from its half compute copy is
+    accumulated into its float32 gradient unrounded.
     """
+
+    accepts_grad_targets = fresh_input_grads = True
 
     def forward(self, x, weight, bias=None):
         _check_linear(x, weight, bias)
-        self.half = x.dtype if backend.is_half(x.dtype) and not backend.has_half_matmul(x) else None
-        if self.half is not None:
-            x, weight, bias = (None if a is None else backend.cast(a, numpy.float32) for a in (x, weight, bias))
         self.x, self.weight = x, weight
         # One GEMM over the flattened batch (matmul on a 3-D x would loop over the batch).
         y = matmul(x.reshape(-1, x.shape[-1]), weight.T)
         self._epilogue(y, bias)
-        y = y.reshape(x.shape[:-1] + (weight.shape[0],))
-        return y if self.half is None else backend.cast(y, self.half)
+        return y.reshape(x.shape[:-1] + (weight.shape[0],))
 
     def _epilogue(self, y, bias):
-        """Adds the bias in place (y is ours: no second (batch, out) array), in row blocks."""
-        def add_bias(start, stop):
-            y[start:stop] += bias
-
+        """Adds the bias in place (y is ours: no second (batch, out) array)."""
         if bias is not None:
-            backend.map_row_blocks(add_bias, len(y), y, row_size=y.shape[1], cache_sized=True)
+            _add_bias(y, bias)
 
     def backward(self, g):
-        if self.half is not None:
-            g = backend.cast(g, numpy.float32)
-        return _linear_grads(g, self.x, self.weight, self.needs_input_grad)
+        return _linear_grads(g, self.x, self.weight, self.needs_input_grad, self.grad_targets)
 
 
 class LinearRelu(Linear):
@@ -85,17 +105,14 @@ class LinearRelu(Linear):
         def rows(start, stop):  # bias, mask and ReLU in one cache-resident pass per row block
             block = y[start:stop]
             if bias is not None:
-                block += bias
+                _xp(y).add(block, bias, out=block)
             _xp(y).greater(block, 0, out=positive[start:stop])
             _xp(y).maximum(block, 0, out=block)
 
         backend.map_row_blocks(rows, len(y), y, row_size=y.shape[1], cache_sized=True)
 
     def backward(self, g):
-        positive = self.positive.reshape(g.shape)
-        if self.half is not None:
-            g = backend.cast(g, numpy.float32)
-        return super().backward(backend.blockwise(_xp(g).multiply, g, positive))
+        return super().backward(backend.blockwise(_xp(g).multiply, g, self.positive.reshape(g.shape)))
 
 
 class LinearReluDropout(KernelFunction):
@@ -106,6 +123,8 @@ class LinearReluDropout(KernelFunction):
     bias, ReLU and dropout one kernel after it (kernels/bias_relu_dropout.cu; dropout.cu's mask for
     the seed drawn from ``generator``), their backward one more.
     """
+
+    accepts_grad_targets = fresh_input_grads = True
 
     def check_forward(self, x, weight, bias, p, generator):
         _check_linear(x, weight, bias)
@@ -127,6 +146,7 @@ class LinearReluDropout(KernelFunction):
         return z
 
     def backward_reference(self, g):
+        self.relu.grad_targets = self.grad_targets[:3]
         if not self.p:
             return (*self.relu.backward(g), None, None)
         # one pass for both masks: dz ∘ [z > 0] ∘ keep / (1 − p), then Linear's backward
@@ -144,7 +164,7 @@ class LinearReluDropout(KernelFunction):
     def backward_kernel(self, g):
         grad_y = bias_relu_dropout_kernel.bias_relu_dropout_backward(
             g.astype(self.x.dtype, copy=False), self.mask.reshape(g.shape), self.scale)
-        return (*_linear_grads(grad_y, self.x, self.weight, self.needs_input_grad), None, None)
+        return (*_linear_grads(grad_y, self.x, self.weight, self.needs_input_grad, self.grad_targets), None, None)
 
 
 def linear(x, weight, bias=None):

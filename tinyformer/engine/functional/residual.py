@@ -21,6 +21,11 @@ class ResidualDropoutLayerNorm(KernelFunction):
     the mask of kernels/dropout.cu for that seed).
     """
 
+    @property
+    def fresh_input_grads(self):
+        """The kernel's dx and dy are new arrays of their own (the reference may hand dh to both)."""
+        return getattr(self, "uses_kernel", False)
+
     def check_forward(self, x, y, weight, bias, p, generator, eps):
         if x.shape != y.shape:
             raise ValueError(f"residual_dropout_layer_norm: x {x.shape} and y {y.shape} must have the same shape")

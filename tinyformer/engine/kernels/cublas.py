@@ -18,7 +18,16 @@ operand is broadcast) make one strided-batched call. ``gemm_plan`` makes those c
 else is copied to C order first. Accumulation is in float32 for float32/float16/bfloat16 (no TF32, as
 CuPy's and PyTorch's defaults) and float64 for float64.
 
-On NumPy arrays ``matmul`` is NumPy's product, in the caller's array type.
+``out=`` with ``accumulate=True`` adds the product into ``out`` (β = 1): a weight's gradient
+accumulated in its gradient buffer by the product itself. Half-precision operands may write a
+float32 ``out`` (accumulated in float32 and never rounded to the half type: the gradient of a
+float32 parameter from its half compute copy). ``column_sums`` is 1ᵀ·G on the same call: a bias's
+gradient.
+
+On NumPy arrays ``matmul`` is NumPy's product, in the caller's array type; half-precision operands
+(which NumPy has no fast product for) are multiplied in float32 and the result rounded once, as
+cuBLAS's float32 accumulator does. That stand-in's casts are not counted as launches: the device
+makes none (``backend.counting_launches`` counts one GEMM).
 """
 
 import ctypes
@@ -30,7 +39,7 @@ import numpy
 
 from .. import backend
 
-__all__ = ["matmul", "gemm_plan", "GemmPlan", "Operand", "available"]
+__all__ = ["matmul", "column_sums", "gemm_plan", "GemmPlan", "Operand", "available"]
 
 WORKSPACE_BYTES = 32 * 1024 * 1024
 """The handle's workspace (PyTorch's size on Hopper): allocated once, outside every capture."""
@@ -185,7 +194,7 @@ def _element_strides(array):
     return tuple(s // array.itemsize for s in array.strides)
 
 
-def _note_launches(a, b, out):
+def _note_launches(a, b, out, accumulate=False):
     """Count (``backend.note_launch``) the launches ``_gemm`` makes for this product, on either
     device, with their bytes and FLOPs: the GEMM (each operand read once, the result written once),
     and the copies of operands cuBLAS cannot read in place and of a result that cannot be written in
@@ -204,9 +213,17 @@ def _note_launches(a, b, out):
             if _operand(*shape) is None:
                 backend.note_launch("copy (operand to C order)", bytes=2 * math.prod(shape[0]) * x.itemsize)
     compute = {"float32": "fp32", "float64": "fp64"}.get(a.dtype.name, "tensor")
+    if out is not None and _written_in_place(a.dtype, out):
+        result_bytes = m * n * count * out.itemsize * (2 if accumulate else 1)  # β = 1 reads it too
     backend.note_launch("cublas_gemm", bytes=a.nbytes + b.nbytes + result_bytes, flops=flops, compute=compute)
-    if out is not None and not (out.flags.c_contiguous and out.dtype == a.dtype):
-        backend.note_launch("copy (product into out)", bytes=2 * result_bytes)
+    if out is not None and not _written_in_place(a.dtype, out):
+        backend.note_launch("copy (product into out)", bytes=(3 if accumulate else 2) * result_bytes)
+
+
+def _written_in_place(dtype, out):
+    """Whether the GEMM writes ``out`` itself: C-contiguous, of the operands' type or float32 for
+    half-precision operands (cuBLAS's C type may differ from A's and B's there)."""
+    return out.flags.c_contiguous and (out.dtype == dtype or (out.dtype == numpy.float32 and backend.is_half(dtype)))
 
 
 def _broadcast_strides(array, batch):
@@ -218,11 +235,11 @@ def _broadcast_strides(array, batch):
     return tuple(0 if size == 1 and want != 1 else stride for size, want, stride in zip(shape, batch, own)) + (rows, cols)
 
 
-def _gemm(a, b, out=None):
+def _gemm(a, b, out=None, accumulate=False):
     cp = _cupy()
     dtype, name = a.dtype, a.dtype.name
     if b.dtype != dtype or name not in _DATA_TYPES or any(s % a.itemsize for s in a.strides + b.strides):
-        return cp.matmul(a, b, out=out)
+        return _into(out, cp.matmul(a, b), accumulate) if out is not None else cp.matmul(a, b)
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a = cp.broadcast_to(a, batch + a.shape[-2:])
     b = cp.broadcast_to(b, batch + b.shape[-2:])
@@ -231,12 +248,14 @@ def _gemm(a, b, out=None):
         a, b = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
         plan = gemm_plan(a.shape, _element_strides(a), b.shape, _element_strides(b))
     shape = batch + (plan.m, plan.n)
-    result = out if out is not None and out.flags.c_contiguous and out.dtype == dtype else cp.empty(shape, dtype)
+    in_place = out is not None and _written_in_place(dtype, out)
+    result = out if in_place else cp.empty(shape, dtype)
     if plan.k == 0 or result.size == 0:
-        result[...] = 0
+        if not (in_place and accumulate):
+            result[...] = 0
     else:
         compute, scalar = _COMPUTE.get(name, (_COMPUTE_32F, ctypes.c_float))
-        one, zero = scalar(1.0), scalar(0.0)
+        one, zero = scalar(1.0), scalar(1.0 if in_place and accumulate else 0.0)  # β
         library = _library()
         library.bind(cp.cuda.get_current_stream().ptr)
         data_type = _DATA_TYPES[name]
@@ -246,26 +265,83 @@ def _gemm(a, b, out=None):
             plan.n, plan.m, plan.k, ctypes.byref(one),
             ctypes.c_void_p(b.data.ptr), data_type, first.ld, first.stride,
             ctypes.c_void_p(a.data.ptr), data_type, second.ld, second.stride,
-            ctypes.byref(zero), ctypes.c_void_p(result.data.ptr), data_type, max(1, plan.n), plan.m * plan.n,
-            plan.count, compute, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+            ctypes.byref(zero), ctypes.c_void_p(result.data.ptr), _DATA_TYPES[result.dtype.name], max(1, plan.n),
+            plan.m * plan.n, plan.count, compute, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
     if out is not None and result is not out:
-        out[...] = result
-        return out
+        return _into(out, result, accumulate)
     return result
 
 
-def matmul(a, b, out=None):
+def _into(out, result, accumulate):
+    """``result`` written (or, accumulating, added) into ``out``."""
+    if accumulate:
+        out += result
+    else:
+        out[...] = result
+    return out
+
+
+def matmul(a, b, out=None, accumulate=False):
     """a @ b (NumPy's matmul rules for operands of 2 or more axes, batch axes broadcast), into
-    ``out`` when given. CuPy arrays: one strided-batched cuBLAS GEMM on the current stream,
-    capturable into a CUDA graph (an operand cuBLAS cannot read in place is copied first; CuPy's own
-    product where cuBLAS cannot be called directly, or for mixed or integer types). NumPy arrays:
-    NumPy's product, in ``a``'s array type."""
+    ``out`` when given, added to it with ``accumulate=True``. CuPy arrays: one strided-batched cuBLAS
+    GEMM on the current stream, capturable into a CUDA graph (an operand cuBLAS cannot read in place
+    is copied first; CuPy's own product where cuBLAS cannot be called directly, or for mixed or
+    integer types). NumPy arrays: NumPy's product (half operands in float32, rounded once), in
+    ``a``'s array type."""
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"matmul: operands of at least 2 axes expected, got shapes {a.shape} and {b.shape}")
-    _note_launches(a, b, out)
+    if accumulate and out is None:
+        raise ValueError("matmul: accumulate=True needs out=")
+    _note_launches(a, b, out, accumulate)
     if backend.is_cupy_array(a) and backend.is_cupy_array(b):
-        return _gemm(a, b, out) if available() else _cupy().matmul(a, b, out=out)
+        if available():
+            return _gemm(a, b, out, accumulate)
+        return _into(out, _cupy().matmul(a, b), accumulate) if out is not None else _cupy().matmul(a, b)
+    # On plain arrays: the stand-in's own steps are not the device's launches (the one GEMM is counted above).
+    half = a.dtype if backend.is_half(a.dtype) and b.dtype == a.dtype else None
+    plain_a, plain_b = numpy.asarray(a), numpy.asarray(b)
+    if half is not None:
+        plain_a, plain_b = backend.cast(plain_a, numpy.float32), backend.cast(plain_b, numpy.float32)
+    product = numpy.matmul(plain_a, plain_b)
     if out is not None:
-        return numpy.matmul(a, b, out=out)
-    result = numpy.matmul(numpy.asarray(a), numpy.asarray(b))
-    return result if type(a) is numpy.ndarray else result.view(type(a))
+        _into(numpy.asarray(out), product, accumulate)
+        return out
+    if half is not None:
+        product = backend.cast(product, half)
+    return backend.captured_memory(product if type(a) is numpy.ndarray else product.view(type(a)))
+
+
+_ONES = {}  # (dtype, device) -> rows of ones, the longest last; none is ever freed (graphs hold their addresses)
+
+
+def _ones(like, length):
+    key = (like.dtype.str, backend.device_of(like))
+    kept = _ONES.setdefault(key, [])
+    if not kept or kept[-1].shape[1] < length:
+        size = 1 << max(0, length - 1).bit_length()
+        kept.append(backend.get_array_module(like).ones((1, size), dtype=like.dtype))
+    return kept[-1][:, :length]
+
+
+def column_sums(g, out=None, accumulate=False):
+    """Σ over the rows of a 2-D ``g`` (1ᵀ·G): a bias's gradient, into ``out`` (added with
+    ``accumulate``) or as a new array. CuPy arrays: one GEMM of a row of ones by ``g``, accumulated in
+    float32 (into a float32 ``out`` for half ``g``). NumPy arrays: NumPy's sum (float32 for half
+    ``g``), counted as that GEMM."""
+    if g.ndim != 2:
+        raise ValueError(f"column_sums: a 2-D array expected, got shape {g.shape}")
+    if backend.is_cupy_array(g):
+        if out is None:
+            return matmul(_ones(g, g.shape[0]), g)[0]
+        return matmul(_ones(g, g.shape[0]), g, out=out.reshape(1, -1), accumulate=accumulate)[0]
+    if backend.is_counting_launches():
+        backend.note_launch("cublas_gemm", bytes=g.nbytes + 2 * g.shape[1] * (out if out is not None else g).itemsize,
+                            flops=2 * g.size, compute="tensor" if backend.is_half(g.dtype) else "fp32")
+    plain = numpy.asarray(g)
+    sums = plain.sum(axis=0, dtype=numpy.float32 if backend.is_half(g.dtype) else None)
+    if out is not None:
+        _into(numpy.asarray(out), sums, accumulate)
+        return out
+    if backend.is_half(g.dtype):
+        sums = backend.cast(sums, g.dtype)
+    return backend.captured_memory(sums if type(g) is numpy.ndarray else sums.view(type(g)))
