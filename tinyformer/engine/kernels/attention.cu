@@ -101,6 +101,7 @@ __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__
             const float correction = expf(row_max[r] - new_max);  // 0 when row_max was −inf
             row_sum[r] = row_sum[r] * correction + tf::warp_sum(p);
             row_max[r] = new_max;
+            if (lane == 0) TF_ATTENTION_TRACE(bh, i, tile / kKeys, row_max[r], row_sum[r]);  // emulation only
             const float p_out = visible ? p * P.dropout_scale(bh, i, j) : 0.0f;
             for (int c = 0; c < S::kCols; ++c) acc[r][c] *= correction;
             for (int src = 0; src < kKeys; ++src) {

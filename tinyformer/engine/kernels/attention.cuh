@@ -43,3 +43,29 @@ struct AttentionProblem {
 };
 
 }  // namespace tf
+
+// The forward's online softmax, traced (`tinyformer study trace`): TF_ATTENTION_TRACE(bh, row, key
+// tile, running max, running sum) after each key tile records into a host buffer in the CPU
+// emulation build only (tf_attention_trace sets it, tf_attention_traced counts the entries, those
+// past its capacity dropped); under NVRTC it is nothing.
+#if defined(TF_CPU_EMULATION)
+namespace tf_attention_tracing {
+inline float* buffer = nullptr;  // (capacity, 5): bh, row, tile, max, sum
+inline long long capacity = 0, count = 0;
+inline void record(int bh, int row, int tile, float row_max, float row_sum) {
+    if (count < capacity) {
+        float* entry = buffer + 5 * count;
+        entry[0] = float(bh), entry[1] = float(row), entry[2] = float(tile), entry[3] = row_max, entry[4] = row_sum;
+    }
+    ++count;
+}
+}  // namespace tf_attention_tracing
+extern "C" __attribute__((used)) void tf_attention_trace(float* buffer, long long capacity) {
+    tf_attention_tracing::buffer = buffer, tf_attention_tracing::capacity = buffer ? capacity : 0;
+    tf_attention_tracing::count = 0;
+}
+extern "C" __attribute__((used)) long long tf_attention_traced() { return tf_attention_tracing::count; }
+#define TF_ATTENTION_TRACE(bh, row, tile, row_max, row_sum) tf_attention_tracing::record(bh, row, tile, row_max, row_sum)
+#else
+#define TF_ATTENTION_TRACE(bh, row, tile, row_max, row_sum) ((void)0)
+#endif

@@ -131,6 +131,12 @@ class EmulatedFunction:
         self._launch(*(ctypes.c_uint(int(n)) for n in grid + block + (shared_mem,)), pointers)
 
 
+def library():
+    """The ctypes library of the registry's kernels as built now (the one ``function`` launches
+    from), for its entry points that are not kernels: attention's trace buffer (attention.cuh)."""
+    return _library(build(sanitize_requested()))
+
+
 def function(expression):
     """The emulated ``expression``, from the library built for the registry's geometry as it is now."""
     return _function(expression, registry.geometry(), sanitize_requested())
