@@ -23,11 +23,12 @@ BY_FILENAME = {exercise.filename: exercise for exercise in EXERCISES}
 
 
 def solution_text(filename):
-    """Reference solution ``filename``: the file `study start` writes, its unwritten backward
-    replaced by tests/study_solutions/``filename`` (a ``def backward(`` and what follows)."""
-    given, found, _ = BY_FILENAME[filename].template().partition("def backward(")
-    _, written, body = (BACKWARDS / filename).read_text(encoding="utf-8").partition("def backward(")
-    assert found and written, f"{filename}: no def backward( in the template or the solution"
+    """Reference solution ``filename``: the file `study start` writes, its unwritten backward (7:
+    forward) replaced by tests/study_solutions/``filename`` (a ``def backward(`` and what follows)."""
+    marker = f"def {BY_FILENAME[filename].writes}("
+    given, found, _ = BY_FILENAME[filename].template().partition(marker)
+    _, written, body = (BACKWARDS / filename).read_text(encoding="utf-8").partition(marker)
+    assert found and written, f"{filename}: no {marker} in the template or the solution"
     return given + written + body
 
 
@@ -59,13 +60,13 @@ def test_every_reference_solution_passes(exercise, tmp_path):
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.filename)
 def test_a_reference_solution_is_the_template_with_backward_written(exercise):
-    template, text = exercise.template(), solution_text(exercise.filename)
-    given, _, unwritten = template.partition("def backward(")
-    assert text.startswith(given) and template.count("def backward(") == text.count("def backward(") == 1
+    template, text, marker = exercise.template(), solution_text(exercise.filename), f"def {exercise.writes}("
+    given, _, unwritten = template.partition(marker)
+    assert text.startswith(given) and template.count(marker) == text.count(marker) == 1
     assert unwritten.count("raise NotImplementedError") == 1 and "raise NotImplementedError" not in text
 
 
-@pytest.mark.parametrize("number", [e.number for e in EXERCISES])
+@pytest.mark.parametrize("number", [e.number for e in EXERCISES if e.number <= 6])  # 7, 8: test_study_flash.py
 def test_the_op_and_central_differences_agree_on_every_case(number):
     """The two answers the checker holds a backward to (prepared refuses to disagree), over the
     edge cases the exercise promises."""
@@ -209,19 +210,19 @@ def _model_gradients(packed=False):
     return [p.grad.copy() for p in model.parameters()]
 
 
-def _doubled(module):
-    """The reader's module with a wrong backward: twice the right gradients."""
-    def backward(*args):
-        grads = module.backward(*args)
+def _doubled(module, name="backward"):
+    """The reader's module with a wrong ``name`` (backward; 7: forward): twice the right answers."""
+    def doubled(*args):
+        grads = getattr(module, name)(*args)
         if isinstance(grads, dict):
             return {k: 2 * v for k, v in grads.items()}
         return tuple(2 * g for g in grads) if isinstance(grads, tuple) else 2 * grads
 
-    return types.SimpleNamespace(**{**vars(module), "backward": backward})
+    return types.SimpleNamespace(**{**vars(module), name: doubled})
 
 
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("number", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("number", [2, 3, 4, 5, 6, 7, 8])
 def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number, packed, tmp_path):
     before = _swapped_classes()
     own = _model_gradients(packed)
@@ -231,7 +232,7 @@ def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number, pa
     assert right.calls > 0
     for mine, theirs in zip(readers, own):
         numpy.testing.assert_allclose(mine, theirs, rtol=2e-4, atol=2e-6)
-    with swap.swapped_in(number, _doubled(module)) as wrong:
+    with swap.swapped_in(number, _doubled(module, EXERCISES[number - 1].writes)) as wrong:
         doubled = _model_gradients(packed)
     assert wrong.calls > 0
     assert any(not numpy.allclose(d, o, rtol=1e-2, atol=1e-5) for d, o in zip(doubled, own))
@@ -275,11 +276,11 @@ def run(argv, capsys):
     return code, out, err
 
 
-def test_study_lists_the_six_exercises_in_order(capsys):
+def test_study_lists_the_eight_exercises_in_order(capsys):
     code, out, _ = run(["study"], capsys)
     assert code == 0
     listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
-    assert listed == ["1", "2", "3", "4", "5", "6"]
+    assert listed == ["1", "2", "3", "4", "5", "6", "7", "8"]
     for e in EXERCISES:
         assert f"  {e.number}  {e.title}" in out and e.summary in out
     assert "tinyformer study start N [DIR]" in out and "tinyformer study check FILE" in out
@@ -305,8 +306,8 @@ def test_start_writes_an_exercise_that_check_calls_unwritten_and_is_never_overwr
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["study", "start", "7"], "argument N: must be an exercise number from 1 to 6"),
-    (["study", "start", "two"], "argument N: must be an exercise number from 1 to 6"),
+    (["study", "start", "9"], "argument N: must be an exercise number from 1 to 8"),
+    (["study", "start", "two"], "argument N: must be an exercise number from 1 to 8"),
     (["study", "check"], "required: FILE"),
 ])
 def test_study_usage_errors_exit_2_with_one_line(argv, message, capsys):
@@ -318,7 +319,7 @@ def test_study_usage_errors_exit_2_with_one_line(argv, message, capsys):
     (None, "no such file"),
     ("EXERCISE = 2\ndef backward(x, dp)\n    pass\n", "line 2: syntax error"),
     ("import numpy\nprint('hello')\n", "not a tinyformer study exercise (it has no `EXERCISE = N` line)"),
-    ("EXERCISE = 9\n", "EXERCISE must be a number from 1 to 6, got 9"),
+    ("EXERCISE = 9\n", "EXERCISE must be a number from 1 to 8, got 9"),
     ("EXERCISE = 2\nraise RuntimeError('boom')\n", "line 2: importing it raised RuntimeError: boom"),
     ("EXERCISE = 2\ndef forward(x):\n    return x\n", "exercise 2 needs a function `backward`"),
 ])

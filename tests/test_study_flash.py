@@ -187,3 +187,57 @@ def test_an_unwritten_exercise_says_so(tmp_path):
         report, text = checked(path)
         assert report.not_written and not report.passed
         assert f"{exercise.writes} is not written yet" in text
+
+
+# ---------------------------------------------------------------------------- from the loop to the kernel
+@pytest.mark.usefixtures("cxx_compiler")  # the emulated kernel: skipped without g++ or clang++
+def test_the_emulated_kernels_trace_matches_the_reference_recurrence_tile_by_tile(tmp_path):
+    from tinyformer.study.course import load
+    from tinyformer.study.course.flash_kernel import trace
+
+    module, _ = load(edited(tmp_path, FORWARD))
+    rng = numpy.random.default_rng(5)
+    q, k, v = rng.normal(size=(2, 40, 32)), 2 * rng.normal(size=(2, 70, 32)), rng.normal(size=(2, 70, 32))
+    found = trace(module, q, k, v, numpy.array([70, 37]), True)
+    assert found.tiles == 3
+    (km, kl, klse), (rm, rl, rlse), (ym, yl, ylse) = found.kernel, found.reference, found.yours
+    assert numpy.array_equal(numpy.isfinite(km), numpy.isfinite(rm)) and numpy.isfinite(rm).any()
+    seen = numpy.isfinite(rm)
+    numpy.testing.assert_allclose(km[seen], rm[seen], rtol=1e-5, atol=1e-5)
+    numpy.testing.assert_allclose(kl, rl, rtol=1e-5, atol=1e-6)
+    numpy.testing.assert_allclose(klse, rlse, rtol=1e-5, atol=1e-5)
+    assert (numpy.diff(rm, axis=-1)[seen[..., 1:]] > 0).any()  # the max does rise from tile to tile somewhere
+    numpy.testing.assert_allclose(yl, rl, rtol=1e-12) and numpy.testing.assert_allclose(ylse, rlse, rtol=1e-12)
+
+
+def test_the_kernel_lines_of_each_step_are_found_in_the_sources():
+    from tinyformer.study.course.flash_kernel import kernel_lines
+
+    for number in (7, 8):
+        for step, filename, line, text in kernel_lines(number):
+            assert line is not None, f"exercise {number}: {step!r} is no longer in {filename}"
+
+
+# ---------------------------------------------------------------------------- the swap into a model
+@pytest.mark.parametrize("exercise", [FORWARD, BACKWARD], ids=lambda e: e.filename)
+def test_a_model_with_the_readers_tiles_learns_as_with_tinyformers_own(exercise, tmp_path):
+    from tinyformer.study.course import load, swap
+
+    module, _ = load(edited(tmp_path, exercise))
+    own = swap.train(exercise.number, None, steps=40, max_tokens=256, echo=lambda *a: None)
+    yours = swap.train(exercise.number, module, steps=40, max_tokens=256, echo=lambda *a: None)
+    assert yours.calls == 40 * 6 and own.calls == 0
+    assert yours.falling and yours.last < yours.first - 1.0, yours.losses
+    assert numpy.abs(numpy.array(yours.losses) - numpy.array(own.losses)).max() < 0.05, (yours.losses, own.losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exercise", [FORWARD, BACKWARD], ids=lambda e: e.filename)
+def test_the_swap_trains_the_built_in_task_to_the_same_exact_match_rate(exercise, tmp_path):
+    from tinyformer.study.course import load, swap
+
+    module, _ = load(edited(tmp_path, exercise))
+    own = swap.train(exercise.number, None, steps=300, sentences=100, echo=lambda *a: None)
+    yours = swap.train(exercise.number, module, steps=300, sentences=100, echo=lambda *a: None)
+    assert own.exact_match >= 0.05, own.exact_match  # it learned something to compare
+    assert abs(yours.exact_match - own.exact_match) <= swap.EXACT_MATCH_SLACK, (yours.exact_match, own.exact_match)

@@ -25,6 +25,16 @@ def register(commands):
     checking.add_argument("--steps", type=positive_int, default=300,
                           help="training steps of the proof in a real model (default 300)")
     checking.add_argument("--no-train", action="store_true", help="check only: no training run")
+    tracing = actions.add_parser("trace", help="exercise 7: your forward's running max and sum beside those of "
+                                 "tinyformer's CUDA kernel (emulated on the CPU), tile by tile")
+    tracing.add_argument("file", metavar="FILE", help="your exercise 7 file (07_flash_forward.py)")
+    tracing.add_argument("--queries", type=positive_int, default=40, help="query rows (default 40)")
+    tracing.add_argument("--keys", type=positive_int, default=70, help="keys, in tiles of 32 (default 70)")
+    tracing.add_argument("--key-length", type=positive_int, default=None,
+                         help="keys the sequence has: the rest is padding (default: all)")
+    tracing.add_argument("--causal", action="store_true", help="with the causal mask")
+    tracing.add_argument("--seed", type=int, default=0, help="of the random q, k, v (default 0)")
+    tracing.add_argument("--rows", type=positive_int, default=3, help="rows to print tile by tile (default 3)")
 
 
 def _exercise_number(text):
@@ -56,6 +66,8 @@ def run(args):
         print("start one:  tinyformer study start N [DIR]    (writes DIR/NN_name.py; DIR defaults to .)")
         print("check it:   tinyformer study check FILE         (then it trains a model with your backward)")
         return 0
+    if args.action == "trace":
+        return _study_trace(args)
     if args.action == "start":
         path = study.write_exercise(args.number, args.directory)
         item = study.exercise(args.number)
@@ -69,6 +81,13 @@ def run(args):
     print("\n".join(report.lines()))
     if not report.passed:
         return 1
+    if report.exercise.number in (7, 8):
+        from ..study.course.flash_kernel import step_lines
+
+        print("the same recurrence in tinyformer's CUDA kernels (tinyformer/engine/kernels/):")
+        print("\n".join(step_lines(report.exercise.number)))
+        if report.exercise.number == 7:
+            print(f"trace the kernel beside your loop: tinyformer study trace {args.file}")
     return _study_training(report, args)
 
 
@@ -84,21 +103,63 @@ def _study_training(report, args):
               f"{following}")
         return 0
     if args.no_train:
-        print(f"(--no-train: your backward was not tried inside a model.) {following}")
+        print(f"(--no-train: your {item.writes} was not tried inside a model.) {following}")
         return 0
     print(f"now inside a real model: {item.model_op} runs your backward while `tiny` trains {args.steps} steps on "
           "the built-in synthetic task (one BLAS thread)")
     try:
-        proof = swap.train(item.number, report.module, steps=args.steps)
+        proof = swap.train(item.number, report.module, steps=args.steps, sentences=100 if item.number in (7, 8) else 0)
     except Exception as error:  # the reader's code, inside the model
         print(f"inside the model your backward failed: {type(error).__name__}: {str(error).strip().splitlines()[0]} "
               "(tinyformer's own backward is back in place)")
         return 1
     trend = "falling" if proof.falling else "NOT falling"
     print(f"loss {proof.first:.3f} at step 1 → {proof.last:.3f} at step {len(proof.losses)}, {trend}, with your "
-          f"backward called {proof.calls:,} times; tinyformer's own backward is back in place.")
+          f"{item.writes} called {proof.calls:,} times; tinyformer's own {item.writes} is back in place.")
     if not proof.falling:
-        print("a backward that passes the checker should train: tell tinyformer's authors how this one did not")
+        print(f"a {item.writes} that passes the checker should train: tell tinyformer's authors how this one did not")
         return 1
+    if proof.exact_match is not None:
+        print("tinyformer's own attention, the same seed and steps, for comparison:")
+        own = swap.train(item.number, None, steps=args.steps, sentences=proof.sentences)
+        same = abs(proof.exact_match - own.exact_match) <= swap.EXACT_MATCH_SLACK
+        print(f"exact match (greedy, {proof.sentences} validation sentences): {proof.exact_match:.0%} with yours, "
+              f"{own.exact_match:.0%} with tinyformer's own — {'the same' if same else 'NOT the same'}")
+        if not same:
+            return 1
     print(following)
+    return 0
+
+
+def _study_trace(args):
+    """Exercise 7's forward traced beside the emulated kernel's (``flash_kernel.trace``)."""
+    import numpy
+
+    from ..study import course as study
+    from ..study.course.flash_kernel import KEY_TILE, trace, trace_lines
+
+    try:
+        module, item = study.load(args.file)
+    except study.ExerciseFileError as error:
+        raise UsageError(str(error)) from None
+    if item.number != 7:
+        raise UsageError(f"{args.file}: exercise {item.number}; trace follows exercise 7's forward (the kernel's "
+                         "running max and sum)")
+    rng = numpy.random.default_rng(args.seed)
+    q = rng.normal(size=(1, args.queries, 32))
+    k, v = rng.normal(size=(1, args.keys, 32)), rng.normal(size=(1, args.keys, 32))
+    lengths = None if args.key_length is None else numpy.array([min(args.key_length, args.keys)])
+    try:
+        found = trace(module, q, k, v, lengths, args.causal)
+    except NotImplementedError:
+        print(f"{args.file}: forward is not written yet: write it, then trace it")
+        return 1
+    except Exception as error:  # the reader's code
+        print(f"your forward raised {type(error).__name__}: {str(error).strip().splitlines()[0]}")
+        return 1
+    print(f"attention.cu's forward (emulated on the CPU, float32, key tiles of {KEY_TILE}) beside yours (block = "
+          f"{KEY_TILE}, float64) on q (1, {args.queries}, 32), k and v (1, {args.keys}, 32), seed {args.seed}"
+          f"{'' if lengths is None else f', key length {int(lengths[0])}'}{', causal' if args.causal else ''}; the "
+          "running max m and sum l of each row after each key tile:")
+    print("\n".join(trace_lines(found, args.rows)))
     return 0

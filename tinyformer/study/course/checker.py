@@ -16,13 +16,13 @@ number or shapes of arrays, or wrong numbers — gets a Report that did not pass
 
 import ast
 import dataclasses
-import traceback
 import types
 from pathlib import Path
 
 import numpy
 
 from .cases import copied, prepared
+from .reader_code import Unusable as _Unusable, first_line as _first_line, line_in as _line_in, raised as _raised
 from .diagnosis import Finding, diagnose
 from .exercises import EXERCISES, exercise
 
@@ -33,14 +33,6 @@ class ExerciseFileError(Exception):
     """The file cannot be checked: the message is one line naming it and what is wrong."""
 
 
-class _Unusable(Exception):
-    """What backward returned in one case cannot be compared: one line, and the gradient concerned."""
-
-    def __init__(self, message, gradient=None):
-        super().__init__(message)
-        self.gradient = gradient
-
-
 # ---------------------------------------------------------------------------- loading the reader's file
 def _declared_exercise(tree):
     """The value of a top-level ``EXERCISE = <int>`` in the module's syntax tree, or None."""
@@ -49,12 +41,6 @@ def _declared_exercise(tree):
             value = node.value
             return value.value if isinstance(value, ast.Constant) else value
     return None
-
-
-def _line_in(path, error):
-    """(line number, source line) of the innermost frame of ``error`` in the reader's file, or (None, None)."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
-    return (frames[-1].lineno, (frames[-1].line or "").strip()) if frames else (None, None)
 
 
 def load(path):
@@ -97,11 +83,6 @@ def load(path):
 def item_writes_backward(number):
     """Whether exercise ``number``'s reader writes ``backward`` (every one but 7, whose is ``forward``)."""
     return exercise(number).writes == "backward"
-
-
-def _first_line(error):
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "(no message)"
 
 
 # ---------------------------------------------------------------------------- the report
@@ -172,21 +153,6 @@ def _listed(names):
 
 
 # ---------------------------------------------------------------------------- running the reader's code
-def _hint(error):
-    text = str(error)
-    if "matmul" in text and "mismatch" in text:
-        return " — shapes that do not fit a matrix product: a missing transpose?"
-    if "could not be broadcast" in text:
-        return " — shapes that do not broadcast: a sum without keepdims=True, or a missing transpose?"
-    return ""
-
-
-def _raised(path, error, case):
-    line, source = _line_in(path, error)
-    where = f"line {line} (`{source}`)" if line else "backward"
-    return (f"{where} raised {type(error).__name__} in case \"{case.name}\": {_first_line(error)}{_hint(error)}")
-
-
 def _gradients(item, returned, case):
     """{gradient name: float64 array} of what backward returned; _Unusable if it cannot be compared."""
     names = item.gradients

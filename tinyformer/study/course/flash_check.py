@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy
 
-from .checker import _first_line, _raised, _Unusable
+from .reader_code import Unusable as _Unusable, first_line as _first_line, raised as _raised
 from .diagnosis import wrong_elements
 from .flash_cases import arguments, prepared_tiled
 from .flash_mistakes import first_wrong_row, recognise_tiled

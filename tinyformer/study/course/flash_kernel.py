@@ -19,7 +19,7 @@ import numpy
 from ...engine.kernels import attention as attention_kernel, emulation, registry
 from .flash_reference import running_state, tiled_forward
 
-__all__ = ["KEY_TILE", "STEPS", "kernel_lines", "trace", "Trace"]
+__all__ = ["KEY_TILE", "STEPS", "kernel_lines", "step_lines", "trace", "trace_lines", "Trace"]
 
 KEY_TILE = registry.ATTENTION_KEY_TILE  # keys per tile of attention.cu's forward: one per lane (32)
 
@@ -119,3 +119,44 @@ def trace(module, q, k, v, key_lengths=None, causal=False):
     _, lse = tiled_forward(q, k, v, key_lengths, causal, KEY_TILE, trace=reference)
     return Trace(_kernel(q, k, v, key_lengths, causal, tiles), _yours(module, q, k, v, key_lengths, causal, tiles),
                  (*running_state(reference, q.shape[0], q.shape[1], tiles), lse), tiles)
+
+
+def step_lines(number):
+    """Exercise ``number``'s recurrence in the kernels' source, as lines to print."""
+    lines = []
+    for step, filename, line, text in kernel_lines(number):
+        where = f"{filename}:{line}" if line else f"{filename} (no longer found)"
+        lines.append(f"  {step:<42} {where:<20} {text}")
+    return lines
+
+
+def trace_lines(found, rows=4):
+    """The ``Trace`` told: the first ``rows`` query rows of the first sequence, tile by tile, the
+    kernel's running max and sum beside the reader's, then each row's lse, then the largest
+    differences over every row."""
+    (km, kl, klse), (ym, yl, ylse) = found.kernel, found.yours
+    lines = [f"  {'row':>4} {'tile':>4} {'keys':>8}   {'max: kernel':>12} {'yours':>12}   {'sum: kernel':>12} "
+             f"{'yours':>12}"]
+    for row in range(min(rows, km.shape[1])):
+        for tile in range(found.tiles):
+            keys = f"{tile * KEY_TILE}–{(tile + 1) * KEY_TILE - 1}"
+            lines.append(f"  {row:>4} {tile:>4} {keys:>8}   {km[0, row, tile]:>12.6g} {ym[0, row, tile]:>12.6g}   "
+                         f"{kl[0, row, tile]:>12.6g} {yl[0, row, tile]:>12.6g}")
+        lines.append(f"  {row:>4}  lse = m + log l: kernel {klse[0, row]:.6g}, yours {ylse[0, row]:.6g}")
+    if numpy.isnan(ym).all():
+        lines.append("  yours: nothing recorded — your forward never calls record(b, i0, j0 // block, m, l)")
+        return lines
+    lines.append(f"  largest difference over all {km.shape[0] * km.shape[1]} rows and {found.tiles} tiles: running max "
+                 f"{_largest(km, ym):.2g}, running sum {_largest(kl, yl, relative=True):.2g} (relative), lse "
+                 f"{_largest(klse, ylse):.2g} — the kernel in float32, yours in float64")
+    return lines
+
+
+def _largest(a, b, relative=False):
+    """The largest |a − b| (relative to max |b| with ``relative``) where both are finite; inf where
+    one is finite and the other not."""
+    if not numpy.array_equal(numpy.isfinite(a), numpy.isfinite(b)):
+        return numpy.inf
+    both = numpy.isfinite(a)
+    difference = float(numpy.abs(a[both] - b[both]).max(initial=0.0))
+    return difference / max(float(numpy.abs(b[both]).max(initial=0.0)), 1e-30) if relative else difference

@@ -68,6 +68,7 @@ def peak_memory(call, path):
         if started:
             tracemalloc.stop()
     size, line = state["worst"]
+    linecache.checkcache(filename)  # the file as it is now, not as an earlier check read it
     return size, line, (linecache.getline(filename, line).strip() if line else "")
 
 

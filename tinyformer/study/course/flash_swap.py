@@ -1,0 +1,124 @@
+"""Exercises 7 and 8 inside a real model: ``ScaledDotProductAttention`` runs the reader's tiles.
+
+=====================  ================================================================================
+7 the tiled forward    ``forward_reference`` calls the reader's ``forward`` for O and lse (the heads
+                       flattened into the batch axis, the key lengths repeated per head), and
+                       ``backward_reference`` takes attention's backward with P recomputed from the
+                       reader's lse, P = exp(S − lse): the lse must be right for the model to learn.
+8 the tiled backward   ``forward_reference`` is tinyformer's own, which also keeps the lse;
+                       ``backward_reference`` calls the reader's ``backward`` with its O and lse.
+=====================  ================================================================================
+
+Calls the tiled exercises cannot take — a mask that is not trailing padding, attention dropout,
+the weights asked for — run tinyformer's own forward and backward (``Swap.own`` counts them). The
+tiles are ``BLOCK`` queries and keys: one tile per block of a sentence of the built-in task, so
+that the reader's Python loops run over the batch and not over tiny tiles.
+"""
+
+import math
+
+import numpy
+
+from ...engine.functional import ScaledDotProductAttention
+from ...engine.functional.attention import _key_lengths_of_mask
+from .flash_reference import keep
+
+__all__ = ["BLOCK", "tiled_forward_replacements", "tiled_backward_replacements"]
+
+BLOCK = 64
+
+
+def _flat(a):
+    """(batch·heads, len, d) float64 of a (..., len, d) array."""
+    return numpy.ascontiguousarray(a, dtype=numpy.float64).reshape(-1, *a.shape[-2:])
+
+
+def _problem(op, q, k, mask, causal, dropout_p, return_weights):
+    """Keep on ``op`` what the tiled exercises take of this call: (key lengths per flattened
+    sequence or None, causal); None when they cannot take it."""
+    if dropout_p or return_weights or q.ndim != 4 or k.shape[:2] != q.shape[:2]:
+        return None
+    fits, lengths = _key_lengths_of_mask(mask, q.shape[0], k.shape[2])
+    if not fits:
+        return None
+    if lengths is not None:
+        lengths = numpy.repeat(numpy.asarray(lengths, dtype=numpy.int64), q.shape[1])
+    return lengths, bool(causal)
+
+
+def _gradients_from_lse(q, k, v, lse, lengths, causal, g):
+    """dQ, dK, dV of attention (flattened, float64) with P = exp(S − lse), hidden keys at 0."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = q @ k.swapaxes(-1, -2) * scale
+    len_q, len_k = q.shape[1], k.shape[1]
+    seen = numpy.stack([keep(len_q, len_k, len_k if lengths is None else lengths[b], causal)
+                        for b in range(q.shape[0])])
+    finite = numpy.isfinite(lse)[..., None]
+    p = numpy.exp(numpy.where(seen & finite, s - numpy.where(finite, lse[..., None], 0.0), -numpy.inf))
+    dp = g @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return ds @ k * scale, ds.swapaxes(-1, -2) @ q * scale, p.swapaxes(-1, -2) @ g
+
+
+def tiled_forward_replacements(module, swap):
+    """Exercise 7's swap: the reader's tiled forward, and backward from the reader's lse."""
+    own_forward, own_backward = ScaledDotProductAttention.forward_reference, ScaledDotProductAttention.backward_reference
+
+    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+        self.study_problem = _problem(self, q, k, mask, causal, dropout_p, return_weights)
+        if self.study_problem is None:
+            swap.own += 1
+            return own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
+        lengths, causal = self.study_problem
+        self.study_arrays = tuple(_flat(a) for a in (q, k, v))
+        o, lse = module.forward(*self.study_arrays, lengths, causal, BLOCK)
+        swap.calls += 1
+        self.study_lse = numpy.asarray(lse, dtype=numpy.float64)
+        self.study_shapes = (q.shape, k.shape, v.shape)
+        return numpy.asarray(o).reshape(q.shape[:-1] + v.shape[-1:]).astype(q.dtype, copy=False)
+
+    def backward_reference(self, g_out, g_weights=None):
+        if self.study_problem is None:
+            return own_backward(self, g_out, g_weights)
+        grads = _gradients_from_lse(*self.study_arrays, self.study_lse, *self.study_problem, _flat(g_out))
+        return tuple(d.reshape(shape).astype(g_out.dtype, copy=False)
+                     for d, shape in zip(grads, self.study_shapes)) + (None,)
+
+    return [(ScaledDotProductAttention, "forward_reference", forward_reference),
+            (ScaledDotProductAttention, "backward_reference", backward_reference)]
+
+
+def tiled_backward_replacements(module, swap):
+    """Exercise 8's swap: tinyformer's forward (its O, and the lse of its scores), the reader's backward."""
+    own_forward, own_backward = ScaledDotProductAttention.forward_reference, ScaledDotProductAttention.backward_reference
+
+    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
+        self.study_problem = _problem(self, q, k, mask, causal, dropout_p, return_weights)
+        out = own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
+        if self.study_problem is None:
+            swap.own += 1
+        else:
+            self.study_o = _flat(out)
+        return out
+
+    def backward_reference(self, g_out, g_weights=None):
+        if self.study_problem is None:
+            return own_backward(self, g_out, g_weights)
+        lengths, causal = self.study_problem
+        q, k, v = (_flat(a) for a in (self.q, self.k, self.v))
+        s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+        seen = numpy.stack([keep(q.shape[1], k.shape[1], k.shape[1] if lengths is None else lengths[b], causal)
+                            for b in range(q.shape[0])])
+        s = numpy.where(seen, s, -numpy.inf)
+        top = s.max(axis=-1, keepdims=True)
+        top = numpy.where(numpy.isfinite(top), top, 0.0)
+        total = numpy.exp(s - top).sum(axis=-1)
+        with numpy.errstate(divide="ignore"):
+            lse = numpy.where(total > 0, top[..., 0] + numpy.log(numpy.where(total > 0, total, 1.0)), -numpy.inf)
+        grads = module.backward(q, k, v, self.study_o, lse, _flat(g_out), lengths, causal, BLOCK)
+        swap.calls += 1
+        return tuple(numpy.asarray(d).reshape(a.shape).astype(g_out.dtype, copy=False)
+                     for d, a in zip(grads, (self.q, self.k, self.v))) + (None,)
+
+    return [(ScaledDotProductAttention, "forward_reference", forward_reference),
+            (ScaledDotProductAttention, "backward_reference", backward_reference)]
