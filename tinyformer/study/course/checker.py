@@ -12,6 +12,8 @@ importing it, no ``EXERCISE = N`` line or no ``backward``, a forward changed —
 ``ExerciseFileError`` (one line naming the file: the command line's exit status 2). A file whose
 backward is not right yet — not written (NotImplementedError), raising, returning the wrong
 number or shapes of arrays, or wrong numbers — gets a Report that did not pass (exit status 1).
+Exercises 7 and 8 (the tiled forward and backward) are checked by ``flash_check``, which returns
+a ``TiledReport`` read the same way.
 """
 
 import ast
