@@ -156,6 +156,25 @@ def test_d_from_p_dp_passes_and_is_said(tmp_path):
     assert "note: D computed from P·dP (Σⱼ Pᵢⱼ dPᵢⱼ; your backward never reads O): right, but" in text
 
 
+def test_lse_recomputed_instead_of_read_passes_and_is_said(tmp_path):
+    report, text = checked(edited(tmp_path, BACKWARD, ("    delta = (d_out * o).sum(axis=-1)\n", """\
+    delta = (d_out * o).sum(axis=-1)
+    lse = numpy.full((batch, len_q), -numpy.inf)  # recomputed: the saved one unused
+    for b in range(batch):
+        length = len_k if key_lengths is None else min(int(key_lengths[b]), len_k)
+        for i0 in range(0, len_q, block):
+            i1 = min(i0 + block, len_q)
+            for j0 in range(0, min(length, i1 + len_k - len_q) if causal else length, block):
+                j1 = min(j0 + block, len_k)
+                s = numpy.where(seen(len_q, len_k, length, causal, numpy.arange(i0, i1), numpy.arange(j0, j1)),
+                                q[b, i0:i1] @ k[b, j0:j1].T * scale, -numpy.inf)
+                lse[b, i0:i1] = numpy.logaddexp(lse[b, i0:i1], numpy.logaddexp.reduce(s, axis=1))
+""")))
+    assert report.passed, text
+    assert "note: your backward never reads lse: it recomputes softmax's max and sum" in text
+    assert "D computed from P·dP" not in text
+
+
 def test_d_from_the_row_sum_of_do_alone_is_named(tmp_path):
     report, text = checked(edited(tmp_path, BACKWARD, ("delta = (d_out * o).sum(axis=-1)", "delta = d_out.sum(axis=-1)")))
     assert not report.passed
@@ -241,3 +260,44 @@ def test_the_swap_trains_the_built_in_task_to_the_same_exact_match_rate(exercise
     yours = swap.train(exercise.number, module, steps=300, sentences=100, echo=lambda *a: None)
     assert own.exact_match >= 0.05, own.exact_match  # it learned something to compare
     assert abs(yours.exact_match - own.exact_match) <= swap.EXACT_MATCH_SLACK, (yours.exact_match, own.exact_match)
+
+
+# ---------------------------------------------------------------------------- the command line
+def _run(argv, capsys):
+    from tinyformer import cli
+
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_shows_the_recurrence_in_the_kernels_source(tmp_path, capsys):
+    for exercise, line in ((FORWARD, "attention.cu:"), (BACKWARD, "ds = p * (dp - delta_tile[lane]);")):
+        code, out, _ = _run(["study", "check", str(edited(tmp_path, exercise)), "--no-train"], capsys)
+        assert code == 0 and "right." in out
+        assert "the same recurrence in tinyformer's CUDA kernels" in out and line in out
+        assert f"(--no-train: your {exercise.writes} was not tried inside a model.)" in out
+    assert "trace the kernel beside your loop: tinyformer study trace" not in out  # exercise 8's
+
+
+@pytest.mark.usefixtures("cxx_compiler")
+def test_study_trace_prints_the_kernels_running_state_beside_the_readers(tmp_path, capsys):
+    path = edited(tmp_path, FORWARD)
+    code, out, _ = _run(["study", "trace", str(path), "--queries", "5", "--keys", "40", "--causal", "--rows", "2"],
+                        capsys)
+    assert code == 0, out
+    assert "attention.cu's forward (emulated on the CPU, float32, key tiles of 32)" in out
+    assert out.count("lse = m + log l: kernel") == 2 and "largest difference over all 5 rows and 2 tiles" in out
+    unwritten = tmp_path / "fresh" / FORWARD.filename
+    unwritten.parent.mkdir()
+    unwritten.write_text(FORWARD.template(), encoding="utf-8")
+    code, out, _ = _run(["study", "trace", str(unwritten)], capsys)
+    assert code == 1 and "forward is not written yet" in out
+    other = tmp_path / "other" / BACKWARD.filename
+    other.parent.mkdir()
+    other.write_text(BACKWARD.template(), encoding="utf-8")
+    code, _, err = _run(["study", "trace", str(other)], capsys)
+    assert code == 2 and "trace follows exercise 7's forward" in err and len(err.strip().splitlines()) == 1
