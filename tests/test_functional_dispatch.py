@@ -56,7 +56,7 @@ def layer_norm_forward(x, weight, bias, eps=1e-5, dtype=None):
 
 
 def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_params=True, dtype=None,
-                        rows_per_chunk=64):
+                        rows_per_chunk=64, grad_weight=None, grad_bias=None):
     n = x.shape[-1]
     rows, g = x.reshape(-1, n).astype(np.float64), grad_y.reshape(-1, n).astype(np.float64)
     xhat = (rows - mean[:, None]) * rstd[:, None]
@@ -67,6 +67,8 @@ def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_par
         grad_x = grad_x.reshape(x.shape).astype(x.dtype)
     if need_params:
         grad_w, grad_b = (g * xhat).sum(axis=0).astype(x.dtype), g.sum(axis=0).astype(x.dtype)
+        grad_w, grad_b = (s if into is None else np.add(into, s, out=into)
+                          for s, into in ((grad_w, grad_weight), (grad_b, grad_bias)))
     return grad_x, grad_w, grad_b
 
 
@@ -121,9 +123,11 @@ def residual_layer_norm_forward(x, y, weight, bias, p=0.0, seed=0, offset=0, sca
     return out, h, keep, mean, rstd
 
 
-def residual_layer_norm_backward(h, weight, grad_out, mean, rstd, keep, scale=1.0, need_params=True, dtype=None):
-    grad_h, grad_w, grad_b = layer_norm_backward(h, weight, grad_out, mean, rstd, need_params=need_params)
-    return grad_h, (grad_h * keep * h.dtype.type(scale)).astype(h.dtype), grad_w, grad_b
+def residual_layer_norm_backward(h, weight, grad_out, mean, rstd, keep, scale=1.0, need_params=True, dtype=None,
+                                 grad_y_dtype=None, rows_per_chunk=None, grad_weight=None, grad_bias=None):
+    grad_h, grad_w, grad_b = layer_norm_backward(h, weight, grad_out, mean, rstd, need_params=need_params,
+                                                 grad_weight=grad_weight, grad_bias=grad_bias)
+    return grad_h, (grad_h * keep * h.dtype.type(scale)).astype(grad_y_dtype or h.dtype), grad_w, grad_b
 
 
 def _attention_probabilities(q, k, heads, key_lengths, causal, scale, dropout_p, seed, offset):

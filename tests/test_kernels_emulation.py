@@ -278,7 +278,8 @@ def test_kernels_follow_a_changed_registry_geometry(monkeypatch, request):
     blocks = {kernel: block for kernel, _, block in launches}
     grids = {kernel: grid for kernel, grid, _ in launches}
     assert blocks["softmax_forward"] == blocks["layer_norm_forward"] == blocks["dropout_forward"] == (64,)
-    assert blocks["layer_norm_backward_params"] == (32,) and grids["layer_norm_backward_params"] == (10, 3)
+    assert blocks["layer_norm_backward_input"] == (64,) and grids["layer_norm_backward_input"] == (3,)  # 7 rows, 3 a chunk
+    assert blocks["layer_norm_reduce_params"] == (32,) and grids["layer_norm_reduce_params"] == (10,)
     assert blocks["adam_update"] == (64,) and grids["dropout_forward"] == (3,)
     assert blocks["attention_forward"] == (64,) and grids["attention_forward"] == (2, 2)  # 13 rows, 10 per block
 

@@ -15,8 +15,12 @@ class LayerNorm(KernelFunction):
 
     With r = 1/√(σ² + eps) and dx̂ = dy ∘ w, over the n features:
     dx = r · (dx̂ − mean(dx̂) − x̂ ∘ mean(dx̂ ∘ x̂));  dw = Σ dy ∘ x̂;  db = Σ dy
-    (the last two summed over every axis but the last).
+    (the last two summed over every axis but the last). dw and db are added straight into the
+    parameters' gradients where the engine offers them (``grad_targets``; on the GPU by the one launch
+    that sums the backward's per-chunk partials), and None is returned for them.
     """
+
+    accepts_grad_targets = fresh_input_grads = True
 
     def check_forward(self, x, weight, bias, eps):
         n = x.shape[-1]
@@ -75,8 +79,9 @@ class LayerNorm(KernelFunction):
                     g_block.sum(axis=0) if need_b else None)
 
         parts = backend.map_row_blocks(gradient_rows, len(rows_g), g, row_size=n)
-        grad_w = sum((part[0] for part in parts[1:]), parts[0][0]) if need_w else None
-        grad_b = sum((part[1] for part in parts[1:]), parts[0][1]) if need_b else None
+        targets = param_targets(self.grad_targets, 1, g.dtype)
+        grad_w = _summed([part[0] for part in parts], targets[0]) if need_w else None
+        grad_b = _summed([part[1] for part in parts], targets[1]) if need_b else None
         return (None if grad_x is None else grad_x.reshape(g.shape)), grad_w, grad_b, None
 
     def forward_kernel(self, x, weight, bias, eps):
@@ -86,10 +91,36 @@ class LayerNorm(KernelFunction):
         return y
 
     def backward_kernel(self, g):
+        target_w, target_b = param_targets(self.grad_targets, 1, self.x.dtype)
         grad_x, grad_w, grad_b = layer_norm_kernel.layer_norm_backward(
             self.x, self.weight, g.astype(self.x.dtype, copy=False), self.mean, self.rstd,
-            need_input=self.needs_input_grad[0], need_params=any(self.needs_input_grad[1:3]))
-        return grad_x, grad_w, grad_b, None
+            need_input=self.needs_input_grad[0], need_params=any(self.needs_input_grad[1:3]),
+            grad_weight=target_w, grad_bias=target_b)
+        return grad_x, (None if target_w is not None else grad_w), (None if target_b is not None else grad_b), None
+
+
+def param_targets(targets, first, dtype):
+    """The arrays to add dw and db into: of the ``grad_targets`` (autograd.GradTarget) of the weight
+    and bias, inputs ``first`` and ``first + 1``, each one offered of ``dtype`` and contiguous (what
+    the kernel writes); None for the others, whose gradients are returned."""
+    arrays = []
+    for target in (tuple(targets) + (None,) * (first + 2))[first:first + 2]:
+        held = None if target is None else target.gathered if target.gathered is not None else target.tensor.grad
+        dtype_ok = target is not None and (target.tensor.dtype if held is None else held.dtype) == dtype
+        array = target.array() if dtype_ok and (held is None or held.flags.c_contiguous) else None
+        arrays.append(array)
+    return tuple(arrays)
+
+
+def _summed(parts, target):
+    """The row blocks' partial sums of dw (or db) added up, in block order: into ``target`` (returning
+    None) where one is given, else into the first block's array."""
+    if target is None:
+        return sum(parts[1:], parts[0])
+    xp = _xp(target)
+    for part in parts:
+        xp.add(target, part, out=target)
+    return None
 
 
 def _rescaled_rows(xp, rows, eps):

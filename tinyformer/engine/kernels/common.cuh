@@ -21,6 +21,13 @@
 #define TF_INFINITY INFINITY
 #endif
 
+// The block's dynamic shared memory (the launch's shared_mem bytes) as `unsigned char* name`.
+#ifdef TF_CPU_EMULATION
+#define TF_DYNAMIC_SHARED(name) unsigned char* name = tf_emu::dynamic_shared()
+#else
+#define TF_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace tf {
 
 constexpr int kWarp = TF_WARP_SIZE;

@@ -1,5 +1,6 @@
 // Layer normalisation over the last axis (the row arithmetic: layer_norm.cuh). Reference: functional.LayerNorm.
-//   dw = Σ_rows dy ∘ x̂,  db = Σ_rows dy   (two stages: partial sums per row chunk, then over chunks)
+//   dw = Σ_rows dy ∘ x̂,  db = Σ_rows dy   (each backward block sums its chunk of rows as it walks
+//   them, layer_norm.cuh's ChunkSums; then one launch sums the chunks and adds into the gradients)
 #include "layer_norm.cuh"
 
 // One block per row; saves μ and r per row (float) for the backward.
@@ -13,42 +14,35 @@ __global__ void layer_norm_forward(const T* __restrict__ x, const T* __restrict_
                                  cols, eps, scratch);
 }
 
-// dx, one block per row.
+// One block per chunk of rows_per_chunk rows, walked in order: dx where grad_x is not null, and the
+// chunk's sums of dw, db into partial_w/partial_b[chunk, col] where partial_w is not null.
+// grid ceil(rows / rows_per_chunk); sums_in_shared: the launch gave 2 · cols floats of dynamic shared memory.
 template <typename T>
 __global__ void layer_norm_backward_input(const T* __restrict__ x, const T* __restrict__ weight,
                                           const T* __restrict__ grad_y, const float* __restrict__ mean,
-                                          const float* __restrict__ rstd, T* __restrict__ grad_x, int cols) {
+                                          const float* __restrict__ rstd, T* __restrict__ grad_x,
+                                          float* __restrict__ partial_w, float* __restrict__ partial_b, int rows,
+                                          int cols, int rows_per_chunk, int sums_in_shared) {
     __shared__ float scratch[tf::kRowBlockWarps];
-    const long long offset = (long long)blockIdx.x * cols;
-    tf_layer_norm::input_gradient_row(x + offset, weight, grad_y + offset, mean[blockIdx.x], rstd[blockIdx.x], cols,
-                                      scratch, [&](int j, float dx) { grad_x[offset + j] = tf::from_float<T>(dx); });
-}
-
-// Stage 1 of dw, db: block (column block, row chunk) sums its rows for one column per thread
-// into partial_w/partial_b[chunk, col]. grid (ceil(cols / blockDim.x), chunks).
-template <typename T>
-__global__ void layer_norm_backward_params(const T* __restrict__ x, const T* __restrict__ grad_y,
-                                           const float* __restrict__ mean, const float* __restrict__ rstd,
-                                           float* __restrict__ partial_w, float* __restrict__ partial_b, int rows,
-                                           int cols, int rows_per_chunk) {
-    const int col = blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= cols) return;
-    const int first = blockIdx.y * rows_per_chunk, last = min(rows, first + rows_per_chunk);
-    float sum_w = 0.0f, sum_b = 0.0f;
+    TF_DYNAMIC_SHARED(shared);
+    const tf_layer_norm::ChunkSums sums(partial_w, partial_b, cols, sums_in_shared, shared);
+    const int first = blockIdx.x * rows_per_chunk, last = min(rows, first + rows_per_chunk);
     for (int row = first; row < last; ++row) {
-        const long long e = (long long)row * cols + col;
-        const float g = tf::to_float(grad_y[e]);
-        sum_w += g * tf_layer_norm::normalized(tf::to_float(x[e]), mean[row], rstd[row]);
-        sum_b += g;
+        const long long offset = (long long)row * cols;
+        tf_layer_norm::backward_row(x + offset, weight, grad_y + offset, mean[row], rstd[row], cols, scratch, sums,
+                                    grad_x != nullptr,
+                                    [&](int j, float dx) { grad_x[offset + j] = tf::from_float<T>(dx); });
     }
-    partial_w[(long long)blockIdx.y * cols + col] = sum_w;
-    partial_b[(long long)blockIdx.y * cols + col] = sum_b;
+    sums.finish(partial_w, partial_b, cols, sums_in_shared);
 }
 
-// Stage 2: sum the chunks' partials in a fixed order (deterministic). grid ceil(cols / blockDim.x).
+// Stage 2 of dw, db, one thread per column: the chunks' partials summed in chunk order (deterministic),
+// added to what grad_w, grad_b hold where accumulate_w, accumulate_b (a parameter's .grad), else
+// written there. grid ceil(cols / blockDim.x).
 template <typename T>
 __global__ void layer_norm_reduce_params(const float* __restrict__ partial_w, const float* __restrict__ partial_b,
-                                         T* __restrict__ grad_w, T* __restrict__ grad_b, int chunks, int cols) {
+                                         T* __restrict__ grad_w, T* __restrict__ grad_b, int chunks, int cols,
+                                         int accumulate_w, int accumulate_b) {
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= cols) return;
     float sum_w = 0.0f, sum_b = 0.0f;
@@ -56,6 +50,6 @@ __global__ void layer_norm_reduce_params(const float* __restrict__ partial_w, co
         sum_w += partial_w[(long long)chunk * cols + col];
         sum_b += partial_b[(long long)chunk * cols + col];
     }
-    grad_w[col] = tf::from_float<T>(sum_w);
-    grad_b[col] = tf::from_float<T>(sum_b);
+    grad_w[col] = tf::from_float<T>(accumulate_w ? tf::to_float(grad_w[col]) + sum_w : sum_w);
+    grad_b[col] = tf::from_float<T>(accumulate_b ? tf::to_float(grad_b[col]) + sum_b : sum_b);
 }

@@ -72,7 +72,7 @@ __device__ void normalize_row(const T* x, const T* weight, const T* bias, T* y, 
     }
 }
 
-// store(j, dx_j) for the row's input gradient.
+// store(j, dx_j, dy_j, x̂_j) for the row's input gradient (dy and x̂ for the parameters' sums).
 template <typename T, typename Store>
 __device__ void input_gradient_row(const T* x, const T* weight, const T* grad_y, float mu, float r, int cols,
                                    float* scratch, Store store) {
@@ -85,9 +85,63 @@ __device__ void input_gradient_row(const T* x, const T* weight, const T* grad_y,
     const float mean_g = tf::block_sum(sum_g, scratch) / cols;
     const float mean_g_xhat = tf::block_sum(sum_g_xhat, scratch) / cols;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        const float g = tf::to_float(grad_y[j]) * tf::to_float(weight[j]);
-        store(j, r * (g - mean_g - normalized(tf::to_float(x[j]), mu, r) * mean_g_xhat));
+        const float dy = tf::to_float(grad_y[j]);
+        const float g = dy * tf::to_float(weight[j]);
+        const float xhat = normalized(tf::to_float(x[j]), mu, r);
+        store(j, r * (g - mean_g - xhat * mean_g_xhat), dy, xhat);
     }
+}
+
+// dw and db of one block's chunk of rows, summed as the block walks its rows (the backward kernels
+// of layer_norm.cu and residual_layer_norm.cu): column j's sums belong to thread j mod blockDim for
+// every row, so they need no synchronisation and are added in row order (the same bits at every
+// run). They live in the block's dynamic shared memory (2 · cols floats) where the launch gave it
+// (`in_shared`), else in the chunk's own row of the partials; `partial_w` null: no sums.
+struct ChunkSums {
+    float* w;
+    float* b;
+
+    __device__ ChunkSums(float* partial_w, float* partial_b, int cols, bool in_shared, unsigned char* shared) {
+        w = b = nullptr;
+        if (partial_w == nullptr) return;
+        const long long row = (long long)blockIdx.x * cols;
+        w = in_shared ? reinterpret_cast<float*>(shared) : partial_w + row;
+        b = in_shared ? w + cols : partial_b + row;
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) w[j] = b[j] = 0.0f;
+    }
+
+    __device__ __forceinline__ void add(int j, float dy, float xhat) const {
+        if (w == nullptr) return;
+        w[j] += dy * xhat;
+        b[j] += dy;
+    }
+
+    // The chunk's sums into its row of partial_w, partial_b (already there when not in shared memory).
+    __device__ void finish(float* partial_w, float* partial_b, int cols, bool in_shared) const {
+        if (w == nullptr || !in_shared) return;
+        const long long row = (long long)blockIdx.x * cols;
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+            partial_w[row + j] = w[j];
+            partial_b[row + j] = b[j];
+        }
+    }
+};
+
+// One row of the backward: store(j, dx_j) where `need_input` (block-uniform), and the row's terms of
+// dw, db into `sums`.
+template <typename T, typename Store>
+__device__ void backward_row(const T* x, const T* weight, const T* grad_y, float mu, float r, int cols,
+                             float* scratch, const ChunkSums& sums, bool need_input, Store store) {
+    if (need_input) {
+        input_gradient_row(x, weight, grad_y, mu, r, cols, scratch, [&](int j, float dx, float dy, float xhat) {
+            store(j, dx);
+            sums.add(j, dy, xhat);
+        });
+        return;
+    }
+    if (sums.w == nullptr) return;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x)
+        sums.add(j, tf::to_float(grad_y[j]), normalized(tf::to_float(x[j]), mu, r));
 }
 
 }  // namespace tf_layer_norm

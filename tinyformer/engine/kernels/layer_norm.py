@@ -1,9 +1,11 @@
 """The launchers of layer_norm.cu: layer normalisation over the last axis.
 
-Reference: ``functional.LayerNorm``. The forward and dx run one block per row
-(``registry.row_threads``); dw and db reduce in two stages, blocks of ``registry.COLUMN_BLOCK``
-columns over chunks of ``registry.LAYER_NORM_ROWS_PER_CHUNK`` rows, then over the chunks. The
-kernels and their element types are registered in ``registry.KERNELS``.
+Reference: ``functional.LayerNorm``. The forward runs one block per row (``registry.row_threads``);
+the backward one block per chunk of ``registry.LAYER_NORM_ROWS_PER_CHUNK`` rows, which computes
+dx row by row and sums its rows' share of dw and db as it goes; one more launch
+(``registry.COLUMN_BLOCK`` columns per block) sums the chunks, adding into the gradients given
+(``grad_weight``, ``grad_bias``: a parameter's ``.grad``) or writing new ones. The kernels and their
+element types are registered in ``registry.KERNELS``.
 """
 
 import math
@@ -29,32 +31,60 @@ def layer_norm_forward(x, weight, bias, eps=1e-5, dtype=None):
     return y, mean, rstd
 
 
+class ChunkedSums:
+    """The per-chunk partials of dw and db a backward launch fills (layer_norm.cuh's ChunkSums):
+    its grid, the arguments it takes for them, and ``reduce``, the launch that sums them."""
+
+    def __init__(self, xp, rows, cols, rows_per_chunk=None, needed=True):
+        self.rows_per_chunk = max(1, int(rows_per_chunk or registry.LAYER_NORM_ROWS_PER_CHUNK))
+        self.cols, self.needed = cols, needed
+        self.chunks = math.ceil(rows / self.rows_per_chunk)
+        shape = (self.chunks, cols) if needed else (0,)
+        self.partial_w, self.partial_b = xp.empty(shape, numpy.float32), xp.empty(shape, numpy.float32)
+        # the block's sums in dynamic shared memory where they fit without opting in, else in its partials' row
+        self.in_shared = needed and 2 * cols * 4 <= launch.STATIC_SHARED_LIMIT
+        self.shared_mem = 2 * cols * 4 if self.in_shared else 0
+
+    def pointers(self):
+        """The kernel's partial_w, partial_b: null pointers when the sums are not needed."""
+        return (self.partial_w, self.partial_b) if self.needed else (numpy.uint64(0), numpy.uint64(0))
+
+    def reduce(self, name, weight, grad_weight=None, grad_bias=None):
+        """(dw, db): the chunks summed in one launch, added into ``grad_weight``/``grad_bias`` where
+        given (contiguous, weight's shape and element type), else into new arrays."""
+        xp = array_module(weight)
+        outs = []
+        for label, given in (("grad_weight", grad_weight), ("grad_bias", grad_bias)):
+            if given is not None and (given.shape != weight.shape or given.dtype.name != name
+                                      or not given.flags.c_contiguous):
+                raise ValueError(f"layer_norm: {label} must be a contiguous {name} array of shape {weight.shape}, "
+                                 f"got {given.dtype} {given.shape}")
+            outs.append(xp.empty(weight.shape, dtype=weight.dtype) if given is None else given)
+        if self.cols:
+            launch.launch("layer_norm_reduce_params", name, (math.ceil(self.cols / registry.COLUMN_BLOCK),),
+                          (registry.COLUMN_BLOCK,),
+                          (self.partial_w, self.partial_b, outs[0], outs[1], i32(self.chunks), i32(self.cols),
+                           i32(grad_weight is not None), i32(grad_bias is not None)))
+        return tuple(outs)
+
+
 def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_params=True, dtype=None,
-                        rows_per_chunk=None):
-    """Returns (grad_x, grad_weight, grad_bias); an entry is None when not asked for.
-    ``rows_per_chunk`` (default ``registry.LAYER_NORM_ROWS_PER_CHUNK``): rows per block of dw/db's first stage."""
+                        rows_per_chunk=None, grad_weight=None, grad_bias=None):
+    """Returns (grad_x, grad_weight, grad_bias); an entry is None when not asked for. dw and db are
+    added into ``grad_weight``/``grad_bias`` where given (then returned), else new arrays.
+    ``rows_per_chunk`` (default ``registry.LAYER_NORM_ROWS_PER_CHUNK``): rows per block of the backward."""
     x, weight, grad_y = contiguous(x, weight, grad_y)
     name = element_dtype(x, dtype)
     xp, cols = array_module(x), x.shape[-1]
     rows = row_count(x, cols)
-    grad_x = grad_w = grad_b = None
-    if need_input:
-        grad_x = xp.empty_like(x)
-        if rows and cols:
-            launch.launch("layer_norm_backward_input", name, (rows,), (registry.row_threads(cols),),
-                          (x, weight, grad_y, mean, rstd, grad_x, i32(cols)))
+    sums = ChunkedSums(xp, rows, cols, rows_per_chunk, need_params)
+    grad_x = xp.empty_like(x) if need_input else None
+    if rows and cols and (need_input or need_params):
+        launch.launch("layer_norm_backward_input", name, (sums.chunks,), (registry.row_threads(cols),),
+                      (x, weight, grad_y, mean, rstd, numpy.uint64(0) if grad_x is None else grad_x,
+                       *sums.pointers(), i32(rows), i32(cols), i32(sums.rows_per_chunk), i32(sums.in_shared)),
+                      shared_mem=sums.shared_mem)
+    grad_w = grad_b = None
     if need_params:
-        rows_per_chunk = rows_per_chunk or registry.LAYER_NORM_ROWS_PER_CHUNK
-        chunks = max(1, math.ceil(rows / rows_per_chunk))
-        partial_w = xp.zeros((chunks, cols), dtype=numpy.float32)
-        partial_b = xp.zeros((chunks, cols), dtype=numpy.float32)
-        grad_w, grad_b = xp.empty_like(weight), xp.empty_like(weight)
-        threads = registry.COLUMN_BLOCK
-        column_blocks = math.ceil(cols / threads)
-        if rows and cols:
-            launch.launch("layer_norm_backward_params", name, (column_blocks, chunks), (threads,),
-                          (x, grad_y, mean, rstd, partial_w, partial_b, i32(rows), i32(cols), i32(rows_per_chunk)))
-        if cols:
-            launch.launch("layer_norm_reduce_params", name, (column_blocks,), (threads,),
-                          (partial_w, partial_b, grad_w, grad_b, i32(chunks), i32(cols)))
+        grad_w, grad_b = sums.reduce(name, weight, grad_weight, grad_bias)
     return grad_x, grad_w, grad_b

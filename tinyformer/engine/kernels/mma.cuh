@@ -14,12 +14,6 @@
 #pragma once
 #include "common.cuh"
 
-#ifdef TF_CPU_EMULATION
-#define TF_DYNAMIC_SHARED(name) unsigned char* name = tf_emu::dynamic_shared()
-#else
-#define TF_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
-#endif
-
 namespace tf {
 
 // Two floats as a register of two 16-bit T, rounded to nearest even; `lo` in the low half.

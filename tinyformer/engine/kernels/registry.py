@@ -43,9 +43,11 @@ ROW_BLOCK = 256
 """Most threads per block of the one-block-per-row kernels (softmax, layer norm, cross entropy)
 and of dropout; a short row gets fewer (``row_threads``). Sizes their reduction scratch."""
 COLUMN_BLOCK = 128
-"""Threads per block of layer norm's dw/db kernels: one column each."""
-LAYER_NORM_ROWS_PER_CHUNK = 64
-"""Rows one block of layer norm's first dw/db stage sums (the second sums the chunks)."""
+"""Threads per block of layer norm's dw/db reduction (layer_norm_reduce_params): one column each."""
+LAYER_NORM_ROWS_PER_CHUNK = 16
+"""Rows one block of layer norm's backward walks (layer_norm_backward_input, residual_layer_norm_backward):
+dx row by row, and the chunk's sums of dw and db; one launch then sums the chunks. Fewer rows per
+block, more blocks (4,096 rows: 256) but more partials to sum."""
 ADAM_BLOCK = 256
 """Threads per block of the fused Adam update and its gradient-norm pass (whole warps, at most 1024)."""
 ADAM_CHUNK = 65536
@@ -171,14 +173,15 @@ KERNELS = {
     "layer_norm.cu": {
         "layer_norm_forward": ("T",),
         "layer_norm_backward_input": ("T",),
-        "layer_norm_backward_params": ("T",),
         "layer_norm_reduce_params": ("T",),
     },
     "cross_entropy.cu": {"cross_entropy_forward": ("T",), "cross_entropy_backward": ("T",)},
     "adam.cu": {"adam_norm_partials": ("T",), "adam_update": ("T",)},
     "dropout.cu": {"dropout_forward": ("T",)},
     "bias_relu_dropout.cu": {"bias_relu_dropout_forward": ("T",), "bias_relu_dropout_backward": ("T",)},
-    "residual_layer_norm.cu": {"residual_layer_norm_forward": ("T",), "residual_layer_norm_backward": ("T",)},
+    # the *_mixed kernels: x, h, out and the parameters float32, y and dy of T (autocast's half sublayer output)
+    "residual_layer_norm.cu": {"residual_layer_norm_forward": ("T",), "residual_layer_norm_backward": ("T",),
+                               "residual_layer_norm_forward_mixed": ("T",), "residual_layer_norm_backward_mixed": ("T",)},
     "embedding.cu": {"embedding_backward": ("T",)},
     "attention.cu": {
         "attention_forward": ("T", "HEAD_DIM", "ROWS_PER_WARP"),
