@@ -13,8 +13,9 @@ def register(commands):
         description="Backpropagation by hand. `tinyformer study` lists the exercises; `start N [DIR]` writes "
                     "exercise N (the forward given, backward to write); `check FILE` compares your backward with "
                     "tinyformer's own and with central differences, says where and how it is wrong, and once it "
-                    "is right trains a model with it. check's exit status: 0 right, 1 not right yet, 2 a file "
-                    "it cannot check.")
+                    "is right trains a model with it; `trace FILE` runs exercise 7's tiled forward beside "
+                    "tinyformer's CUDA kernel, emulated on the CPU. check's exit status: 0 right, 1 not right yet, "
+                    "2 a file it cannot check.")
     study.set_defaults(run=run, action=None)
     actions = study.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     start = actions.add_parser("start", help="write exercise N as DIR/NN_name.py (never over an existing file)")

@@ -33,9 +33,9 @@ def _flat(a):
     return numpy.ascontiguousarray(a, dtype=numpy.float64).reshape(-1, *a.shape[-2:])
 
 
-def _problem(op, q, k, mask, causal, dropout_p, return_weights):
-    """Keep on ``op`` what the tiled exercises take of this call: (key lengths per flattened
-    sequence or None, causal); None when they cannot take it."""
+def _problem(q, k, mask, causal, dropout_p, return_weights):
+    """What the tiled exercises take of this call: (key lengths per flattened sequence or None,
+    causal); None when they cannot take it."""
     if dropout_p or return_weights or q.ndim != 4 or k.shape[:2] != q.shape[:2]:
         return None
     fits, lengths = _key_lengths_of_mask(mask, q.shape[0], k.shape[2])
@@ -65,7 +65,7 @@ def tiled_forward_replacements(module, swap):
     own_forward, own_backward = ScaledDotProductAttention.forward_reference, ScaledDotProductAttention.backward_reference
 
     def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
-        self.study_problem = _problem(self, q, k, mask, causal, dropout_p, return_weights)
+        self.study_problem = _problem(q, k, mask, causal, dropout_p, return_weights)
         if self.study_problem is None:
             swap.own += 1
             return own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
@@ -93,7 +93,7 @@ def tiled_backward_replacements(module, swap):
     own_forward, own_backward = ScaledDotProductAttention.forward_reference, ScaledDotProductAttention.backward_reference
 
     def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
-        self.study_problem = _problem(self, q, k, mask, causal, dropout_p, return_weights)
+        self.study_problem = _problem(q, k, mask, causal, dropout_p, return_weights)
         out = own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
         if self.study_problem is None:
             swap.own += 1
