@@ -149,10 +149,38 @@ def compute_copy(param, dtype):
     makes a new copy on the next use."""
     entry = _entry(param)
     if entry is None or entry[2].dtype != dtype:
-        copy = backend.cast(param.data, dtype)
+        copy = _packed_copy(param.data, dtype)
+        if copy is None:
+            copy = backend.cast(param.data, dtype)
         _keep(param, copy)
         return copy
     return entry[2]
+
+
+# id(buffer) -> (a weak reference to a buffer that packs parameters, its half-precision twin)
+_packs = {}
+
+
+def _packed_copy(data, dtype):
+    """The compute copy of a parameter stored in one buffer with others (``backend.pack_back_to_back``:
+    the queries', keys' and values' projections), as the same view of a half twin of that buffer,
+    written now; so that parameters back to back have compute copies back to back, which one
+    product reads as one matrix. None for a parameter with memory of its own."""
+    root = backend.root_buffer(data)
+    if root is data or root.ndim != 1 or root.dtype != data.dtype:
+        return None
+    key, entry = id(root), _packs.get(id(root))
+    if entry is None or entry[0]() is not root or entry[1].dtype != dtype:
+        try:
+            reference = weakref.ref(root, lambda _, key=key: _packs.pop(key, None))
+        except TypeError:  # an array type without weak references: a copy of its own
+            return None
+        like = root if type(root) is type(data) else root.view(type(data))  # the parameter's memory type
+        entry = _packs[key] = (reference, backend.get_array_module(root).empty_like(like, dtype=dtype))
+    offset = (backend.address(data) - backend.address(root)) // data.itemsize
+    copy = entry[1][offset:offset + data.size].reshape(data.shape)
+    copy[...] = backend.cast(data, dtype)
+    return copy
 
 
 def compute_copies(params):

@@ -13,7 +13,8 @@ device. One module per concern, their names all here (``backend.to_numpy``, ``ba
 * ``out_of_memory``: what an allocation that does not fit on the GPU raises and reports;
 * ``capture``: the region of a CUDA graph capture (no read-back inside; the memory the NumPy
   reference's outputs become there, the seam of a capture whose memory is not CuPy's);
-* ``cuda_graphs``: ``GraphCapture``, capturing and replaying CUDA graphs on CuPy.
+* ``cuda_graphs``: ``GraphCapture``, capturing and replaying CUDA graphs on CuPy;
+* ``back_to_back``: arrays packed back to back in one buffer, and recognised as one array.
 
 ``bfloat16`` and ``HALF_DTYPES`` are made on first use (importing ml_dtypes takes over a second).
 A setting lives in its module, which reads it there: change it there
@@ -21,6 +22,7 @@ A setting lives in its module, which reads it there: change it there
 """
 
 from .allocator import keep_freed_memory
+from .back_to_back import address, back_to_back, pack_back_to_back, root_buffer
 from .capture import (CaptureUnavailable, Launch, LaunchCounts, captured_memory, capturing, check_not_capturing,
                       counting_launches, is_capturing, is_counting_launches, note_launch)
 from .cuda_graphs import GraphCapture, graph_nodes
@@ -51,6 +53,8 @@ __all__ = [
     # capture, cuda_graphs
     "capturing", "is_capturing", "captured_memory", "check_not_capturing", "CaptureUnavailable", "GraphCapture",
     "counting_launches", "is_counting_launches", "note_launch", "Launch", "LaunchCounts", "graph_nodes",
+    # back_to_back
+    "pack_back_to_back", "back_to_back", "address", "root_buffer",
 ]
 
 

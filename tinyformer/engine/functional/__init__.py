@@ -12,7 +12,8 @@ family per module, each beside its CUDA twin in ``kernels/``:
     residual.py       ResidualDropoutLayerNorm         kernels/residual_layer_norm.cu
     attention.py      ScaledDotProductAttention        kernels/attention_mma.cu, attention.cu
     linear.py         Linear, LinearRelu, LinearReluDropout  kernels/bias_relu_dropout.cu
-    embedding.py      Embedding
+    projections.py    LinearParts (Q, K and V as one product)  cuBLAS
+    embedding.py      Embedding, EmbeddingInput          kernels/embedding.cu
     masks.py          causal_mask, padding_mask, KeyLengthMask, sinusoid_table
 
 **Kernel dispatch: one rule, one pattern.** The rule is ``kernels.use_kernels(*arrays)``:
@@ -37,9 +38,10 @@ from ._dispatch import KernelFunction
 from .attention import ScaledDotProductAttention, scaled_dot_product_attention
 from .cross_entropy import CrossEntropy, cross_entropy, nll_loss
 from .dropout import Dropout, dropout
-from .embedding import Embedding, embedding
+from .embedding import Embedding, EmbeddingInput, embedding, embedding_input
 from .layer_norm import LayerNorm, layer_norm
 from .linear import Linear, LinearRelu, LinearReluDropout, linear, linear_relu, linear_relu_dropout
+from .projections import LinearParts, linear_parts
 from .masks import KeyLengthMask, causal_mask, padding_mask, sinusoid_table
 from .residual import ResidualDropoutLayerNorm, residual_dropout_layer_norm
 from .softmax import LogSoftmax, Softmax, log_softmax, softmax
@@ -51,9 +53,11 @@ __all__ = [
     "dropout",
     "residual_dropout_layer_norm",
     "embedding",
+    "embedding_input",
     "linear",
     "linear_relu",
     "linear_relu_dropout",
+    "linear_parts",
     "cross_entropy",
     "nll_loss",
     "scaled_dot_product_attention",
@@ -68,8 +72,10 @@ __all__ = [
     "ResidualDropoutLayerNorm",
     "LinearReluDropout",
     "Embedding",
+    "EmbeddingInput",
     "Linear",
     "LinearRelu",
+    "LinearParts",
     "CrossEntropy",
     "ScaledDotProductAttention",
     "KernelFunction",

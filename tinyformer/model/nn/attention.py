@@ -1,6 +1,6 @@
 """Multi-head attention (§3.2.2) with an optional key/value cache for incremental decoding."""
 
-from ...engine import functional as F
+from ...engine import backend, functional as F
 from ...engine.ops import concat
 from ...engine.tensor import is_grad_enabled
 from ...common.validation import check_int, check_probability
@@ -49,6 +49,27 @@ class MultiHeadAttention(Module):
         self.w_o = Linear(d_model, d_model, generator=generator)
         self.keep_attention = keep_attention
         self.last_weights = self.attention_probs = self.attention_inputs = None
+        self.parameters_replaced()
+
+    def parameters_replaced(self):
+        """The queries', keys' and values' weights (and biases) packed back to back in one buffer, so
+        that self-attention projects with one product and attention over a memory its keys and
+        values with one (``F.linear_parts``); after ``to`` or ``load_state_dict`` too. Parameters
+        that cannot be packed (different dtypes or devices) stay as they are: the products then run
+        one by one, with the same results."""
+        projections = (self.w_q, self.w_k, self.w_v)
+        for name in ("weight", "bias"):
+            params = [getattr(linear, name) for linear in projections]
+            if any(p is None for p in params) or len({(p.data.dtype, backend.device_of(p.data)) for p in params}) != 1:
+                continue
+            if backend.back_to_back([p.data for p in params]) is None:
+                for p, view in zip(params, backend.pack_back_to_back([p.data for p in params])):
+                    p.data = view
+
+    def _project(self, x, linears):
+        """``x`` through each of ``linears`` (one product where their weights are packed)."""
+        biases = [linear.bias for linear in linears]
+        return F.linear_parts(x, [linear.weight for linear in linears], None if any(b is None for b in biases) else biases)
 
     @staticmethod
     def key_value_defaults(query, key, value, query_rows, key_rows):
@@ -118,11 +139,19 @@ class MultiHeadAttention(Module):
             )
         if cache is not None and (query_rows is not None or key_rows is not None):
             raise ValueError("MultiHeadAttention: a decoding cache works on the padded layout, not packed rows")
-        q = self._split(self.w_q(query), query_rows)
-        if cache is not None and static_kv and "k" in cache:
-            k, v = cache["k"], cache["v"]
+        cached = cache is not None and static_kv and "k" in cache
+        if key is query and value is query and not cached:  # self-attention: Q, K and V in one product
+            q, k, v = (self._split(y, query_rows) for y in self._project(query, (self.w_q, self.w_k, self.w_v)))
         else:
-            k, v = self._split(self.w_k(key), key_rows), self._split(self.w_v(value), key_rows)
+            q = self._split(self.w_q(query), query_rows)
+        if cached:
+            k, v = cache["k"], cache["v"]
+        elif not (key is query and value is query):
+            if value is key:  # attention over a memory: K and V in one product
+                k, v = (self._split(y, key_rows) for y in self._project(key, (self.w_k, self.w_v)))
+            else:
+                k, v = self._split(self.w_k(key), key_rows), self._split(self.w_v(value), key_rows)
+        if not cached:
             if cache is not None and not static_kv and "k" in cache:
                 k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
         if cache is not None:

@@ -141,7 +141,18 @@ class Module:
         for module in self.modules():
             for name, array in module._buffers.items():
                 module.register_buffer(name, convert(array))
+        self._parameters_replaced()
         return self
+
+    def _parameters_replaced(self):
+        """Called on every module after ``to`` or ``load_state_dict`` gave parameters new arrays: a
+        module that stores parameters together (``MultiHeadAttention`` packs its projections back
+        to back) does so again by overriding ``parameters_replaced``."""
+        for module in self.modules():
+            module.parameters_replaced()
+
+    def parameters_replaced(self):
+        """Nothing by default (see ``_parameters_replaced``)."""
 
     def double(self):
         """Cast to float64 (what gradient checking wants)."""
@@ -185,6 +196,7 @@ class Module:
                 value = backend.like(backend.to_numpy(state[name]), p.data)
                 p.data = value.astype(p.data.dtype, copy=True)
                 p.grad = None
+        self._parameters_replaced()
         return self
 
     # ------------------------------------------------------------------ display

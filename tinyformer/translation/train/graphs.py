@@ -120,6 +120,26 @@ class _Entry:
         self.seed_generators, self.first_seed, self.launches = [], 0, None
 
 
+def _round_up(value, multiple):
+    return -(-value // max(1, multiple)) * max(1, multiple)
+
+
+def _storage_groups(params):
+    """``params`` in groups: those stored in one buffer together, by address, where the first of
+    them comes; every other parameter alone, in order."""
+    groups, by_root = [], {}
+    for p in params:
+        root = backend.root_buffer(p.data)
+        if root is p.data:
+            groups.append([p])
+        elif id(root) in by_root:
+            by_root[id(root)].append(p)
+        else:
+            by_root[id(root)] = [p]
+            groups.append(by_root[id(root)])
+    return [sorted(group, key=lambda p: backend.address(p.data)) for group in groups]
+
+
 class GraphedStep:
     """The training step of ``Trainer`` with ``cuda_graphs="on"``; ``capture`` is a
     ``backend.GraphCapture`` (or another capture with its methods: ``open_capture``).
@@ -248,26 +268,34 @@ class GraphedStep:
                 entry.graph, entry.seed_generators = None, []
             self.seeds.used = 0  # no graph holds a slot any more
 
-    #: where each gradient starts in the flat buffer: a multiple of this many bytes (CuPy's allocations' alignment)
+    #: where each gradient starts in the flat buffer: a multiple of this many bytes (CuPy's allocations' alignment),
+    #: or of PACKED_ALIGNMENT inside a group of parameters packed back to back in one buffer
     GRADIENT_ALIGNMENT = 256
+    PACKED_ALIGNMENT = 16
 
     def _flat_gradients(self):
         """Every parameter's gradient as a view of one buffer (``flat_grad``), so that the step zeroes
         them all with one launch instead of one a parameter; the values of gradients already there
-        are kept. Parameters of several dtypes keep a buffer each (Adam's device step needs one)."""
+        are kept. Parameters packed back to back in one buffer (``backend.pack_back_to_back``: the
+        queries', keys' and values' projections) get gradients back to back in the same order, which
+        one product writes (``functional.LinearParts``). Parameters of several dtypes keep a buffer
+        each (Adam's device step needs one)."""
         dtypes = {p.data.dtype for p in self.params}
         if len(dtypes) != 1:
             self.flat_grad, self.grad_views = None, []
             return
         dtype = dtypes.pop()
-        align = max(1, self.GRADIENT_ALIGNMENT // dtype.itemsize)
-        offsets, total = [], 0
-        for p in self.params:
-            offsets.append(total)
-            total += -(-p.data.size // align) * align
+        offsets, total = {}, 0
+        for group in _storage_groups(self.params):
+            total = _round_up(total, self.GRADIENT_ALIGNMENT // dtype.itemsize)
+            for p in group:  # back to back, as their parameters are (one product writes them all)
+                total = _round_up(total, self.PACKED_ALIGNMENT // dtype.itemsize)
+                offsets[id(p)] = total
+                total += p.data.size
         self.flat_grad = self.device_memory(numpy.zeros(total, dtype=dtype))
         self.grad_views = []
-        for p, offset in zip(self.params, offsets):
+        for p in self.params:
+            offset = offsets[id(p)]
             view = self.flat_grad[offset:offset + p.data.size].reshape(p.data.shape)
             if p.grad is not None:
                 view[...] = p.grad
