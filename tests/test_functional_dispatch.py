@@ -396,7 +396,7 @@ def test_adam_takes_its_fused_step_exactly_when_the_rule_says_so(name, condition
 def test_every_op_with_a_kernel_follows_the_pattern():
     """Each Function of functional that calls a kernel is a KernelFunction with all four paths."""
     with_kernels = {F.Softmax, F.LogSoftmax, F.LayerNorm, F.CrossEntropy, F.Dropout, F.ScaledDotProductAttention,
-                    F.ResidualDropoutLayerNorm, F.LinearReluDropout}
+                    F.ResidualDropoutLayerNorm, F.LinearReluDropout, F.EmbeddingInput}
     for op in with_kernels:
         assert issubclass(op, F.KernelFunction), op
         for path in ("kernel_applies", "forward_reference", "forward_kernel", "backward_reference", "backward_kernel"):

@@ -43,7 +43,7 @@ def test_every_architecture_compiles_what_it_runs(reports):
     assert {(r.arch, r.expression) for r in reports} == expected
     # arch × dtype × (kernel [× head dim]); the tensor-core attention in 2 dtypes from sm_80, bfloat16 from
     # sm_80 (the probes of its instructions are the tests' own: test_the_test_probes_compile_with_their_shared_memory)
-    per_dtype = 2 + 3 + 2 + 2 + 1 + 2 + 4 + 1 + 4 * 3
+    per_dtype = 2 + 3 + 2 + 2 + 1 + 2 + 4 + 2 + 4 * 3
     assert len(expected) == 4 * (3 * per_dtype + 2 * (3 * 3)) + 2 * 2 * per_dtype
     assert not any("probe" in e for _, e in expected), "a test probe is registered as a shipped kernel"
     assert all(r.registers > 0 for r in reports), "ptxas -v statistics were not parsed"
@@ -183,7 +183,7 @@ def test_compile_check_for_a_t4_leaves_out_what_it_cannot_run(capsys):
     _nvrtc_or_skip()
     assert compile_check.main(["-v", "--arch", "sm_75"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("sm_75: 58 kernel instantiations compiled from 9 sources (NVRTC 13.")
+    assert out.startswith("sm_75: 60 kernel instantiations compiled from 9 sources (NVRTC 13.")
     assert "attention_forward<__half, 64, 4>" in out and "_mma_" not in out and "bfloat16" not in out
     assert compile_check.main(["--arch", "sm_7x"]) == 1
     assert capsys.readouterr().err.strip() == "compile_check: architecture must look like sm_75, got 'sm_7x'"

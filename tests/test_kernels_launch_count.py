@@ -140,6 +140,8 @@ def test_a_captured_steps_launches_follow_the_models_structure():
     # pass over the rows) adding into the parameters' gradients
     norms = launches["residual_layer_norm_backward"] + launches["layer_norm_backward_input"]
     assert launches["layer_norm_reduce_params"] == norms and "layer_norm_backward_params" not in launches
+    # the input of each stack (lookup, √d scale, positions, dropout) in one launch each way
+    assert launches["embedding_forward"] == launches["embedding_backward"] == 2 and "dropout_forward" not in launches
     # Q, K, V, output: 4 products per attention, 2 per feed-forward network, 1 for the logits;
     # each product's backward gives its two operands' gradients: 3 GEMMs per product.
     assert launches["cublas_gemm"] == 3 * (4 * attentions + 2 * (encoder + decoder) + 1)

@@ -6,6 +6,7 @@ from .. import amp, backend, kernels
 from ..kernels import layer_norm as layer_norm_kernel
 from ...common.validation import check_real
 from ._dispatch import KernelFunction
+from ._targets import target_array
 
 _xp = backend.get_array_module
 
@@ -103,13 +104,7 @@ def param_targets(targets, first, dtype):
     """The arrays to add dw and db into: of the ``grad_targets`` (autograd.GradTarget) of the weight
     and bias, inputs ``first`` and ``first + 1``, each one offered of ``dtype`` and contiguous (what
     the kernel writes); None for the others, whose gradients are returned."""
-    arrays = []
-    for target in (tuple(targets) + (None,) * (first + 2))[first:first + 2]:
-        held = None if target is None else target.gathered if target.gathered is not None else target.tensor.grad
-        dtype_ok = target is not None and (target.tensor.dtype if held is None else held.dtype) == dtype
-        array = target.array() if dtype_ok and (held is None or held.flags.c_contiguous) else None
-        arrays.append(array)
-    return tuple(arrays)
+    return tuple(target_array(target, dtype) for target in (tuple(targets) + (None,) * (first + 2))[first:first + 2])
 
 
 def _summed(parts, target):

@@ -35,7 +35,7 @@ CUDA_CORE_ATTENTION = ("attention_forward", "attention_backward_delta", "attenti
 OPS = {  # op (as ``tinyformer info`` names it) -> its kernel source
     "softmax": "softmax.cu", "layer_norm": "layer_norm.cu", "cross_entropy": "cross_entropy.cu",
     "dropout": "dropout.cu", "linear_relu_dropout": "bias_relu_dropout.cu",
-    "residual_layer_norm": "residual_layer_norm.cu", "embedding (backward)": "embedding.cu", "adam": "adam.cu",
+    "residual_layer_norm": "residual_layer_norm.cu", "embedding (input, backward)": "embedding.cu", "adam": "adam.cu",
 }
 PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 

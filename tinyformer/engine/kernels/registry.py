@@ -182,7 +182,7 @@ KERNELS = {
     # the *_mixed kernels: x, h, out and the parameters float32, y and dy of T (autocast's half sublayer output)
     "residual_layer_norm.cu": {"residual_layer_norm_forward": ("T",), "residual_layer_norm_backward": ("T",),
                                "residual_layer_norm_forward_mixed": ("T",), "residual_layer_norm_backward_mixed": ("T",)},
-    "embedding.cu": {"embedding_backward": ("T",)},
+    "embedding.cu": {"embedding_forward": ("T",), "embedding_backward": ("T",)},
     "attention.cu": {
         "attention_forward": ("T", "HEAD_DIM", "ROWS_PER_WARP"),
         "attention_backward_delta": ("T", "HEAD_DIM"),

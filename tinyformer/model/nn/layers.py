@@ -96,17 +96,20 @@ class _Positions(Module):
         if x.ndim < 2:
             raise ValueError(f"{type(self).__name__}: input must be (batch, len, d_model) or (len, d_model), "
                              f"got shape {x.shape}")
-        check_int(f"{type(self).__name__}: offset", offset, 0)
         length = x.shape[-2]
+        self._check_positions(length, offset)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features, expected {self.d_model}")
+        return length
+
+    def _check_positions(self, length, offset):
+        check_int(f"{type(self).__name__}: offset", offset, 0)
         if offset + length > self.max_len:
             raise ValueError(
                 f"{type(self).__name__}: positions up to {offset + length - 1} requested (length "
                 f"{length} at offset {offset}) but max_len is {self.max_len}; build the model "
                 "with a larger max_len"
             )
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features, expected {self.d_model}")
-        return length
 
     def extra_repr(self):
         return f"{self.d_model}, max_len={self.max_len}"
@@ -122,11 +125,14 @@ class PositionalEncoding(_Positions):
 
     def forward(self, x, offset=0):
         """x (batch, len, d_model) plus the encodings of positions offset .. offset + len − 1."""
-        length = self._check(x, offset)
+        return x + Tensor(self.rows(self._check(x, offset), offset, x.dtype))
+
+    def rows(self, length, offset, dtype):
+        """The encodings of positions offset .. offset + length − 1 as a (length, d_model) array of
+        ``dtype`` (what ``forward`` adds; ``F.embedding_input`` takes it as its table)."""
+        self._check_positions(length, offset)
         table = self.table[offset:offset + length]
-        if table.dtype != x.dtype:
-            table = table.astype(x.dtype)
-        return x + Tensor(table)
+        return table if table.dtype == dtype else table.astype(dtype)
 
 
 class LearnedPositionalEmbedding(_Positions):

@@ -1,5 +1,7 @@
 """Encoder and decoder stacks and the full Transformer (§3.1, §3.4, §3.5)."""
 
+import math
+
 import numpy
 
 from ...engine import functional as F
@@ -8,7 +10,8 @@ from . import init
 from .init import zeros
 from .attention import MultiHeadAttention
 from .config import LABEL_SMOOTHING_MOVED, TransformerConfig
-from .layers import Dropout, Embedding, LayerNorm, PositionwiseFeedForward, positional_encoding, scale_embedding
+from .layers import (Dropout, Embedding, LayerNorm, PositionalEncoding, PositionwiseFeedForward, positional_encoding,
+                     scale_embedding)
 from .module import Module, ModuleList, Parameter
 from .packing import PackedRows
 from .presets import preset_config
@@ -227,6 +230,12 @@ class Transformer(Module):
         return self.tgt_embed.vocab_size
 
     def _embed(self, embedding, ids, offset=0):
+        if isinstance(self.positional, PositionalEncoding) and type(embedding) is Embedding:
+            # the fixed sinusoids: lookup, scale, positions and dropout as one op (one launch each way)
+            dropout, weight = self.embed_dropout, embedding.weight
+            return F.embedding_input(ids, weight, math.sqrt(self.d_model) if self.scales_embeddings else 1.0,
+                                     self.positional.rows(ids.shape[-1], offset, weight.dtype), dropout.p,
+                                     dropout.training, dropout.generator)
         x = embedding(ids)
         if self.scales_embeddings:
             x = scale_embedding(x, self.d_model)
