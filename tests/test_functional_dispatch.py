@@ -88,10 +88,23 @@ def cross_entropy_forward(logits, target, smoothing=0.0, ignore_index=None, dtyp
             lse.astype(np.float32))
 
 
-def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0.0, ignore_index=None, dtype=None):
+def cross_entropy_forward_reduced(logits, target, smoothing=0.0, ignore_index=None, reduction="sum", dtype=None):
+    loss, nll, lse = cross_entropy_forward(logits, target, smoothing, ignore_index)
+    counted = _log_probabilities(logits, target, ignore_index)[2]
+    scale = np.float32(1.0 / max(counted.sum(), 1) if reduction == "mean" else 1.0)
+    loss, nll = (np.array(v.astype(np.float64).sum() * scale, np.float32) for v in (loss, nll))
+    return loss, nll, lse, np.array(scale)
+
+
+def cross_entropy_backward(logits, target, lse, grad_loss, grad_nll, smoothing=0.0, ignore_index=None, dtype=None,
+                           scale=None):
     log_p, t, counted, _ = _log_probabilities(logits, target, ignore_index)
     p, vocab = np.exp(log_p), log_p.shape[-1]
     onehot = np.eye(vocab)[t]
+    factor = 1.0 if scale is None else float(scale)
+    grad_loss, grad_nll = (np.zeros(len(t)) if g is None else  # one value for every row, or one per row
+                           np.broadcast_to(np.asarray(g, np.float64).reshape(-1), (len(t),)) * factor
+                           for g in (grad_loss, grad_nll))
     grad = (p - (1 - smoothing) * onehot - smoothing / vocab) * grad_loss[:, None] + (p - onehot) * grad_nll[:, None]
     return (grad * counted[:, None]).reshape(logits.shape).astype(logits.dtype)
 
@@ -115,19 +128,28 @@ def bias_relu_dropout_backward(grad_z, mask, scale=1.0, dtype=None):
     return (grad_z * mask * grad_z.dtype.type(scale)).astype(grad_z.dtype)
 
 
-def residual_layer_norm_forward(x, y, weight, bias, p=0.0, seed=0, offset=0, scale=None, eps=1e-5, dtype=None):
+def residual_layer_norm_forward(x, y, weight, bias, p=0.0, seed=0, offset=0, scale=None, eps=1e-5, dtype=None,
+                                y_bias=None):
     keep = philox_keep(seed, offset, y.shape, p) if p else np.ones(y.shape, bool)
     scale = 1.0 / (1.0 - p) if scale is None else scale
+    y = y if y_bias is None else (y + y_bias).astype(x.dtype)
     h = (x + (y * keep * y.dtype.type(scale) if p else y)).astype(x.dtype)
     out, mean, rstd = layer_norm_forward(h, weight, bias, eps)
     return out, h, keep, mean, rstd
 
 
 def residual_layer_norm_backward(h, weight, grad_out, mean, rstd, keep, scale=1.0, need_params=True, dtype=None,
-                                 grad_y_dtype=None, rows_per_chunk=None, grad_weight=None, grad_bias=None):
+                                 grad_y_dtype=None, rows_per_chunk=None, grad_weight=None, grad_bias=None,
+                                 need_y_bias=False, grad_y_bias=None):
     grad_h, grad_w, grad_b = layer_norm_backward(h, weight, grad_out, mean, rstd, need_params=need_params,
                                                  grad_weight=grad_weight, grad_bias=grad_bias)
-    return grad_h, (grad_h * keep * h.dtype.type(scale)).astype(grad_y_dtype or h.dtype), grad_w, grad_b
+    grad_y = (grad_h * keep * h.dtype.type(scale)).astype(grad_y_dtype or h.dtype)
+    if not need_y_bias:
+        return grad_h, grad_y, grad_w, grad_b
+    sums = grad_y.astype(h.dtype).reshape(-1, h.shape[-1]).sum(0)
+    if grad_y_bias is not None:
+        grad_y_bias += sums
+    return grad_h, grad_y, grad_w, grad_b, sums if grad_y_bias is None else grad_y_bias
 
 
 def _attention_probabilities(q, k, heads, key_lengths, causal, scale, dropout_p, seed, offset):
@@ -200,7 +222,7 @@ def grad_norm_adam_update(plan, hyper, result, beta1, beta2, eps, weight_decay=0
 STAND_INS = {  # launcher module (tinyformer.engine.kernels.<name>): the stand-ins of its launchers
     "softmax": [softmax_forward, softmax_backward],
     "layer_norm": [layer_norm_forward, layer_norm_backward],
-    "cross_entropy": [cross_entropy_forward, cross_entropy_backward],
+    "cross_entropy": [cross_entropy_forward, cross_entropy_forward_reduced, cross_entropy_backward],
     "dropout": [dropout_forward],
     "residual_layer_norm": [residual_layer_norm_forward, residual_layer_norm_backward],
     "bias_relu_dropout": [bias_relu_dropout_forward, bias_relu_dropout_backward],
@@ -283,7 +305,7 @@ CASES = {
     "log_softmax-axis-1": (lambda x: F.log_softmax(x, axis=1), [X], SOFTMAX, False),
     "layer_norm": (F.layer_norm, [X, W, B], (["layer_norm_forward"], ["layer_norm_backward"]), True),
     "cross_entropy": (lambda x: F.cross_entropy(x, TARGET, 0.1, ignore_index=0, return_nll=True), [X],
-                      (["cross_entropy_forward"], ["cross_entropy_backward"]), True),
+                      (["cross_entropy_forward_reduced"], ["cross_entropy_backward"]), True),
     "cross_entropy-none": (lambda x: F.cross_entropy(x, TARGET, reduction="none"), [X],
                            (["cross_entropy_forward"], ["cross_entropy_backward"]), True),
     "dropout": (lambda x: F.dropout(x, 0.3, True, generator()), [X], (["dropout_forward"], []), True),
@@ -295,6 +317,10 @@ CASES = {
                             (["bias_relu_dropout_forward"], ["bias_relu_dropout_backward"]), True),
     "linear_relu_dropout-no-bias": (lambda x, w: F.linear_relu_dropout(x, w, None, 0.3, True, generator()),
                                     [X, np.ones((24, 32), np.float32) * 0.1], ([], []), False),
+    "residual_layer_norm-y-bias": (lambda x, y, w, b, c: F.residual_dropout_layer_norm(x, y, w, b, 0.3, True, generator(),
+                                                                                    y_bias=c),
+                                   [X, X[::-1] * 0.5, W, B, B[::-1]],
+                                   (["residual_layer_norm_forward"], ["residual_layer_norm_backward"]), True),
     "residual_layer_norm-eval": (lambda x, y, w, b: F.residual_dropout_layer_norm(x, y, w, b, 0.3, False), [X, X, W, B],
                                  (["residual_layer_norm_forward"], ["residual_layer_norm_backward"]), True),
     "attention": (attend(), [X, X[::-1], X * 2], ATTENTION, True),

@@ -131,6 +131,7 @@ def _expected_shared_bytes(expression):
                  "layer_norm_backward_input": 1, "residual_layer_norm_forward": 1,
                  "residual_layer_norm_backward": 1, "residual_layer_norm_forward_mixed": 1,
                  "residual_layer_norm_backward_mixed": 1}.get(name, 0) * row_warps
+        words += name == "cross_entropy_forward"  # and its last-block flag (the reduction's)
     return 4 * words
 
 

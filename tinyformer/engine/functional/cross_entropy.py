@@ -1,8 +1,6 @@
 """Label-smoothed cross entropy fused with log-softmax (§5.4); kernels/cross_entropy.cu on the GPU."""
 
-import numpy
-
-from .. import amp, backend, kernels
+from .. import backend, kernels
 from ..kernels import cross_entropy as cross_entropy_kernel
 from ..tensor import Tensor
 from ...common.validation import check_real, rectangular_array
@@ -30,16 +28,15 @@ class CrossEntropy(KernelFunction):
         return kernels.use_kernels(logits)
 
     def _rows(self, logits, target, smoothing, ignore_index, reduction):
-        """Both paths' start: logits as (N, V) rows, targets flat, the mask of counted positions."""
+        """Both paths' start: logits as (N, V) rows, targets flat."""
         self.smoothing, self.shape, self.reduction = smoothing, logits.shape, reduction
-        t = target.reshape(-1)
-        keep = _xp(logits).ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
-        return logits.reshape(-1, logits.shape[-1]), t, keep
+        return logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
 
     def forward_reference(self, logits, target, smoothing, ignore_index, reduction):
         xp = _xp(logits)
         vocab = logits.shape[-1]
-        flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
+        flat, t = self._rows(logits, target, smoothing, ignore_index, reduction)
+        keep = xp.ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
         t_safe = xp.where(keep, t, 0)
         rows = xp.arange(len(t))
         # One (N, V) buffer holds z − max, then exp of it, then p; log p is never materialised:
@@ -99,30 +96,27 @@ class CrossEntropy(KernelFunction):
         return grad.reshape(self.shape), None
 
     def forward_kernel(self, logits, target, smoothing, ignore_index, reduction):
-        """kernels/cross_entropy.cu: per-row loss and NLL; only the row's log-sum-exp is kept."""
-        flat, t, keep = self._rows(logits, target, smoothing, ignore_index, reduction)
-        loss, nll, self.lse = cross_entropy_kernel.cross_entropy_forward(flat, t, smoothing, ignore_index)
-        self.flat, self.t, self.ignore_index = flat, t, ignore_index
-        out_dtype = numpy.float32 if backend.is_half(flat.dtype) else flat.dtype  # as float32_outputs
-        return self._reduce(loss, nll, keep, target.shape, out_dtype, weight_dtype=numpy.float32)
+        """kernels/cross_entropy.cu in one launch: per-row loss and NLL ("none") or their sums over
+        the kept rows ("sum", "mean": the count on the device), float32; the row's log-sum-exp kept."""
+        flat, t = self._rows(logits, target, smoothing, ignore_index, reduction)
+        self.flat, self.t, self.ignore_index, self.scale = flat, t, ignore_index, None
+        if reduction == "none":
+            loss, nll, self.lse = cross_entropy_kernel.cross_entropy_forward(flat, t, smoothing, ignore_index)
+            return loss.reshape(target.shape), nll.reshape(target.shape)
+        loss, nll, self.lse, self.scale = cross_entropy_kernel.cross_entropy_forward_reduced(
+            flat, t, smoothing, ignore_index, reduction)
+        return loss, nll
 
     def backward_kernel(self, g_loss, g_nll):
-        xp, rows = _xp(self.flat), len(self.t)
-
-        def per_row(g):
-            if g is None:
-                return xp.zeros(rows, dtype=numpy.float32)
-            g = g.reshape(-1) if self.reduction == "none" else xp.broadcast_to(g, (rows,))
-            return g.astype(numpy.float32) * self.weight
-
-        grad = cross_entropy_kernel.cross_entropy_backward(self.flat, self.t, self.lse, per_row(g_loss),
-                                                           per_row(g_nll), self.smoothing, self.ignore_index)
+        """One launch: the upstream gradients as they come (None, device scalars, per-row arrays);
+        the ignored rows and "mean"'s 1 / count applied by the kernel."""
+        grad = cross_entropy_kernel.cross_entropy_backward(self.flat, self.t, self.lse, g_loss, g_nll,
+                                                           self.smoothing, self.ignore_index, scale=self.scale)
         return grad.reshape(self.shape), None
 
-    def _reduce(self, loss, nll, keep, target_shape, dtype, weight_dtype=None):
-        """Per-position loss and NLL weighted (ignored positions 0; 1/count for "mean") in
-        ``weight_dtype`` (default ``dtype``), then reduced; results in ``dtype``."""
-        weight = keep.astype(weight_dtype or dtype)
+    def _reduce(self, loss, nll, keep, target_shape, dtype):
+        """Per-position loss and NLL weighted (ignored positions 0; 1/count for "mean"), then reduced."""
+        weight = keep.astype(dtype)
         if self.reduction == "mean":  # the one reduction that needs the count on the host
             weight /= max(int(keep.sum()), 1)
         self.weight = weight
@@ -175,7 +169,8 @@ def cross_entropy(logits, target, label_smoothing=0.0, ignore_index=None, reduct
     if logits.shape[-1] == 0:
         raise ValueError(f"cross_entropy: logits of shape {tuple(logits.shape)} have no classes")
     target = _check_target(logits, target, ignore_index)
-    (logits,) = amp.float32_args(logits)
+    # Half logits (autocast's) are read as they are, no float32 copy: both paths compute in float32
+    # (KernelFunction), the loss and NLL come back float32 and the gradient in the logits' type.
     loss, nll = CrossEntropy.apply(logits, target, label_smoothing, ignore_index, reduction)
     return (loss, nll) if return_nll else loss
 

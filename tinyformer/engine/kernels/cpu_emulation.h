@@ -53,6 +53,8 @@ inline float atomicAdd(float* address, float value) {
     return std::atomic_ref<float>(*address).fetch_add(value);
 }
 inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
+// The blocks of a launch run one after another on one OS thread: every write is seen by every later block.
+inline void __threadfence() {}
 
 inline float __int_as_float(int x) {
     float f;
