@@ -15,6 +15,7 @@ from tinyformer.engine.backend import cuda_graphs
 from tinyformer.engine.kernels import cublas
 from tinyformer.model import optim
 from tinyformer.model.nn import Transformer
+from tinyformer.model.nn.output_bias import LeavesOutputBias
 from tinyformer.translation.data.batching import Batch
 from tinyformer.translation.train.graphs import GraphedStep
 
@@ -142,15 +143,32 @@ def test_a_captured_steps_launches_follow_the_models_structure():
     assert launches["layer_norm_reduce_params"] == norms and "layer_norm_backward_params" not in launches
     # the input of each stack (lookup, √d scale, positions, dropout) in one launch each way
     assert launches["embedding_forward"] == launches["embedding_backward"] == 2 and "dropout_forward" not in launches
-    # Q, K, V, output: 4 products per attention, 2 per feed-forward network, 1 for the logits;
-    # each product's backward gives its two operands' gradients: 3 GEMMs per product.
-    assert launches["cublas_gemm"] == 3 * (4 * attentions + 2 * (encoder + decoder) + 1)
+    # products: self-attention's Q, K, V as one and W_O; attention over a memory Q, then K and V as one,
+    # and W_O; 2 per feed-forward network; 1 for the logits. Each product's backward gives its two
+    # operands' gradients: 3 GEMMs per product; a bias's gradient one more (column sums), but W_O's and
+    # W₂'s, which the residual node adds and sums beside layer norm's dw and db.
+    products = 2 * (encoder + decoder) + 3 * decoder + 2 * (encoder + decoder) + 1
+    bias_sums = (encoder + decoder) + 2 * decoder + (encoder + decoder)  # QKV's; Q's and KV's; W₁'s
+    assert launches["cublas_gemm"] == 3 * products + bias_sums
     sublayers = 2 * encoder + 3 * decoder
     assert launches["residual_layer_norm_forward"] == launches["residual_layer_norm_backward"] == sublayers
     assert launches["adam_update"] == launches["adam_norm_partials"] == 1
     parameters = sum(1 for p in model.parameters() if p.requires_grad)
     assert launches["array op: fill"] == 2  # every gradient zeroed at once (one buffer), and the loss totals
     assert parameters > 2
+
+
+def test_the_output_projections_bias_costs_no_launch_of_its_own(monkeypatch):
+    """Post-LN, W_O's and W₂'s bias are the residual node's: one bias add fewer each forward and one
+    column-sum GEMM fewer each backward per sublayer, every other launch the same."""
+    _, folded = captured_step_launches(tokens=16)
+    monkeypatch.setattr(LeavesOutputBias, "output", lambda self, linear, x: linear(x))  # each adds its own
+    _, unfolded = captured_step_launches(tokens=16)
+    sublayers = folded["residual_layer_norm_forward"]
+    assert sublayers == 5  # encoder: attention, feed-forward; decoder: self, cross, feed-forward
+    difference = {family: unfolded[family] - folded.get(family, 0) for family in unfolded
+                  if unfolded[family] != folded.get(family, 0)}
+    assert difference == {"array op: add": sublayers, "cublas_gemm": sublayers}
 
 
 def test_a_captured_steps_launches_do_not_depend_on_the_batch(monkeypatch):

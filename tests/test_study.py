@@ -239,6 +239,28 @@ def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number, pa
     assert _swapped_classes() == before
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_swapped_in_attention_forward_adds_its_own_output_bias_and_the_residual_adds_no_other(packed, tmp_path):
+    """Post-LN, MultiHeadAttention's own forward leaves W_O's bias to the residual node; the reader's
+    forward (exercise 6) adds it itself and says nothing, so the residual adds none: the same values."""
+    model = nn.Transformer.from_preset("tiny", vocab_size=23, pad_id=0, max_len=32, seed=3)
+    model.eval()
+    rng = numpy.random.default_rng(5)
+    for module in model.modules():  # output biases that show when added twice or never (they start at 0)
+        if isinstance(module, nn.MultiHeadAttention):
+            module.w_o.bias.data[...] = rng.standard_normal(module.w_o.bias.shape).astype(numpy.float32)
+    src, tgt_in = numpy.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]]), numpy.array([[1, 11, 12, 13], [1, 14, 15, 0]])
+    counted = tgt_in != 0
+    run = (lambda: model(src, tgt_in, positions=counted, packed=True)) if packed else (lambda: model(src, tgt_in))
+    own = run().data
+    module, _ = load(solution(tmp_path, "06_multi_head_attention.py"))
+    with swap.swapped_in(6, module) as swapped:
+        theirs = run()
+        theirs.sum().backward()
+    assert swapped.calls == sum(isinstance(m, nn.MultiHeadAttention) for m in model.modules())  # the reader's, each
+    numpy.testing.assert_allclose(theirs.data, own, rtol=1e-4, atol=1e-5)
+
+
 def test_the_swap_is_undone_after_an_error_or_ctrl_c(tmp_path):
     before = _swapped_classes()
     module, _ = load(solution(tmp_path, "04_attention.py"))

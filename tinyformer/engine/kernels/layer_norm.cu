@@ -38,18 +38,27 @@ __global__ void layer_norm_backward_input(const T* __restrict__ x, const T* __re
 
 // Stage 2 of dw, db, one thread per column: the chunks' partials summed in chunk order (deterministic),
 // added to what grad_w, grad_b hold where accumulate_w, accumulate_b (a parameter's .grad), else
-// written there. grid ceil(cols / blockDim.x).
+// written there; partial_w null: no dw, db. The same for the extra sum partial_e into grad_e where
+// partial_e is not null (residual_layer_norm.cu's d(y_bias)). grid ceil(cols / blockDim.x).
 template <typename T>
 __global__ void layer_norm_reduce_params(const float* __restrict__ partial_w, const float* __restrict__ partial_b,
-                                         T* __restrict__ grad_w, T* __restrict__ grad_b, int chunks, int cols,
-                                         int accumulate_w, int accumulate_b) {
+                                         const float* __restrict__ partial_e, T* __restrict__ grad_w,
+                                         T* __restrict__ grad_b, T* __restrict__ grad_e, int chunks, int cols,
+                                         int accumulate_w, int accumulate_b, int accumulate_e) {
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= cols) return;
-    float sum_w = 0.0f, sum_b = 0.0f;
+    float sum_w = 0.0f, sum_b = 0.0f, sum_e = 0.0f;
     for (int chunk = 0; chunk < chunks; ++chunk) {
-        sum_w += partial_w[(long long)chunk * cols + col];
-        sum_b += partial_b[(long long)chunk * cols + col];
+        const long long at = (long long)chunk * cols + col;
+        if (partial_w != nullptr) {
+            sum_w += partial_w[at];
+            sum_b += partial_b[at];
+        }
+        if (partial_e != nullptr) sum_e += partial_e[at];
     }
-    grad_w[col] = tf::from_float<T>(accumulate_w ? tf::to_float(grad_w[col]) + sum_w : sum_w);
-    grad_b[col] = tf::from_float<T>(accumulate_b ? tf::to_float(grad_b[col]) + sum_b : sum_b);
+    if (partial_w != nullptr) {
+        grad_w[col] = tf::from_float<T>(accumulate_w ? tf::to_float(grad_w[col]) + sum_w : sum_w);
+        grad_b[col] = tf::from_float<T>(accumulate_b ? tf::to_float(grad_b[col]) + sum_b : sum_b);
+    }
+    if (partial_e != nullptr) grad_e[col] = tf::from_float<T>(accumulate_e ? tf::to_float(grad_e[col]) + sum_e : sum_e);
 }

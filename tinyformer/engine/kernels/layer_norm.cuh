@@ -95,19 +95,30 @@ __device__ void input_gradient_row(const T* x, const T* weight, const T* grad_y,
 // dw and db of one block's chunk of rows, summed as the block walks its rows (the backward kernels
 // of layer_norm.cu and residual_layer_norm.cu): column j's sums belong to thread j mod blockDim for
 // every row, so they need no synchronisation and are added in row order (the same bits at every
-// run). They live in the block's dynamic shared memory (2 · cols floats) where the launch gave it
-// (`in_shared`), else in the chunk's own row of the partials; `partial_w` null: no sums.
+// run). They live in the block's dynamic shared memory (cols floats per sum) where the launch gave it
+// (`in_shared`), else in the chunk's own row of the partials; `partial_w` null: no dw, db. `partial_e`
+// (not null): one more column sum beside them, of what the kernel hands `add_extra` (the residual's
+// d(y_bias) = Σ_rows dy), after dw and db in shared memory.
 struct ChunkSums {
     float* w;
     float* b;
+    float* e;
 
-    __device__ ChunkSums(float* partial_w, float* partial_b, int cols, bool in_shared, unsigned char* shared) {
-        w = b = nullptr;
-        if (partial_w == nullptr) return;
+    __device__ ChunkSums(float* partial_w, float* partial_b, int cols, bool in_shared, unsigned char* shared,
+                         float* partial_e = nullptr) {
+        w = b = e = nullptr;
         const long long row = (long long)blockIdx.x * cols;
-        w = in_shared ? reinterpret_cast<float*>(shared) : partial_w + row;
-        b = in_shared ? w + cols : partial_b + row;
-        for (int j = threadIdx.x; j < cols; j += blockDim.x) w[j] = b[j] = 0.0f;
+        float* next = reinterpret_cast<float*>(shared);
+        if (partial_w != nullptr) {
+            w = in_shared ? next : partial_w + row;
+            b = in_shared ? next + cols : partial_b + row;
+            next += 2 * cols;
+        }
+        if (partial_e != nullptr) e = in_shared ? next : partial_e + row;
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+            if (w != nullptr) w[j] = b[j] = 0.0f;
+            if (e != nullptr) e[j] = 0.0f;
+        }
     }
 
     __device__ __forceinline__ void add(int j, float dy, float xhat) const {
@@ -116,13 +127,21 @@ struct ChunkSums {
         b[j] += dy;
     }
 
-    // The chunk's sums into its row of partial_w, partial_b (already there when not in shared memory).
-    __device__ void finish(float* partial_w, float* partial_b, int cols, bool in_shared) const {
-        if (w == nullptr || !in_shared) return;
+    __device__ __forceinline__ void add_extra(int j, float value) const {
+        if (e != nullptr) e[j] += value;
+    }
+
+    // The chunk's sums into its row of partial_w, partial_b, partial_e (already there when not in shared memory).
+    __device__ void finish(float* partial_w, float* partial_b, int cols, bool in_shared,
+                           float* partial_e = nullptr) const {
+        if (!in_shared) return;
         const long long row = (long long)blockIdx.x * cols;
         for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-            partial_w[row + j] = w[j];
-            partial_b[row + j] = b[j];
+            if (w != nullptr) {
+                partial_w[row + j] = w[j];
+                partial_b[row + j] = b[j];
+            }
+            if (e != nullptr) partial_e[row + j] = e[j];
         }
     }
 };

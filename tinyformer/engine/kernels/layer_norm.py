@@ -33,39 +33,51 @@ def layer_norm_forward(x, weight, bias, eps=1e-5, dtype=None):
 
 class ChunkedSums:
     """The per-chunk partials of dw and db a backward launch fills (layer_norm.cuh's ChunkSums):
-    its grid, the arguments it takes for them, and ``reduce``, the launch that sums them."""
+    its grid, the arguments it takes for them, and ``reduce``, the launch that sums them. ``extra``:
+    one more column sum beside them (``partial_e``, the residual's d(y_bias)), summed by the same launch."""
 
-    def __init__(self, xp, rows, cols, rows_per_chunk=None, needed=True):
+    def __init__(self, xp, rows, cols, rows_per_chunk=None, needed=True, extra=False):
         self.rows_per_chunk = max(1, int(rows_per_chunk or registry.LAYER_NORM_ROWS_PER_CHUNK))
-        self.cols, self.needed = cols, needed
+        self.cols, self.needed, self.extra = cols, needed, extra
         self.chunks = math.ceil(rows / self.rows_per_chunk)
         shape = (self.chunks, cols) if needed else (0,)
         self.partial_w, self.partial_b = xp.empty(shape, numpy.float32), xp.empty(shape, numpy.float32)
+        self.partial_e = xp.empty((self.chunks, cols) if extra else (0,), numpy.float32)
         # the block's sums in dynamic shared memory where they fit without opting in, else in its partials' row
-        self.in_shared = needed and 2 * cols * 4 <= launch.STATIC_SHARED_LIMIT
-        self.shared_mem = 2 * cols * 4 if self.in_shared else 0
+        sums = 2 * needed + extra
+        self.in_shared = bool(sums) and sums * cols * 4 <= launch.STATIC_SHARED_LIMIT
+        self.shared_mem = sums * cols * 4 if self.in_shared else 0
 
     def pointers(self):
         """The kernel's partial_w, partial_b: null pointers when the sums are not needed."""
         return (self.partial_w, self.partial_b) if self.needed else (numpy.uint64(0), numpy.uint64(0))
 
-    def reduce(self, name, weight, grad_weight=None, grad_bias=None):
-        """(dw, db): the chunks summed in one launch, added into ``grad_weight``/``grad_bias`` where
-        given (contiguous, weight's shape and element type), else into new arrays."""
+    def extra_pointer(self):
+        """The kernel's partial_e: a null pointer without the extra sum."""
+        return self.partial_e if self.extra else numpy.uint64(0)
+
+    def reduce(self, name, weight, grad_weight=None, grad_bias=None, grad_extra=None):
+        """(dw, db), and the extra sum third where ``extra``: the chunks summed in one launch, added into
+        ``grad_weight``/``grad_bias``/``grad_extra`` where given (contiguous, weight's shape and element
+        type), else into new arrays; None for the sums not ``needed``."""
         xp = array_module(weight)
+        wanted = (("grad_weight", grad_weight, self.needed), ("grad_bias", grad_bias, self.needed),
+                  ("grad_extra", grad_extra, self.extra))
         outs = []
-        for label, given in (("grad_weight", grad_weight), ("grad_bias", grad_bias)):
+        for label, given, made in wanted:
             if given is not None and (given.shape != weight.shape or given.dtype.name != name
                                       or not given.flags.c_contiguous):
                 raise ValueError(f"layer_norm: {label} must be a contiguous {name} array of shape {weight.shape}, "
                                  f"got {given.dtype} {given.shape}")
-            outs.append(xp.empty(weight.shape, dtype=weight.dtype) if given is None else given)
-        if self.cols:
+            outs.append(None if not made else xp.empty(weight.shape, dtype=weight.dtype) if given is None else given)
+        if self.cols and (self.needed or self.extra):
+            null = numpy.uint64(0)
             launch.launch("layer_norm_reduce_params", name, (math.ceil(self.cols / registry.COLUMN_BLOCK),),
                           (registry.COLUMN_BLOCK,),
-                          (self.partial_w, self.partial_b, outs[0], outs[1], i32(self.chunks), i32(self.cols),
-                           i32(grad_weight is not None), i32(grad_bias is not None)))
-        return tuple(outs)
+                          (*self.pointers(), self.extra_pointer(), *(null if out is None else out for out in outs),
+                           i32(self.chunks), i32(self.cols),
+                           *(i32(given is not None) for _, given, _ in wanted)))
+        return tuple(outs) if self.extra else tuple(outs[:2])
 
 
 def layer_norm_backward(x, weight, grad_y, mean, rstd, need_input=True, need_params=True, dtype=None,

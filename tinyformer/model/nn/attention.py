@@ -6,11 +6,12 @@ from ...engine.tensor import is_grad_enabled
 from ...common.validation import check_int, check_probability
 from .layers import Linear
 from .module import Module
+from .output_bias import LeavesOutputBias
 
 __all__ = ["MultiHeadAttention"]
 
 
-class MultiHeadAttention(Module):
+class MultiHeadAttention(LeavesOutputBias, Module):
     """MultiHead(Q, K, V) = Concat(head₁, ..., head_h) W_O, headᵢ = Attention(Q W_Qᵢ, K W_Kᵢ, V W_Vᵢ).
 
     The h projections of size d_k = d_model / h are computed as one d_model × d_model
@@ -172,7 +173,7 @@ class MultiHeadAttention(Module):
         self.attention_probs = weights if self.keep_attention else None
         self.attention_inputs = (q, k, v) if self.keep_attention else None
         self.last_weights = weights.detach() if need_weights else None
-        return self.w_o(self._merge(out, query_rows))
+        return self.output(self.w_o, self._merge(out, query_rows))  # W_O's bias may be the residual's to add
 
     def extra_repr(self):
         return f"d_model={self.d_model}, heads={self.heads}, dropout={self.dropout}"

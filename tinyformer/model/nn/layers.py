@@ -7,6 +7,7 @@ from ...engine.tensor import Tensor
 from ...common.validation import check_int, check_probability, check_real
 from . import init
 from .module import Module, Parameter
+from .output_bias import LeavesOutputBias
 
 __all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "PositionalEncoding",
            "LearnedPositionalEmbedding", "POSITIONAL_KINDS", "positional_encoding",
@@ -169,10 +170,11 @@ def positional_encoding(kind, d_model, max_len=1024, generator=None):
     raise ValueError(f"positional must be one of {', '.join(repr(k) for k in POSITIONAL_KINDS)}, got {kind!r}")
 
 
-class PositionwiseFeedForward(Module):
+class PositionwiseFeedForward(LeavesOutputBias, Module):
     """FFN(x) = max(0, x W₁ + b₁) W₂ + b₂, applied at every position alike (§3.3); with
     ``activation="silu"``, h σ(h) with h = x W₁ + b₁ in place of the ReLU (Marian's "swish"); with
-    ``"gelu"``, h Φ(h) (the exact GELU)."""
+    ``"gelu"``, h Φ(h) (the exact GELU). b₂ may be left for the residual connection to add
+    (``LeavesOutputBias``)."""
 
     def __init__(self, d_model, d_ff, dropout=0.0, generator=None, activation="relu"):
         super().__init__()
@@ -187,11 +189,11 @@ class PositionwiseFeedForward(Module):
 
     def forward(self, x):
         if self.activation != "relu":  # x σ(x) or x Φ(x): a linear layer, the op, dropout
-            return self.linear2(self.dropout(getattr(self.linear1(x), self.activation)()))
+            return self.output(self.linear2, self.dropout(getattr(self.linear1(x), self.activation)()))
         # = self.dropout(self.linear1(x).relu()), one node (on the GPU one matmul and one kernel)
         hidden = F.linear_relu_dropout(x, self.linear1.weight, self.linear1.bias, self.dropout.p, self.training,
                                        self.dropout.generator)
-        return self.linear2(hidden)
+        return self.output(self.linear2, hidden)
 
 
 def scale_embedding(x, d_model):

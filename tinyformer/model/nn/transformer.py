@@ -13,6 +13,7 @@ from .config import LABEL_SMOOTHING_MOVED, TransformerConfig
 from .layers import (Dropout, Embedding, LayerNorm, PositionalEncoding, PositionwiseFeedForward, positional_encoding,
                      scale_embedding)
 from .module import Module, ModuleList, Parameter
+from .output_bias import call_leaving_output_bias
 from .packing import PackedRows
 from .presets import preset_config
 
@@ -21,7 +22,8 @@ __all__ = ["EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", 
 
 class _Residual(Module):
     """One sub-layer connection: LayerNorm(x + Dropout(f(x))) (post-LN, §5.4) or
-    x + Dropout(f(LayerNorm(x))) (pre-LN)."""
+    x + Dropout(f(LayerNorm(x))) (pre-LN). Post-LN, the sublayer's ``module`` may leave its output
+    bias for this connection's one node to add (``output_bias``), where it says it did."""
 
     def __init__(self, d_model, dropout, norm_first, eps):
         super().__init__()
@@ -29,12 +31,14 @@ class _Residual(Module):
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x, sublayer):
+    def forward(self, x, sublayer, module=None):
         if self.norm_first:
             return x + self.dropout(sublayer(self.norm(x)))
-        # = self.norm(x + self.dropout(sublayer(x))), one node (one kernel on the GPU)
-        return F.residual_dropout_layer_norm(x, sublayer(x), self.norm.weight, self.norm.bias, self.dropout.p,
-                                             self.training, self.dropout.generator, self.norm.eps)
+        # = self.norm(x + self.dropout(sublayer(x))), one node (one kernel on the GPU) that also adds the
+        # bias of the sublayer's last linear layer where the sublayer left it out
+        y, y_bias = call_leaving_output_bias(module, sublayer, x)
+        return F.residual_dropout_layer_norm(x, y, self.norm.weight, self.norm.bias, self.dropout.p,
+                                             self.training, self.dropout.generator, self.norm.eps, y_bias=y_bias)
 
 
 class EncoderLayer(Module):
@@ -50,8 +54,8 @@ class EncoderLayer(Module):
 
     def forward(self, x, mask=None, rows=None):
         """``rows`` (a ``PackedRows``): x is the packed rows (count, d_model) of those positions."""
-        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, query_rows=rows))
-        return self.ff_block(x, self.feed_forward)
+        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, query_rows=rows), self.self_attn)
+        return self.ff_block(x, self.feed_forward, self.feed_forward)
 
 
 class DecoderLayer(Module):
@@ -74,13 +78,13 @@ class DecoderLayer(Module):
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
         x = self.self_block(
-            x, lambda h: self.self_attn(h, mask=tgt_mask, causal=True, cache=self_cache, query_rows=rows)
-        )
+            x, lambda h: self.self_attn(h, mask=tgt_mask, causal=True, cache=self_cache, query_rows=rows),
+            self.self_attn)
         x = self.cross_block(
             x, lambda h: self.cross_attn(h, memory, memory, mask=memory_mask, cache=cross_cache,
-                                         static_kv=True, query_rows=rows, key_rows=memory_rows)
-        )
-        return self.ff_block(x, self.feed_forward)
+                                         static_kv=True, query_rows=rows, key_rows=memory_rows),
+            self.cross_attn)
+        return self.ff_block(x, self.feed_forward, self.feed_forward)
 
 
 class _Stack(Module):
