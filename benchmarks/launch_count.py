@@ -45,7 +45,7 @@ GPUS = {
 GROUPS = (("attention kernels", lambda f: f.startswith("attention_")),
           ("other tinyformer kernels", lambda f: not f.startswith(("attention_", "cublas", "copy", "cupy", "array op"))),
           ("cuBLAS products", lambda f: f in ("cublas_gemm", "cupy_matmul")),
-          ("copies for products", lambda f: f.startswith("copy")),
+          ("copies", lambda f: f.startswith("copy")),
           ("array operations", lambda f: f.startswith("array op")))
 
 

@@ -93,6 +93,13 @@ class DeviceArray(numpy.ndarray):
         _count("array op: copy", 2 * self.nbytes)
         return super().copy(*args, **kwargs)
 
+    def reshape(self, *args, **kwargs):
+        """A reshape that cannot be a view copies (CuPy launches a copy kernel for it)."""
+        result = super().reshape(*args, **kwargs)
+        if self.size and not numpy.may_share_memory(result, self):
+            _count("array op: copy", 2 * self.nbytes)
+        return result
+
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 

@@ -60,5 +60,5 @@ def back_to_back(arrays):
         return None
     joined = flat[offset:offset + size].reshape((sum(a.shape[0] for a in arrays),) + first.shape[1:])
     if type(joined) is not type(first) and isinstance(first, numpy.ndarray):
-        joined = joined.view(type(first))  # an emulated device array stays one
+        joined = joined.view(type(first))  # an array of a subclass stays one (a capture's memory type)
     return joined

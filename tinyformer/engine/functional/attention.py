@@ -176,31 +176,20 @@ class ScaledDotProductAttention(KernelFunction):
 
     # ---------------------------------------------------------------- the CUDA kernel
     def forward_kernel(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
-        batch, heads, len_q, dim = q.shape
-        len_k = k.shape[2]
         self.seed = kernel_seed(generator) if dropout_p else 0
-        self.tensor_cores = self.path.name == "tensor cores"  # paths.attention_path's choice
-        if self.tensor_cores:
-            self.q, self.k, self.v = q, k, v
-            self.args = dict(key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p, seed=self.seed)
-            self.o, self.lse = attention_kernel.attention_mma_forward(q, k, v, **self.args)
-            return self.o
-        self.q, self.k, self.v = (a.reshape(batch * heads, -1, dim) for a in (q, k, v))
-        self.args = dict(heads=heads, key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p,
-                         seed=self.seed)
-        self.o, self.lse = attention_kernel.attention_forward(self.q, self.k, self.v, **self.args)
-        self.shapes = (q.shape, (batch, heads, len_k, dim))
-        return self.o.reshape(batch, heads, len_q, dim)
+        tensor_cores = self.path.name == "tensor cores"  # paths.attention_path's choice
+        # both read the heads where the projections left them and write o (and, backward, the
+        # gradients) in the projections' layout: no copy either way
+        self.forward_launcher, self.backward_launcher = (
+            (attention_kernel.attention_mma_forward, attention_kernel.attention_mma_backward) if tensor_cores
+            else (attention_kernel.attention_heads_forward, attention_kernel.attention_heads_backward))
+        self.q, self.k, self.v = q, k, v
+        self.args = dict(key_lengths=self.key_lengths, causal=causal, dropout_p=dropout_p, seed=self.seed)
+        self.o, self.lse = self.forward_launcher(q, k, v, **self.args)
+        return self.o
 
     def backward_kernel(self, g):
-        if self.tensor_cores:
-            grads = attention_kernel.attention_mma_backward(self.q, self.k, self.v, self.o, self.lse, g, **self.args)
-            return (*grads, None)
-        g = g.reshape(self.o.shape).astype(self.o.dtype, copy=False)
-        grad_q, grad_k, grad_v = attention_kernel.attention_backward(self.q, self.k, self.v, self.o, self.lse, g,
-                                                                     **self.args)
-        q_shape, kv_shape = self.shapes
-        return grad_q.reshape(q_shape), grad_k.reshape(kv_shape), grad_v.reshape(kv_shape), None
+        return (*self.backward_launcher(self.q, self.k, self.v, self.o, self.lse, g, **self.args), None)
 
 
 def _key_lengths_of_mask(mask, batch, len_k):

@@ -38,7 +38,11 @@ def row_count(array, row_size):
 
 
 def contiguous(*arrays):
-    """The arrays C-contiguous (each as it is when it already is)."""
+    """The arrays C-contiguous (each as it is when it already is; a copy otherwise, counted as a
+    launch: ``backend.note_launch``)."""
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            backend.note_launch("copy (to C order)", bytes=2 * a.nbytes)
     return [array_module(a).ascontiguousarray(a) for a in arrays]
 
 

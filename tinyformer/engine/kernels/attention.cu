@@ -1,7 +1,11 @@
 // Fused scaled-dot-product attention, FlashAttention-style (Dao et al., 2022; Dao, 2023).
 // Reference: functional.ScaledDotProductAttention.
 //
-// Shapes: q (BH, Lq, D), k and v (BH, Lk, D), o (BH, Lq, D), all contiguous; BH = batch·heads.
+// Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), o (B, H, Lq, D), each with its own strides in
+// elements (batch, head, row; the head dimension contiguous): a head split by reshape and transpose
+// is read where it is, and o and the gradients written in the layout the launcher chose (the
+// projections' (B, L, H, D) for the model, (BH, L, D) for the kernel tests); BH = batch·heads.
+// delta (backward) is indexed by o's rows: o is contiguous, so row (b, h, i) is its element offset / D.
 // The Lq × Lk score matrix never reaches global memory: each block streams tiles of keys
 // (one per lane) through shared memory and keeps, per query row, the running maximum m, the running sum
 // l = Σ exp(s − m) and the output accumulator (online softmax). It saves the row's
@@ -33,13 +37,24 @@ struct Shape {
 
 using Problem = tf::AttentionProblem;
 
-// Loads rows [first, first + count) of a (len, D) matrix into shared rows of `stride` floats,
-// zero past `len`.
+// An operand's strides in elements: between batches, heads and rows (columns are contiguous).
+struct Strides {
+    long long batch, head, row;
+    // The element offset where head bh = b·heads + h of the operand starts, and that head's pointer.
+    __device__ long long offset(int bh, int heads) const {
+        return (long long)(bh / heads) * batch + (long long)(bh % heads) * head;
+    }
+    template <typename P>
+    __device__ P* of_head(P* base, int bh, int heads) const { return base + offset(bh, heads); }
+};
+
+// Loads rows [first, first + count) of a (len, D) matrix whose rows are `src_row` elements apart
+// into shared rows of `stride` floats, zero past `len`.
 template <typename T, int D>
-__device__ void load_rows(float* dst, int stride, const T* src, int first, int count, int len) {
+__device__ void load_rows(float* dst, int stride, const T* src, long long src_row, int first, int count, int len) {
     for (int e = threadIdx.x; e < count * D; e += blockDim.x) {
         const int r = e / D, c = e % D, row = first + r;
-        dst[r * stride + c] = row < len ? tf::to_float(src[(long long)row * D + c]) : 0.0f;
+        dst[r * stride + c] = row < len ? tf::to_float(src[(long long)row * src_row + c]) : 0.0f;
     }
 }
 
@@ -58,6 +73,9 @@ __device__ float dot_shared(const float* a, const float* b) {
 template <typename T, int HEAD_DIM, int ROWS_PER_WARP>
 __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                   T* __restrict__ o, float* __restrict__ lse, const int* __restrict__ key_lengths,
+                                  long long q_batch, long long q_head, long long q_row, long long k_batch,
+                                  long long k_head, long long k_row, long long v_batch, long long v_head,
+                                  long long v_row, long long o_batch, long long o_head, long long o_row,
                                   int heads, int len_q, int len_k, int causal, float scale, float dropout_p,
                                   unsigned long long seed, const unsigned long long* __restrict__ seed_ptr,
                                   unsigned long long offset) {
@@ -71,11 +89,14 @@ __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__
                        tf::resolve_seed(seed, seed_ptr), offset};
     const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const T* qb = q + (long long)bh * len_q * D;
-    const T* kb = k + (long long)bh * len_k * D;
-    const T* vb = v + (long long)bh * len_k * D;
+    const Strides qs = {q_batch, q_head, q_row}, ks = {k_batch, k_head, k_row}, vs = {v_batch, v_head, v_row};
+    const Strides os = {o_batch, o_head, o_row};
+    const T* qb = qs.of_head(q, bh, heads);
+    const T* kb = ks.of_head(k, bh, heads);
+    const T* vb = vs.of_head(v, bh, heads);
+    T* ob = os.of_head(o, bh, heads);
 
-    load_rows<T, D>(&q_rows[0][0], D, qb, first_row, S::kBlockRows, len_q);
+    load_rows<T, D>(&q_rows[0][0], D, qb, q_row, first_row, S::kBlockRows, len_q);
 
     float row_max[S::kRows], row_sum[S::kRows], acc[S::kRows][S::kCols];
     for (int r = 0; r < S::kRows; ++r) {
@@ -87,8 +108,8 @@ __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__
 
     for (int tile = 0; tile < key_end; tile += kKeys) {
         __syncthreads();  // the previous tile is no longer read
-        load_rows<T, D>(&k_tile[0][0], D + 1, kb, tile, kKeys, len_k);
-        load_rows<T, D>(&v_tile[0][0], D, vb, tile, kKeys, len_k);
+        load_rows<T, D>(&k_tile[0][0], D + 1, kb, k_row, tile, kKeys, len_k);
+        load_rows<T, D>(&v_tile[0][0], D, vb, v_row, tile, kKeys, len_k);
         __syncthreads();
         const int j = tile + lane;
         for (int r = 0; r < S::kRows; ++r) {
@@ -115,7 +136,7 @@ __global__ void attention_forward(const T* __restrict__ q, const T* __restrict__
         if (i >= len_q) continue;
         const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
         for (int c = 0; c < S::kCols; ++c)
-            o[((long long)bh * len_q + i) * D + lane + kWarp * c] = tf::from_float<T>(acc[r][c] * inv);
+            ob[(long long)i * o_row + lane + kWarp * c] = tf::from_float<T>(acc[r][c] * inv);
         if (lane == 0) lse[(long long)bh * len_q + i] = row_sum[r] > 0.0f ? row_max[r] + logf(row_sum[r]) : -TF_INFINITY;
     }
 }
@@ -145,7 +166,12 @@ template <typename T, int HEAD_DIM, int ROWS_PER_WARP>
 __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                       const T* __restrict__ grad_o, const float* __restrict__ lse,
                                       const float* __restrict__ delta, T* __restrict__ grad_k, T* __restrict__ grad_v,
-                                      const int* __restrict__ key_lengths, int heads, int len_q, int len_k, int causal,
+                                      const int* __restrict__ key_lengths, long long q_batch, long long q_head,
+                                      long long q_row, long long k_batch, long long k_head, long long k_row,
+                                      long long v_batch, long long v_head, long long v_row, long long o_batch,
+                                      long long o_head, long long o_row, long long gk_batch, long long gk_head,
+                                      long long gk_row, long long gv_batch, long long gv_head, long long gv_row,
+                                      int heads, int len_q, int len_k, int causal,
                                       float scale, float dropout_p, unsigned long long seed,
                                       const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
     using namespace tf_attention;
@@ -160,10 +186,15 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
                        tf::resolve_seed(seed, seed_ptr), offset};
     const int bh = blockIdx.x, first_key = blockIdx.y * S::kBlockRows;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;
+    const long long q_base = (long long)bh * len_q;
+    const Strides qs = {q_batch, q_head, q_row}, ks = {k_batch, k_head, k_row}, vs = {v_batch, v_head, v_row};
+    const Strides os = {o_batch, o_head, o_row}, gks = {gk_batch, gk_head, gk_row}, gvs = {gv_batch, gv_head, gv_row};
+    const T* qb = qs.of_head(q, bh, heads);
+    const T* gob = os.of_head(grad_o, bh, heads);
+    const long long delta_base = os.offset(bh, heads);  // where o's head starts: delta's rows follow o's
 
-    load_rows<T, D>(&k_rows[0][0], D, k + k_base * D, first_key, S::kBlockRows, len_k);
-    load_rows<T, D>(&v_rows[0][0], D, v + k_base * D, first_key, S::kBlockRows, len_k);
+    load_rows<T, D>(&k_rows[0][0], D, ks.of_head(k, bh, heads), k_row, first_key, S::kBlockRows, len_k);
+    load_rows<T, D>(&v_rows[0][0], D, vs.of_head(v, bh, heads), v_row, first_key, S::kBlockRows, len_k);
 
     float dk[S::kRows][S::kCols], dv[S::kRows][S::kCols];
     for (int r = 0; r < S::kRows; ++r)
@@ -174,12 +205,12 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
     const bool any_key = first_key < P.visible_keys(bh);
     for (int tile = any_key ? query_start : len_q; tile < len_q; tile += kKeys) {
         __syncthreads();
-        load_rows<T, D>(&q_tile[0][0], D + 1, q + q_base * D, tile, kKeys, len_q);
-        load_rows<T, D>(&go_tile[0][0], D + 1, grad_o + q_base * D, tile, kKeys, len_q);
+        load_rows<T, D>(&q_tile[0][0], D + 1, qb, q_row, tile, kKeys, len_q);
+        load_rows<T, D>(&go_tile[0][0], D + 1, gob, o_row, tile, kKeys, len_q);
         if (threadIdx.x < kKeys) {
             const int i = tile + threadIdx.x;
             lse_tile[threadIdx.x] = i < len_q ? lse[q_base + i] : 0.0f;
-            delta_tile[threadIdx.x] = i < len_q ? delta[q_base + i] : 0.0f;
+            delta_tile[threadIdx.x] = i < len_q ? delta[(delta_base + (long long)i * o_row) / D] : 0.0f;
         }
         __syncthreads();
         const int i = tile + lane;
@@ -207,9 +238,11 @@ __global__ void attention_backward_kv(const T* __restrict__ q, const T* __restri
     for (int r = 0; r < S::kRows; ++r) {
         const int j = first_key + warp * S::kRows + r;
         if (j >= len_k) continue;
+        T* gk = gks.of_head(grad_k, bh, heads) + (long long)j * gk_row;
+        T* gv = gvs.of_head(grad_v, bh, heads) + (long long)j * gv_row;
         for (int c = 0; c < S::kCols; ++c) {
-            grad_k[(k_base + j) * D + lane + kWarp * c] = tf::from_float<T>(dk[r][c] * scale);
-            grad_v[(k_base + j) * D + lane + kWarp * c] = tf::from_float<T>(dv[r][c]);
+            gk[lane + kWarp * c] = tf::from_float<T>(dk[r][c] * scale);
+            gv[lane + kWarp * c] = tf::from_float<T>(dv[r][c]);
         }
     }
 }
@@ -220,7 +253,11 @@ template <typename T, int HEAD_DIM, int ROWS_PER_WARP>
 __global__ void attention_backward_q(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                      const T* __restrict__ grad_o, const float* __restrict__ lse,
                                      const float* __restrict__ delta, T* __restrict__ grad_q,
-                                     const int* __restrict__ key_lengths, int heads, int len_q, int len_k, int causal,
+                                     const int* __restrict__ key_lengths, long long q_batch, long long q_head,
+                                     long long q_row, long long k_batch, long long k_head, long long k_row,
+                                     long long v_batch, long long v_head, long long v_row, long long o_batch,
+                                     long long o_head, long long o_row, long long gq_batch, long long gq_head,
+                                     long long gq_row, int heads, int len_q, int len_k, int causal,
                                      float scale, float dropout_p, unsigned long long seed,
                                      const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
     using namespace tf_attention;
@@ -234,23 +271,28 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
                        tf::resolve_seed(seed, seed_ptr), offset};
     const int bh = blockIdx.x, first_row = blockIdx.y * S::kBlockRows;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const long long q_base = (long long)bh * len_q, k_base = (long long)bh * len_k;
+    const long long q_base = (long long)bh * len_q;
+    const Strides qs = {q_batch, q_head, q_row}, ks = {k_batch, k_head, k_row}, vs = {v_batch, v_head, v_row};
+    const Strides os = {o_batch, o_head, o_row}, gqs = {gq_batch, gq_head, gq_row};
+    const T* kb = ks.of_head(k, bh, heads);
+    const T* vb = vs.of_head(v, bh, heads);
+    const long long delta_base = os.offset(bh, heads);  // where o's head starts: delta's rows follow o's
 
-    load_rows<T, D>(&q_rows[0][0], D, q + q_base * D, first_row, S::kBlockRows, len_q);
-    load_rows<T, D>(&go_rows[0][0], D, grad_o + q_base * D, first_row, S::kBlockRows, len_q);
+    load_rows<T, D>(&q_rows[0][0], D, qs.of_head(q, bh, heads), q_row, first_row, S::kBlockRows, len_q);
+    load_rows<T, D>(&go_rows[0][0], D, os.of_head(grad_o, bh, heads), o_row, first_row, S::kBlockRows, len_q);
     float row_lse[S::kRows], row_delta[S::kRows], dq[S::kRows][S::kCols];
     for (int r = 0; r < S::kRows; ++r) {
         const int i = first_row + warp * S::kRows + r;
         row_lse[r] = i < len_q ? lse[q_base + i] : 0.0f;
-        row_delta[r] = i < len_q ? delta[q_base + i] : 0.0f;
+        row_delta[r] = i < len_q ? delta[(delta_base + (long long)i * o_row) / D] : 0.0f;
         for (int c = 0; c < S::kCols; ++c) dq[r][c] = 0.0f;
     }
     const int key_end = P.key_end(bh, first_row, S::kBlockRows);
 
     for (int tile = 0; tile < key_end; tile += kKeys) {
         __syncthreads();
-        load_rows<T, D>(&k_tile[0][0], D + 1, k + k_base * D, tile, kKeys, len_k);
-        load_rows<T, D>(&v_tile[0][0], D + 1, v + k_base * D, tile, kKeys, len_k);
+        load_rows<T, D>(&k_tile[0][0], D + 1, kb, k_row, tile, kKeys, len_k);
+        load_rows<T, D>(&v_tile[0][0], D + 1, vb, v_row, tile, kKeys, len_k);
         __syncthreads();
         const int j = tile + lane;
         for (int r = 0; r < S::kRows; ++r) {
@@ -270,7 +312,7 @@ __global__ void attention_backward_q(const T* __restrict__ q, const T* __restric
     for (int r = 0; r < S::kRows; ++r) {
         const int i = first_row + warp * S::kRows + r;
         if (i >= len_q) continue;
-        for (int c = 0; c < S::kCols; ++c)
-            grad_q[(q_base + i) * D + lane + kWarp * c] = tf::from_float<T>(dq[r][c] * scale);
+        T* gq = gqs.of_head(grad_q, bh, heads) + (long long)i * gq_row;
+        for (int c = 0; c < S::kCols; ++c) gq[lane + kWarp * c] = tf::from_float<T>(dq[r][c] * scale);
     }
 }

@@ -14,6 +14,7 @@ import math
 
 import numpy
 
+from .. import backend
 from . import launch, registry
 from .arguments import array_module, contiguous, element_dtype, f32, i32, pointer, seed_arguments
 
@@ -69,54 +70,120 @@ def _cost(products, q, k, causal, arrays, compute):
 
 def attention_forward(q, k, v, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
                       dtype=None):
-    """Fused attention on (batch·heads, len, head_dim) arrays; returns (o, lse)."""
+    """Fused attention on (batch·heads, len, head_dim) arrays; returns (o, lse), o of q's shape."""
     _check_inputs(q, k, v, split_heads=False)
     q, k, v = contiguous(q, k, v)
-    name = element_dtype(q, dtype)
-    xp = array_module(q)
-    bh, len_q, dim = q.shape
-    len_k = k.shape[1]
-    scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    o = xp.empty_like(q)
-    lse = xp.empty((bh, len_q), dtype=numpy.float32)
-    lengths = _key_lengths_argument(key_lengths, bh // heads, xp)
-    if bh and len_q:
-        rows = registry.attention_rows_per_block(dim)
-        launch.launch("attention_forward", name, (bh, math.ceil(len_q / rows)), (registry.attention_threads(),),
-                      (q, k, v, o, lse, lengths, i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale),
-                       f32(dropout_p), *seed_arguments(seed, q), numpy.uint64(offset)), head_dim=dim,
-                      cost=_cost(2, q, k, causal, (q, k, v, o, lse), "fp32"))
+    o = array_module(q).empty_like(q)
+    lse = _forward(*(_by_heads(a, heads) for a in (q, k, v, o)), key_lengths, causal, scale, dropout_p, seed, offset,
+                   element_dtype(q, dtype))
     return o, lse
+
+
+def attention_heads_forward(q, k, v, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                            dtype=None):
+    """Fused attention on CUDA cores for q, k, v of shape (batch, heads, len, head_dim) with any
+    strides whose head dimension is contiguous (the views a head split by reshape and transpose
+    makes, read where they are). Returns (o, lse): o (batch, heads, len_q, head_dim) as a view of a
+    (batch, len_q, heads, head_dim) array (the output projection's layout), lse (batch·heads, len_q)."""
+    _check_inputs(q, k, v, split_heads=True)
+    q, k, v = (_rows_contiguous(a) for a in (q, k, v))
+    batch, heads, len_q, dim = q.shape
+    o = _projection_empty(array_module(q), batch, heads, len_q, dim, q.dtype)
+    return o, _forward(q, k, v, o, key_lengths, causal, scale, dropout_p, seed, offset, element_dtype(q, dtype))
+
+
+def _by_heads(array, heads):
+    """A (batch·heads, len, d) array as its (batch, heads, len, d) view."""
+    return array.reshape(array.shape[0] // heads, heads, *array.shape[1:])
+
+
+def _rows_contiguous(array):
+    """``array`` (batch, heads, len, d) itself when its head dimension is contiguous, else in the projection layout."""
+    return array if array.strides[3] == array.itemsize or array.shape[3] == 1 else projection_layout(array)
+
+
+def _strides(array):
+    """The (batch, head, row) strides in elements of a (batch, heads, len, d) view, as the kernels take them."""
+    return [numpy.int64(s // array.itemsize) for s in array.strides[:3]]
+
+
+def _forward(q, k, v, o, key_lengths, causal, scale, dropout_p, seed, offset, name):
+    """attention.cu's forward on (batch, heads, len, d) views, o written where its view says; returns lse."""
+    xp = array_module(q)
+    batch, heads, len_q, dim = q.shape
+    len_k = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    lse = xp.empty((batch * heads, len_q), dtype=numpy.float32)
+    lengths = _key_lengths_argument(key_lengths, batch, xp)
+    if batch * heads and len_q:
+        rows = registry.attention_rows_per_block(dim)
+        launch.launch("attention_forward", name, (batch * heads, math.ceil(len_q / rows)),
+                      (registry.attention_threads(),),
+                      (*(numpy.uint64(pointer(a)) for a in (q, k, v, o)), lse, lengths,
+                       *_strides(q), *_strides(k), *_strides(v), *_strides(o), i32(heads), i32(len_q), i32(len_k),
+                       i32(causal), f32(scale), f32(dropout_p), *seed_arguments(seed, q), numpy.uint64(offset)),
+                      head_dim=dim, cost=_cost(2, q, k, causal, (q, k, v, o, lse), "fp32"))
+    return lse
 
 
 def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
                        seed=0, offset=0, dtype=None):
-    """Returns (grad_q, grad_k, grad_v), recomputing the probabilities from ``lse``."""
+    """Returns (grad_q, grad_k, grad_v) of (batch·heads, len, head_dim) arrays, recomputing the
+    probabilities from ``lse``."""
     _check_inputs(q, k, v, split_heads=False)
     q, k, v, o, grad_o = contiguous(q, k, v, o, grad_o)
-    name = element_dtype(q, dtype)
     xp = array_module(q)
-    bh, len_q, dim = q.shape
-    len_k = k.shape[1]
-    scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    lengths = _key_lengths_argument(key_lengths, bh // heads, xp)
-    grad_q, grad_k, grad_v = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
-    delta = xp.empty((bh, len_q), dtype=numpy.float32)
-    rows, threads = registry.attention_rows_per_block(dim), registry.attention_threads()
-    tail = (lengths, i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale), f32(dropout_p),
-            *seed_arguments(seed, q), numpy.uint64(offset))
-    if bh and len_q:
-        delta_blocks = math.ceil(bh * len_q / registry.ATTENTION_WARPS)  # one warp per row
-        launch.launch("attention_backward_delta", name, (delta_blocks,), (threads,),
-                      (o, grad_o, delta, numpy.int64(bh * len_q)), head_dim=dim)
-        launch.launch("attention_backward_q", name, (bh, math.ceil(len_q / rows)), (threads,),
-                      (q, k, v, grad_o, lse, delta, grad_q, *tail), head_dim=dim,
-                      cost=_cost(3, q, k, causal, (q, k, v, grad_o, lse, delta, grad_q), "fp32"))
-    if bh and len_k:
-        launch.launch("attention_backward_kv", name, (bh, math.ceil(len_k / rows)), (threads,),
-                      (q, k, v, grad_o, lse, delta, grad_k, grad_v, *tail), head_dim=dim,
-                      cost=_cost(4, q, k, causal, (q, k, v, grad_o, lse, delta, grad_k, grad_v), "fp32"))
+    grads = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+    _backward(*(_by_heads(a, heads) for a in (q, k, v, o, grad_o)), lse, *(_by_heads(g, heads) for g in grads),
+              key_lengths, causal, scale, dropout_p, seed, offset, element_dtype(q, dtype))
+    return grads
+
+
+def attention_heads_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                             seed=0, offset=0, dtype=None):
+    """(grad_q, grad_k, grad_v) of ``attention_heads_forward``, each (batch, heads, len, head_dim) as a
+    view of a (batch, len, heads, head_dim) array; ``grad_o`` is copied to o's layout if it is not in it."""
+    _check_inputs(q, k, v, split_heads=True)
+    q, k, v = (_rows_contiguous(a) for a in (q, k, v))
+    o, grad_o = projection_layout(o), projection_layout(grad_o.astype(q.dtype, copy=False))
+    xp = array_module(q)
+    batch, heads, len_q, dim = q.shape
+    grad_q = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
+    grad_k, grad_v = (_projection_empty(xp, batch, heads, k.shape[2], dim, q.dtype) for _ in range(2))
+    _backward(q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v, key_lengths, causal, scale, dropout_p, seed, offset,
+              element_dtype(q, dtype))
     return grad_q, grad_k, grad_v
+
+
+def _backward(q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v, key_lengths, causal, scale, dropout_p, seed, offset,
+              name):
+    """attention.cu's backward on (batch, heads, len, d) views; o and grad_o views of one contiguous
+    layout (delta follows o's rows), the gradients written where their views say."""
+    xp = array_module(q)
+    batch, heads, len_q, dim = q.shape
+    len_k = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    lengths = _key_lengths_argument(key_lengths, batch, xp)
+    delta = xp.empty(batch * heads * len_q, dtype=numpy.float32)  # by o's rows
+    rows, threads = registry.attention_rows_per_block(dim), registry.attention_threads()
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o))
+    tail = (i32(heads), i32(len_q), i32(len_k), i32(causal), f32(scale), f32(dropout_p), *seed_arguments(seed, q),
+            numpy.uint64(offset))
+    operands = tuple(numpy.uint64(pointer(a)) for a in (q, k, v, grad_o))
+    if batch * heads and len_q:
+        delta_blocks = math.ceil(delta.size / registry.ATTENTION_WARPS)  # one warp per row
+        launch.launch("attention_backward_delta", name, (delta_blocks,), (threads,),
+                      (numpy.uint64(pointer(o)), numpy.uint64(pointer(grad_o)), delta, numpy.int64(delta.size)),
+                      head_dim=dim)
+        launch.launch("attention_backward_q", name, (batch * heads, math.ceil(len_q / rows)), (threads,),
+                      (*operands, lse, delta, numpy.uint64(pointer(grad_q)), lengths, *strides, *_strides(grad_q),
+                       *tail), head_dim=dim,
+                      cost=_cost(3, q, k, causal, (q, k, v, grad_o, lse, delta, grad_q), "fp32"))
+    if batch * heads and len_k:
+        launch.launch("attention_backward_kv", name, (batch * heads, math.ceil(len_k / rows)), (threads,),
+                      (*operands, lse, delta, numpy.uint64(pointer(grad_k)), numpy.uint64(pointer(grad_v)), lengths,
+                       *strides, *_strides(grad_k), *_strides(grad_v), *tail), head_dim=dim,
+                      cost=_cost(4, q, k, causal, (q, k, v, grad_o, lse, delta, grad_k, grad_v), "fp32"))
 
 
 # ------------------------------------------------------------------------ tensor cores: attention_mma.cu
@@ -135,7 +202,10 @@ def projection_layout(array):
     when it is one, else a copy."""
     xp = array_module(array)
     merged = array.transpose(0, 2, 1, 3)
-    return array if merged.flags.c_contiguous else xp.ascontiguousarray(merged).transpose(0, 2, 1, 3)
+    if merged.flags.c_contiguous:
+        return array
+    backend.note_launch("copy (to C order)", bytes=2 * array.nbytes)
+    return xp.ascontiguousarray(merged).transpose(0, 2, 1, 3)
 
 
 def _strided(array):
