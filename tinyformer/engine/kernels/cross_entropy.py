@@ -2,7 +2,7 @@
 block per row of logits.
 
 Reference: ``functional.CrossEntropy``. Per-row results (loss, NLL, log-sum-exp) are float32
-whatever the logits' element type. ``cross_entropy_forward_reduced`` has the same launch sum the
+whatever the logits' element type. ``cross_entropy_forward_reduced`` makes the same launch sum the
 rows too ("sum" or "mean", the count of kept rows on the device: no host read), in a fixed order
 (its last block, counted in a per-device, per-stream block counter that the kernel sets back to 0);
 ``cross_entropy_backward`` reads the upstream gradients as they come (per row, or one device value
