@@ -12,7 +12,11 @@ CuPy's own and are not seen by the engine; the graph's node count (kernel, memse
 is the whole.
 
 The count depends on the model's structure and the precision, not on the batch: a small batch
-(``--tokens``, default 128) keeps the emulated kernels' time short.
+(``--tokens``, default 128) keeps the emulated kernels' time short. ``--cost-model`` predicts the
+step at ``--cost-tokens`` (default 4,096, the step of ``bench_step``) without emulating it: every
+launch's bytes and FLOPs are affine in the batch's rows at a fixed padded length, so the step is
+counted at two batch sizes and each launch extrapolated exactly to the rows of the large batch
+(``extrapolated``; tests/test_kernels_launch_count.py checks it against a third count).
 
     python benchmarks/launch_count.py [--preset small,base] [--precision fp32,bf16] [--markdown]
     python benchmarks/launch_count.py --device cuda ...
@@ -30,6 +34,7 @@ import tinyformer  # noqa: F401  first: its OpenBLAS setting must precede NumPy
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 import bench_step  # noqa: E402
+from tinyformer.engine import backend  # noqa: E402
 import provenance  # noqa: E402
 
 #: public datasheet peaks (dense): memory bandwidth in bytes/s, FLOP/s by ``Launch.compute``
@@ -86,6 +91,17 @@ def count(preset, precision, args, batch):
     return launches, nodes, time.perf_counter() - start
 
 
+def extrapolated(small, large, rows_small, rows_large, rows):
+    """The launches of a step of ``rows`` rows from those of steps of ``rows_small`` and ``rows_large``
+    rows (same padded length): the same sequence, each launch's bytes and FLOPs on the line through
+    its two counts (exact: both are affine in the rows, the parameters' share the constant)."""
+    if [launch.family for launch in small] != [launch.family for launch in large]:
+        raise SystemExit("launch_count: the launch sequence differs between the two batch sizes")
+    ratio = (rows - rows_small) / (rows_large - rows_small)
+    return [backend.Launch(a.family, round(a.bytes + (b.bytes - a.bytes) * ratio),
+                           round(a.flops + (b.flops - a.flops) * ratio), a.compute) for a, b in zip(small, large)]
+
+
 def predicted_seconds(launch, gpu, floor):
     """One launch's time on ``gpu``: its bytes at peak bandwidth or its FLOPs at the peak of its
     compute, whichever is longer (a roofline), and never under ``floor`` seconds."""
@@ -139,6 +155,8 @@ def main(argv=None):
     parser.add_argument("--families", action="store_true", help="also list every family's count")
     parser.add_argument("--cost-model", metavar="GPU", help="predict the step's time on these GPUs (comma-separated: "
                         + ", ".join(GPUS) + ") from each launch's bytes and FLOPs and a per-launch floor")
+    parser.add_argument("--cost-tokens", type=int, default=4096, help="target tokens of the step --cost-model "
+                        "predicts (default 4096), extrapolated from counts at --tokens and twice that")
     parser.add_argument("--floor-us", type=float, default=3.0, help="the per-launch floor of --cost-model in "
                         "microseconds (default 3: a guess until a GPU measures it)")
     args = parser.parse_args(argv)
@@ -149,7 +167,10 @@ def main(argv=None):
     if args.floor_us < 0:
         parser.error("--floor-us must be >= 0")
     batch = bench_step.make_batch(args.tokens, args.length, args.vocab, args.seed)
-    rows, families = [], collections.defaultdict(dict)
+    if gpus:
+        larger = bench_step.make_batch(2 * args.tokens, args.length, args.vocab, args.seed)
+        target_rows = bench_step.make_batch(args.cost_tokens, args.length, args.vocab, args.seed)["src"].shape[0]
+    rows, families, costs = [], collections.defaultdict(dict), {}
     device = "the CPU (emulated capture and kernels)"
     if args.device == "cuda":
         import cupy
@@ -162,6 +183,11 @@ def main(argv=None):
         for precision in args.precision.split(","):
             launches, nodes, seconds = count(preset, precision, args, batch)
             rows.append((preset, precision, launches, nodes))
+            if gpus:
+                twice, _, more = count(preset, precision, args, larger)
+                costs[preset, precision] = extrapolated(launches.records, twice.records, batch["src"].shape[0],
+                                                        larger["src"].shape[0], target_rows)
+                seconds += more
             families[f"{preset} {precision}"] = launches
             print(f"{preset} {precision}: {sum(launches.values())} launches counted ({seconds:.0f} s)", flush=True)
     print()
@@ -169,11 +195,12 @@ def main(argv=None):
     for gpu in gpus:
         for preset, precision, launches, _ in rows:
             print()
-            print(f"{preset} {precision}, predicted on {GPUS[gpu]['name']} ({GPUS[gpu]['bandwidth'] / 1e12:g} TB/s, "
+            print(f"{preset} {precision} at {args.cost_tokens:,} target tokens ({target_rows} rows x {args.length}), "
+                  f"predicted on {GPUS[gpu]['name']} ({GPUS[gpu]['bandwidth'] / 1e12:g} TB/s, "
                   f"{GPUS[gpu][precision == 'fp32' and 'fp32' or 'tensor'] / 1e12:g} TFLOP/s for its products, "
                   f"{args.floor_us:g} µs a launch at least):")
             print()
-            print("\n".join(cost_table(launches.records, gpu, args.floor_us * 1e-6)))
+            print("\n".join(cost_table(costs[preset, precision], gpu, args.floor_us * 1e-6)))
     if args.families:
         names = sorted({f for launches in families.values() for f in launches})
         print()

@@ -58,3 +58,30 @@ def test_the_functional_op_launches_no_copy_on_the_cuda_core_path(monkeypatch):
         merged.backward(Tensor(rand(rng, *merged.shape)))
     assert not [family for family in launches if "copy" in family], dict(launches)
     assert launches["attention_forward"] == launches["attention_backward_q"] == 1
+
+
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["cuda cores", "tensor cores"])
+def test_gradients_lie_side_by_side_where_q_k_and_v_did(tensor_cores):
+    """Q, K, V from one product (column blocks of one buffer): dQ, dK, dV come back as the column
+    blocks of one buffer too, which ``F.linear_parts`` reads as one matrix (no copy); the values are
+    those of q, k, v each in its own memory. K and V alone (attention over a memory) likewise."""
+    rng = np.random.default_rng(2)
+    dtype = np.float16 if tensor_cores else np.float32
+    forward, backward = ((attention_kernel.attention_mma_forward, attention_kernel.attention_mma_backward)
+                         if tensor_cores else
+                         (attention_kernel.attention_heads_forward, attention_kernel.attention_heads_backward))
+    for parts in (3, 2):
+        joint = rand(rng, BATCH, LEN_Q, parts * HEADS * DIM).astype(dtype)  # one product's output
+        views = [joint[:, :, i * HEADS * DIM:(i + 1) * HEADS * DIM].reshape(BATCH, LEN_Q, HEADS, DIM)
+                 .transpose(0, 2, 1, 3) for i in range(parts)]
+        q = views[0] if parts == 3 else rand(rng, BATCH, HEADS, LEN_Q, DIM).astype(dtype)
+        k, v = views[-2:]
+        g = rand(rng, BATCH, LEN_Q, HEADS, DIM).astype(dtype).transpose(0, 2, 1, 3)
+        o, lse = forward(q, k, v, causal=True)
+        grads = backward(q, k, v, o, lse, g, causal=True)
+        rows = [grad.transpose(0, 2, 1, 3).reshape(BATCH * LEN_Q, HEADS * DIM) for grad in grads[3 - parts:]]
+        assert backend.side_by_side(rows) is not None
+        apart = [np.ascontiguousarray(a.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for a in (q, k, v)]
+        o_apart, lse_apart = forward(*apart, causal=True)
+        for grad, grad_apart in zip(grads, backward(*apart, o_apart, lse_apart, g, causal=True)):
+            np.testing.assert_array_equal(grad, grad_apart)

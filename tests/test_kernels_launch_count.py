@@ -230,3 +230,16 @@ def test_the_cost_model_takes_the_longer_of_bytes_and_flops_and_never_less_than_
     assert model.predicted_seconds(backend.Launch("tiny", bytes=8), "H200", 3e-6) == 3e-6
     rows = model.cost_table([moving, computing, backend.Launch("array op: add", bytes=8)], "H200", 3e-6)
     assert rows[-1].startswith("| **step** | 3 |") and "1.013" in rows[-1]
+
+
+def test_the_cost_model_extrapolates_a_large_step_exactly_from_two_small_ones():
+    """Every launch's bytes and FLOPs are affine in the batch's rows (padded length fixed): the
+    launches counted at 2 and 4 rows, extrapolated to 8, are the launches counted at 8."""
+    from scripts import load_script
+
+    model = load_script("benchmarks/launch_count.py")
+    counted = {tokens: captured_step_launches(tokens=tokens)[1].records for tokens in (16, 32, 64)}
+    predicted = model.extrapolated(counted[16], counted[32], 2, 4, 8)
+    assert [(p.family, p.bytes, p.flops, p.compute) for p in predicted] == \
+        [(c.family, c.bytes, c.flops, c.compute) for c in counted[64]]
+    assert sum(p.bytes for p in predicted) > sum(c.bytes for c in counted[32])

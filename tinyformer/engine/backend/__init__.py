@@ -22,7 +22,7 @@ A setting lives in its module, which reads it there: change it there
 """
 
 from .allocator import keep_freed_memory
-from .back_to_back import address, back_to_back, pack_back_to_back, root_buffer
+from .back_to_back import address, back_to_back, pack_back_to_back, root_buffer, side_by_side
 from .capture import (CaptureUnavailable, Launch, LaunchCounts, captured_memory, capturing, check_not_capturing,
                       counting_launches, is_capturing, is_counting_launches, note_launch)
 from .cuda_graphs import GraphCapture, graph_nodes
@@ -54,7 +54,7 @@ __all__ = [
     "capturing", "is_capturing", "captured_memory", "check_not_capturing", "CaptureUnavailable", "GraphCapture",
     "counting_launches", "is_counting_launches", "note_launch", "Launch", "LaunchCounts", "graph_nodes",
     # back_to_back
-    "pack_back_to_back", "back_to_back", "address", "root_buffer",
+    "pack_back_to_back", "back_to_back", "side_by_side", "address", "root_buffer",
 ]
 
 

@@ -6,7 +6,7 @@ import numpy
 
 from .devices import get_array_module
 
-__all__ = ["pack_back_to_back", "back_to_back", "address", "root_buffer"]
+__all__ = ["pack_back_to_back", "back_to_back", "side_by_side", "address", "root_buffer"]
 
 
 def address(array):
@@ -62,3 +62,30 @@ def back_to_back(arrays):
     if type(joined) is not type(first) and isinstance(first, numpy.ndarray):
         joined = joined.view(type(first))  # an array of a subclass stays one (a capture's memory type)
     return joined
+
+
+def side_by_side(blocks):
+    """The single 2-D array (rows, Σ nᵢ) whose column blocks are the 2-D ``blocks`` (rows, nᵢ), in
+    order, when they already are that (a view: no copy), else None: the gradients of the parts of
+    one product where the op after it wrote them side by side (attention's dQ, dK, dV)."""
+    first = blocks[0]
+    rows, item = first.shape[0], first.itemsize
+    total = sum(b.shape[1] for b in blocks) if all(b.ndim == 2 for b in blocks) else -1
+    if total <= 0 or any(b.shape[0] != rows or b.dtype != first.dtype or (b.shape[1] > 1 and b.strides[1] != item)
+                         or (rows > 1 and b.strides[0] != total * item) for b in blocks):
+        return None
+    root, expected = root_buffer(first), address(first)
+    for b in blocks:
+        if root_buffer(b) is not root or address(b) != expected:
+            return None
+        expected += b.shape[1] * item
+    strided = numpy.lib.stride_tricks.as_strided if isinstance(first, numpy.ndarray) else _cupy_as_strided
+    joined = strided(first, shape=(rows, total), strides=(total * item, item), **(
+        {"subok": True} if isinstance(first, numpy.ndarray) else {}))
+    return joined
+
+
+def _cupy_as_strided(array, shape, strides):
+    from cupy.lib.stride_tricks import as_strided
+
+    return as_strided(array, shape=shape, strides=strides)

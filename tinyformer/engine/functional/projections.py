@@ -10,9 +10,13 @@ _xp = backend.get_array_module
 
 
 def _side_by_side(blocks):
-    """The 2-D ``blocks`` (rows, nᵢ) as one (rows, Σ nᵢ) array: one copy kernel on a GPU, counted
-    (``backend.note_launch``) where the memory is not CuPy's, as a capture on other memory counts
-    the array operations CuPy would launch."""
+    """The 2-D ``blocks`` (rows, nᵢ) as one (rows, Σ nᵢ) array: a view where they already lie so
+    (attention's backward writes dQ, dK and dV side by side when Q, K and V came so), else one copy
+    kernel on a GPU, counted (``backend.note_launch``) where the memory is not CuPy's, as a capture
+    on other memory counts the array operations CuPy would launch."""
+    joined = backend.side_by_side(blocks)
+    if joined is not None:
+        return joined
     if backend.is_counting_launches() and not backend.is_cupy_array(blocks[0]):
         backend.note_launch("array op: concatenate", bytes=2 * sum(b.nbytes for b in blocks))
     return backend.captured_memory(_xp(blocks[0]).concatenate(blocks, axis=1))

@@ -142,14 +142,12 @@ def attention_backward(q, k, v, o, lse, grad_o, heads, key_lengths=None, causal=
 def attention_heads_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
                              seed=0, offset=0, dtype=None):
     """(grad_q, grad_k, grad_v) of ``attention_heads_forward``, each (batch, heads, len, head_dim) as a
-    view of a (batch, len, heads, head_dim) array; ``grad_o`` is copied to o's layout if it is not in it."""
+    view of a (batch, len, heads, head_dim) array, or side by side as q, k and v are
+    (``gradient_buffers``); ``grad_o`` is copied to o's layout if it is not in it."""
     _check_inputs(q, k, v, split_heads=True)
     q, k, v = (_rows_contiguous(a) for a in (q, k, v))
     o, grad_o = projection_layout(o), projection_layout(grad_o.astype(q.dtype, copy=False))
-    xp = array_module(q)
-    batch, heads, len_q, dim = q.shape
-    grad_q = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
-    grad_k, grad_v = (_projection_empty(xp, batch, heads, k.shape[2], dim, q.dtype) for _ in range(2))
+    grad_q, grad_k, grad_v = gradient_buffers(q, k, v)
     _backward(q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v, key_lengths, causal, scale, dropout_p, seed, offset,
               element_dtype(q, dtype))
     return grad_q, grad_k, grad_v
@@ -221,6 +219,44 @@ def _projection_empty(xp, batch, heads, length, dim, dtype):
     return xp.empty((batch, length, heads, dim), dtype=dtype).transpose(0, 2, 1, 3)
 
 
+def _side_by_side(arrays):
+    """Whether (batch, heads, len, d) views are the column blocks, in order, of one (batch, len,
+    n·heads·d) product (``F.linear_parts``' Q, K and V, or K and V)."""
+    first = arrays[0]
+    batch, heads, length, dim = first.shape
+    item, width = first.itemsize, len(arrays) * heads * dim
+    if first.strides != (length * width * item, dim * item, width * item, item):
+        return False
+    return all(a.shape == first.shape and a.dtype == first.dtype and a.strides == first.strides
+               and pointer(a) == pointer(first) + i * heads * dim * item for i, a in enumerate(arrays))
+
+
+def gradient_buffers(q, k, v):
+    """Empty (grad_q, grad_k, grad_v) laid out as q, k and v are: side by side in one buffer where they
+    are (so that the product that made them reads their gradients as one matrix, no copy), else each
+    in the projection layout."""
+    xp = array_module(q)
+
+    def side_by_side(arrays):
+        batch, heads, length, dim = arrays[0].shape
+        joint = xp.empty((batch, length, len(arrays) * heads * dim), dtype=arrays[0].dtype)
+        return [joint[:, :, i * heads * dim:(i + 1) * heads * dim].reshape(batch, length, heads, dim)
+                .transpose(0, 2, 1, 3) for i in range(len(arrays))]
+
+    if _side_by_side([q, k, v]):
+        return tuple(side_by_side([q, k, v]))
+    batch, heads, len_q, dim = q.shape
+    grad_q = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
+    if _side_by_side([k, v]):
+        return (grad_q, *side_by_side([k, v]))
+    return (grad_q, *(_projection_empty(xp, batch, heads, k.shape[2], dim, q.dtype) for _ in range(2)))
+
+
+def _row_stride(array):
+    """The elements between one position's row of a (batch, heads, len, d) gradient view and the next."""
+    return numpy.int64(array.strides[2] // array.itemsize)
+
+
 def attention_mma_forward(q, k, v, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
                           dtype=None):
     """Fused attention on tensor cores (attention_mma.cu) for float16 or bfloat16 q, k, v of shape
@@ -253,8 +289,9 @@ def attention_mma_forward(q, k, v, key_lengths=None, causal=False, scale=None, d
 def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
                            seed=0, offset=0, dtype=None):
     """Returns (grad_q, grad_k, grad_v) of ``attention_mma_forward``, each (batch, heads, len, head_dim)
-    as a view of a (batch, len, heads, head_dim) array; ``grad_o`` is copied to that layout if it is
-    not in it (``o`` is, as the forward returns it)."""
+    as a view of a (batch, len, heads, head_dim) array, or side by side as q, k and v are
+    (``gradient_buffers``); ``grad_o`` is copied to o's layout if it is not in it (``o`` is, as the
+    forward returns it)."""
     _check_inputs(q, k, v, split_heads=True)
     name = element_dtype(q, dtype)
     xp = array_module(q)
@@ -263,8 +300,7 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     lengths = _key_lengths_argument(key_lengths, batch, xp)
     o, grad_o = projection_layout(o), projection_layout(grad_o.astype(q.dtype, copy=False))
-    grad_q = _projection_empty(xp, batch, heads, len_q, dim, q.dtype)
-    grad_k, grad_v = (_projection_empty(xp, batch, heads, len_k, dim, q.dtype) for _ in range(2))
+    grad_q, grad_k, grad_v = gradient_buffers(q, k, v)
     if not batch * heads:
         return grad_q, grad_k, grad_v
     (q, q_args), (k, k_args), (v, v_args) = _strided(q), _strided(k), _strided(v)
@@ -282,14 +318,16 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
                       head_dim=dim)
         kernel = "attention_mma_backward_q"
         launch.launch(kernel, name, (batch * heads, math.ceil(len_q / rows)), threads,
-                      (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_q.transpose(0, 2, 1, 3), lengths,
-                       *strides, *tail), head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim),
+                      (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, numpy.uint64(pointer(grad_q)), lengths,
+                       *strides, _row_stride(grad_q), *tail), head_dim=dim,
+                      shared_mem=registry.mma_attention_shared_bytes(kernel, dim),
                       cost=_cost(3, q, k, causal, (q, k, v, grad_o, lse, delta, grad_q), "tensor"))
     if len_k:
         kernel = "attention_mma_backward_kv"
         launch.launch(kernel, name, (batch * heads, math.ceil(len_k / rows)), threads,
-                      (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, grad_k.transpose(0, 2, 1, 3),
-                       grad_v.transpose(0, 2, 1, 3), lengths, *strides, *tail),
+                      (q_args[0], k_args[0], v_args[0], grad_rows, lse, delta, numpy.uint64(pointer(grad_k)),
+                       numpy.uint64(pointer(grad_v)), lengths, *strides, _row_stride(grad_k), _row_stride(grad_v),
+                       *tail),
                       head_dim=dim, shared_mem=registry.mma_attention_shared_bytes(kernel, dim),
                       cost=_cost(4, q, k, causal, (q, k, v, grad_o, lse, delta, grad_k, grad_v), "tensor"))
     return grad_q, grad_k, grad_v

@@ -5,8 +5,10 @@
 // Layout. q, k, v are read where the projections left them: element (b, h, i, d) at
 // b·batch + h·head + i·row + d (strides in elements, the head dimension contiguous; every
 // stride a multiple of 8 and the pointers 16-byte aligned, for 16-byte copies). o, grad_o,
-// grad_q, grad_k and grad_v are (batch, len, heads, D) contiguous, the layout the output
-// projection reads (and its backward writes), so no head split or merge is copied. lse is
+// grad_q, grad_k and grad_v are (batch, len, heads, D) with rows gq_row, gk_row, gv_row elements
+// apart (heads·D: contiguous, the layout the output projection reads and its backward writes; a
+// multiple of it where the gradients lie side by side in one buffer, as Q, K and V did in one
+// product), so no head split or merge is copied. lse is
 // (batch·heads, len_q), natural log; delta (from attention_backward_delta over the rows of o
 // and grad_o) is indexed by those rows, (b·len_q + i)·heads + h.
 //
@@ -316,9 +318,10 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
                          const T* __restrict__ grad_o, const float* __restrict__ lse,
                          const float* __restrict__ delta, T* __restrict__ grad_q, const int* __restrict__ key_lengths,
                          long long q_batch, long long q_head, long long q_row, long long k_batch, long long k_head,
-                         long long k_row, long long v_batch, long long v_head, long long v_row, int heads,
-                         int len_q, int len_k, int causal, float scale, float dropout_p, unsigned long long seed,
-                         const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
+                         long long k_row, long long v_batch, long long v_head, long long v_row, long long gq_row,
+                         int heads, int len_q, int len_k, int causal, float scale, float dropout_p,
+                         unsigned long long seed, const unsigned long long* __restrict__ seed_ptr,
+                         unsigned long long offset) {
     using namespace tf_mma_attention;
     constexpr int D = HEAD_DIM, kTile = kStride<D> * TILE;
     TF_DYNAMIC_SHARED(shared);
@@ -375,7 +378,7 @@ attention_mma_backward_q(const T* __restrict__ q, const T* __restrict__ k, const
     }
     tf::cp_async_wait_all();
     const float factor[2] = {scale, scale};
-    store_rows<T, D>(grad_q + canonical, canonical_row, dq, row0, len_q, factor, l);
+    store_rows<T, D>(grad_q + (long long)b * len_q * gq_row + (long long)h * D, gq_row, dq, row0, len_q, factor, l);
 }
 
 // dK and dV for a block of keys, streaming query tiles (key blocks outer, as FlashAttention-2):
@@ -389,9 +392,9 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
                           const float* __restrict__ delta, T* __restrict__ grad_k, T* __restrict__ grad_v,
                           const int* __restrict__ key_lengths, long long q_batch, long long q_head, long long q_row,
                           long long k_batch, long long k_head, long long k_row, long long v_batch, long long v_head,
-                          long long v_row, int heads, int len_q, int len_k, int causal, float scale,
-                          float dropout_p, unsigned long long seed, const unsigned long long* __restrict__ seed_ptr,
-                          unsigned long long offset) {
+                          long long v_row, long long gk_row, long long gv_row, int heads, int len_q, int len_k,
+                          int causal, float scale, float dropout_p, unsigned long long seed,
+                          const unsigned long long* __restrict__ seed_ptr, unsigned long long offset) {
     using namespace tf_mma_attention;
     constexpr int D = HEAD_DIM, kTile = kStride<D> * TILE;
     static_assert(TILE <= kWarps * tf::kWarp, "one thread loads each query's lse and delta");
@@ -466,8 +469,7 @@ attention_mma_backward_kv(const T* __restrict__ q, const T* __restrict__ k, cons
         __syncthreads();
     }
     tf::cp_async_wait_all();
-    const long long k_base = ((long long)b * len_k * heads + h) * D;
     const float factor_k[2] = {scale, scale}, factor_v[2] = {1.0f, 1.0f};
-    store_rows<T, D>(grad_k + k_base, canonical_row, dk, key0, len_k, factor_k, l);
-    store_rows<T, D>(grad_v + k_base, canonical_row, dv, key0, len_k, factor_v, l);
+    store_rows<T, D>(grad_k + (long long)b * len_k * gk_row + (long long)h * D, gk_row, dk, key0, len_k, factor_k, l);
+    store_rows<T, D>(grad_v + (long long)b * len_k * gv_row + (long long)h * D, gv_row, dv, key0, len_k, factor_v, l);
 }
