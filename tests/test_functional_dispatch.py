@@ -214,6 +214,16 @@ def attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=Fal
     return tuple(_in_projection_layout(g, batch, heads) for g in grads)
 
 
+def attention_heads_forward(q, k, v, key_lengths=None, causal=False, scale=None, dropout_p=0.0, seed=0, offset=0,
+                            dtype=None):
+    return attention_mma_forward(q, k, v, key_lengths, causal, scale, dropout_p, seed, offset)
+
+
+def attention_heads_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=False, scale=None, dropout_p=0.0,
+                             seed=0, offset=0, dtype=None):
+    return attention_mma_backward(q, k, v, o, lse, grad_o, key_lengths, causal, scale, dropout_p, seed, offset)
+
+
 def grad_norm_adam_update(plan, hyper, result, beta1, beta2, eps, weight_decay=0.0, loss=None, dtype=None):
     params, grads, m, v, copies = plan.keep_alive
     device_update_reference(params, grads, m, v, hyper, result, (beta1, beta2), eps, weight_decay, loss, copies)
@@ -226,7 +236,8 @@ STAND_INS = {  # launcher module (tinyformer.engine.kernels.<name>): the stand-i
     "dropout": [dropout_forward],
     "residual_layer_norm": [residual_layer_norm_forward, residual_layer_norm_backward],
     "bias_relu_dropout": [bias_relu_dropout_forward, bias_relu_dropout_backward],
-    "attention": [attention_forward, attention_backward, attention_mma_forward, attention_mma_backward],
+    "attention": [attention_forward, attention_backward, attention_heads_forward, attention_heads_backward,
+                  attention_mma_forward, attention_mma_backward],
     "adam": [grad_norm_adam_update],
 }
 
@@ -288,7 +299,7 @@ HOLES = PADDING.copy()
 HOLES[1, 0, 0, 2] = False
 
 SOFTMAX = (["softmax_forward"], ["softmax_backward"])
-ATTENTION = (["attention_forward"], ["attention_backward"])
+ATTENTION = (["attention_heads_forward"], ["attention_heads_backward"])  # CUDA cores, heads read in place
 TENSOR_CORE_ATTENTION = (["attention_mma_forward"], ["attention_mma_backward"])  # what float16 attention calls
 
 
