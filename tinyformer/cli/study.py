@@ -23,8 +23,9 @@ def register(commands):
     start.add_argument("directory", metavar="DIR", nargs="?", default=".", help="where to write it (default .)")
     checking = actions.add_parser("check", help="check the backward in FILE; once right, train a model with it")
     checking.add_argument("file", metavar="FILE", help="an exercise file written by `tinyformer study start`")
-    checking.add_argument("--steps", type=positive_int, default=300,
-                          help="training steps of the proof in a real model (default 300)")
+    checking.add_argument("--steps", type=positive_int, default=None,
+                          help="training steps of the proof in a real model (default 300; 800 for exercises 7 "
+                               "and 8, whose exact match is compared with tinyformer's own)")
     checking.add_argument("--no-train", action="store_true", help="check only: no training run")
     tracing = actions.add_parser("trace", help="exercise 7: your forward's running max and sum beside those of "
                                  "tinyformer's CUDA kernel (emulated on the CPU), tile by tile")
@@ -106,10 +107,12 @@ def _study_training(report, args):
     if args.no_train:
         print(f"(--no-train: your {item.writes} was not tried inside a model.) {following}")
         return 0
-    print(f"now inside a real model: {item.model_op} runs your backward while `tiny` trains {args.steps} steps on "
+    tiled = item.number in (7, 8)
+    steps = args.steps or (swap.EXACT_MATCH_STEPS if tiled else 300)
+    print(f"now inside a real model: {item.model_op} runs your {item.writes} while `tiny` trains {steps} steps on "
           "the built-in synthetic task (one BLAS thread)")
     try:
-        proof = swap.train(item.number, report.module, steps=args.steps, sentences=100 if item.number in (7, 8) else 0)
+        proof = swap.train(item.number, report.module, steps=steps, sentences=100 if tiled else 0)
     except Exception as error:  # the reader's code, inside the model
         print(f"inside the model your backward failed: {type(error).__name__}: {str(error).strip().splitlines()[0]} "
               "(tinyformer's own backward is back in place)")
@@ -122,7 +125,7 @@ def _study_training(report, args):
         return 1
     if proof.exact_match is not None:
         print("tinyformer's own attention, the same seed and steps, for comparison:")
-        own = swap.train(item.number, None, steps=args.steps, sentences=proof.sentences)
+        own = swap.train(item.number, None, steps=steps, sentences=proof.sentences)
         same = abs(proof.exact_match - own.exact_match) <= swap.EXACT_MATCH_SLACK
         print(f"exact match (greedy, {proof.sentences} validation sentences): {proof.exact_match:.0%} with yours, "
               f"{own.exact_match:.0%} with tinyformer's own — {'the same' if same else 'NOT the same'}")

@@ -54,13 +54,16 @@ from ...engine.tensor import Function, Tensor, is_grad_enabled
 from .flash_swap import tiled_backward_replacements, tiled_forward_replacements
 
 __all__ = ["NoModelOp", "Swap", "swapped_in", "train", "TrainingProof", "ReaderMultiHeadAttention",
-           "EXACT_MATCH_SLACK"]
+           "EXACT_MATCH_SLACK", "EXACT_MATCH_STEPS"]
 
+EXACT_MATCH_STEPS = 800
+"""Exercises 7 and 8's training steps: where ``tiny``'s greedy exact match on the built-in task
+has risen to 100% of 100 validation sentences (at 300 steps it is 11% to 17% run to run, at 500
+92% to 99%: float64 tiles against float32 matrices drift apart within a run, and before the task
+is learned the drift decides)."""
 EXACT_MATCH_SLACK = 0.05
 """Exercises 7 and 8: the greedy exact match of a model trained with the reader's tiles must be
-within 5 points of one trained with tinyformer's own attention (the same seed and steps; float64
-tiles against float32 matrices drift apart within the run: 14% and 17% of 100 sentences at 300
-steps)."""
+within 5 points of one trained with tinyformer's own attention (the same seed and steps)."""
 
 
 class NoModelOp(ValueError):
