@@ -7,7 +7,7 @@ import pytest
 
 import tinyformer as tf
 from tinyformer import Tensor
-from tinyformer.engine import amp, backend, functional as F
+from tinyformer.engine import amp, backend, functional as F, kernels
 from tinyformer.model import nn, optim
 from strategies import leaf
 
@@ -22,8 +22,14 @@ def parts(rng, n=3, d_in=5, d_out=4, dtype=np.float64, packed=True):
     return [leaf(w) for w in weights], [leaf(b) for b in biases]
 
 
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """LinearParts as on a GPU: one product where the weights are packed (the arrays stay NumPy's)."""
+    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: True)
+
+
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "apart"])
-def test_the_parts_are_the_projections_and_gradcheck(packed):
+def test_the_parts_are_the_projections_and_gradcheck(packed, on_gpu):
     rng = np.random.default_rng(0)
     weights, biases = parts(rng, packed=packed)
     assert (backend.back_to_back([w.data for w in weights]) is not None) == packed
@@ -68,7 +74,22 @@ def attention_step(mha, x, memory, upstream):
     return self_out.data, cross_out.data, [p.grad.copy() for p in mha.parameters()]
 
 
-def test_packed_attention_equals_the_unpacked_one():
+def test_on_the_cpu_the_parts_are_products_of_their_own(monkeypatch):
+    """NumPy arrays: one product per part even where the weights are packed (as fast, no copy)."""
+    rng = np.random.default_rng(5)
+    weights, biases = ([Tensor(a, requires_grad=True) for a in backend.pack_back_to_back(
+        [rng.uniform(-1, 1, shape).astype(np.float32) for _ in range(3)])] for shape in ((4, 5), (4,)))
+    x = Tensor(rng.uniform(-1, 1, (4, 5)).astype(np.float32))
+    with backend.counting_launches() as launches:
+        F.linear_parts(x, weights, biases)
+    assert launches["cublas_gemm"] == 3
+    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: True)
+    with backend.counting_launches() as launches:
+        F.linear_parts(x, weights, biases)
+    assert launches["cublas_gemm"] == 1
+
+
+def test_packed_attention_equals_the_unpacked_one(on_gpu):
     rng = np.random.default_rng(2)
     mha = nn.MultiHeadAttention(8, 2).double()
     x, memory, upstream = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 5, 8))
@@ -112,7 +133,7 @@ def counted(mha, x, grads_back_to_back):
     return forward, backward
 
 
-def test_one_product_each_way_where_there_were_three():
+def test_one_product_each_way_where_there_were_three(on_gpu):
     """Forward: one GEMM and one bias add (three of each apart). Backward with the gradients back to
     back (the graph step's flat buffer): the outputs' gradients side by side (one copy), then one
     GEMM each for dx, dW and db (nine apart, and two adds of dx)."""

@@ -49,6 +49,15 @@ class GradTarget:
             tensor.grad = backend.get_array_module(tensor.data).zeros_like(tensor.data)
         return tensor.grad
 
+    def output(self):
+        """(array, accumulate): where the gradient goes and whether to add it there. A leaf without a
+        gradient gets an empty one that its one writer fills (``accumulate`` False: no zeros written
+        first, no add; a leaf target is offered to one input only)."""
+        if self.gathered is None and self.tensor.grad is None:
+            self.tensor.grad = backend.get_array_module(self.tensor.data).empty_like(self.tensor.data)
+            return self.tensor.grad, False
+        return self.array(), True
+
 
 def _target(tensor, fn_grads, owned, leaf_uses):
     """Where a gradient for input ``tensor`` may be added directly (a ``GradTarget``), or None:

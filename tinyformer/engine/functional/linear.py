@@ -41,18 +41,21 @@ def _linear_grads(g, x, weight, needs, targets=()):
         if target_x is None:
             grad_x = matmul(g2, weight).reshape(x.shape)
         else:
-            matmul(g2, weight, out=target_x.array().reshape(g2.shape[0], weight.shape[1]), accumulate=True)
+            out, accumulate = target_x.output()
+            matmul(g2, weight, out=out.reshape(g2.shape[0], weight.shape[1]), accumulate=accumulate)
     if need_w:
         x2 = x.reshape(-1, x.shape[-1])
         if target_w is None:
             grad_w = matmul(g2.T, x2)
         else:
-            matmul(g2.T, x2, out=target_w.array(), accumulate=True)
+            out, accumulate = target_w.output()
+            matmul(g2.T, x2, out=out, accumulate=accumulate)
     if need_b:
         if target_b is None:
             grad_b = column_sums(g2)
         else:
-            column_sums(g2, out=target_b.array(), accumulate=True)
+            out, accumulate = target_b.output()
+            column_sums(g2, out=out, accumulate=accumulate)
     return grad_x, grad_w, grad_b
 
 

@@ -1,7 +1,7 @@
 """Several linear projections of one input — the queries', keys' and values' (§3.2.2) — as one
 product where their weights lie back to back in one buffer (``backend.back_to_back``)."""
 
-from .. import amp, backend
+from .. import amp, backend, kernels
 from ..kernels.cublas import column_sums, matmul
 from ..tensor import Function
 from .linear import _add_bias, _check_linear
@@ -25,8 +25,8 @@ def _side_by_side(blocks):
 class LinearParts(Function):
     """(y₁, …, yₙ) = (x W₁ᵀ + b₁, …, x Wₙᵀ + bₙ), the projections of one input x, each Wᵢ (outᵢ, in).
 
-    Where the Wᵢ lie back to back in one buffer (a module packs them so: ``nn.MultiHeadAttention``)
-    the forward is one product, y = x [W₁; …; Wₙ]ᵀ + [b₁; …; bₙ], whose column blocks are the yᵢ (views,
+    On the GPU (``kernels.on_gpu``), where the Wᵢ lie back to back in one buffer (a module packs them
+    so: ``nn.MultiHeadAttention``), the forward is one product, y = x [W₁; …; Wₙ]ᵀ + [b₁; …; bₙ], whose column blocks are the yᵢ (views,
     no copy). Backward, with G = [g₁ … gₙ] the outputs' gradients side by side (one copy):
     dx = G [W₁; …; Wₙ], d[W₁; …; Wₙ] = Gᵀ x and d[b₁; …; bₙ] = 1ᵀ G, one product each, the last two
     straight into the parameters' gradients where those lie back to back too (the CUDA-graph step's
@@ -40,7 +40,9 @@ class LinearParts(Function):
         for w, b in zip(weights, biases or (None,) * parts):
             _check_linear(x, w, b)
         self.x, self.weights, self.parts = x, weights, parts
-        self.joined = backend.back_to_back(weights)
+        # one product on the GPU, where a step is made of launches; on the CPU one per part is as fast
+        # and needs no copy of the gradients side by side (the same values up to rounding either way)
+        self.joined = backend.back_to_back(weights) if kernels.on_gpu(x) else None
         x2 = x.reshape(-1, x.shape[-1])
         if self.joined is None:
             outs = [matmul(x2, w.T) for w in weights]
@@ -77,12 +79,14 @@ class LinearParts(Function):
         grad_x = None
         if needs[0]:
             products = [(side_by_side, self.joined)] if together else list(zip(g2, self.weights))
-            dx = None if target_x is None else target_x.array().reshape(x2.shape)
+            dx, accumulate = (None, False) if target_x is None else target_x.output()
+            dx = None if dx is None else dx.reshape(x2.shape)
             for g, w in products:
                 if dx is None:
                     dx = matmul(g, w)
                 else:
-                    matmul(g, w, out=dx, accumulate=True)
+                    matmul(g, w, out=dx, accumulate=accumulate)
+                accumulate = True
             grad_x = None if target_x is not None else dx.reshape(self.x.shape)
         grad_w = self._parameter_grads(needs[1:1 + n], target_w, side_by_side, g2,
                                        lambda g, **out: matmul(g.T, x2, **out))
@@ -109,7 +113,8 @@ class LinearParts(Function):
             elif target is None:
                 grads.append(product(g))
             else:
-                product(g, out=target.array(), accumulate=True)
+                out, accumulate = target.output()
+                product(g, out=out, accumulate=accumulate)
                 grads.append(None)
         return tuple(grads)
 

@@ -302,6 +302,9 @@ def matmul(a, b, out=None, accumulate=False):
     plain_a, plain_b = numpy.asarray(a), numpy.asarray(b)
     if half is not None:
         plain_a, plain_b = backend.cast(plain_a, numpy.float32), backend.cast(plain_b, numpy.float32)
+    if out is not None and not accumulate and half is None and out.dtype == numpy.result_type(a, b):
+        numpy.matmul(plain_a, plain_b, out=numpy.asarray(out))  # written in place: no temporary
+        return out
     product = numpy.matmul(plain_a, plain_b)
     if out is not None:
         _into(numpy.asarray(out), product, accumulate)
