@@ -413,7 +413,7 @@ def _recording_dropout_masks(monkeypatch):
         masks.append((p, keep.copy()))
         return keep
 
-    for name in ("dropout", "attention", "residual", "linear"):
+    for name in ("dropout", "attention", "residual", "linear", "embedding"):  # embedding: F.embedding_input's
         module = importlib.import_module(f"tinyformer.engine.functional.{name}")
         if hasattr(module, "_dropped"):
             monkeypatch.setattr(module, "_dropped", recorded_dropped)
