@@ -183,10 +183,8 @@ def run_backward(roots, root_grads, retain_graph, capture=None):
         if slots[i] is not None:
             g, fresh = _sum(slots[i], g), True
         slots[i] = g
-        if fresh:
+        if fresh:  # a slot is filled once, then only replaced by a sum: no key ever needs removing
             owned.add((ctx, i))
-        else:
-            owned.discard((ctx, i))
 
     for root, g in zip(roots, root_grads):
         arrive(root, g, "backward")

@@ -26,8 +26,8 @@ class LinearParts(Function):
     """(y₁, …, yₙ) = (x W₁ᵀ + b₁, …, x Wₙᵀ + bₙ), the projections of one input x, each Wᵢ (outᵢ, in).
 
     On the GPU (``kernels.on_gpu``), where the Wᵢ lie back to back in one buffer (a module packs them
-    so: ``nn.MultiHeadAttention``), the forward is one product, y = x [W₁; …; Wₙ]ᵀ + [b₁; …; bₙ], whose column blocks are the yᵢ (views,
-    no copy). Backward, with G = [g₁ … gₙ] the outputs' gradients side by side (one copy):
+    so: ``nn.MultiHeadAttention``), the forward is one product, y = x [W₁; …; Wₙ]ᵀ + [b₁; …; bₙ],
+    whose column blocks are the yᵢ (views, no copy). Backward, with G = [g₁ … gₙ] the outputs' gradients side by side (one copy):
     dx = G [W₁; …; Wₙ], d[W₁; …; Wₙ] = Gᵀ x and d[b₁; …; bₙ] = 1ᵀ G, one product each, the last two
     straight into the parameters' gradients where those lie back to back too (the CUDA-graph step's
     flat gradient buffer). Otherwise one product per part, dx accumulated in one array (no add).
@@ -51,14 +51,12 @@ class LinearParts(Function):
         else:
             y = matmul(x2, self.joined.T)
             joined_bias = backend.back_to_back(biases) if biases else None
-            starts = self._starts()
+            outs = [y[:, start:start + w.shape[0]] for start, w in zip(self._starts(), weights)]
             if joined_bias is not None:
                 _add_bias(y, joined_bias)
-            for start, w, b in zip(starts, weights, biases):
-                if joined_bias is None:
-                    block = y[:, start:start + w.shape[0]]
+            else:
+                for block, b in zip(outs, biases):
                     _xp(y).add(block, b, out=block)
-            outs = [y[:, start:start + w.shape[0]] for start, w in zip(starts, weights)]
         return tuple(out.reshape(x.shape[:-1] + (out.shape[1],)) for out in outs)
 
     def _starts(self):

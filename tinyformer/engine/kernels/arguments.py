@@ -58,7 +58,7 @@ def f32(x):
 
 def pointer(array):
     """The device (CuPy) or host (NumPy) address of ``array``'s first element."""
-    return array.data.ptr if backend.is_cupy_array(array) else array.ctypes.data
+    return backend.address(array)
 
 
 def elementwise_grid(n, per_thread=1):
