@@ -13,7 +13,7 @@
 #   kernels             python -m tinyformer.engine.kernels.warm: every kernel module loaded once, serially, from
 #                       the prebuilt cubins ($TINYFORMER_CUBINS, default build/cubins when it has a manifest) or
 #                       compiled into CuPy's disk cache; prints the seconds spent compiling
-#   graph tests         tests/test_train_graphs_gpu.py: 100 steps with --cuda-graphs on = 100 eager steps bit for
+#   graph tests         tests/translation/train/test_graphs.py: 100 steps with --cuda-graphs on = 100 eager steps bit for
 #   gradcheck cuda      bit (fp32, bf16), exact resume, shapes/graphs/pool, the capture fallback; gradcheck
 #   docs gpu            --device cuda (float64 layers, every kernel against its reference); the manual's
 #                       `docs-test: gpu` blocks as written. These three run side by side (none times anything);
@@ -219,10 +219,10 @@ scratch=$(mktemp -d) && trap 'rm -rf "$scratch"' EXIT
 run_stage "nvidia-smi" 15 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 run_stage "python env" 30 "$PYTHON" -c "$PYINFO"
 tensor_cores="hardware or tensor_core"
-graph_tests=tests/test_train_graphs_gpu.py
+graph_tests=tests/translation/train/test_graphs.py
 # The files that hold GPU tests (pytest -m gpu over them alone: the others need packages a GPU machine may lack).
-gpu_test_files=(tests/test_kernels_gpu.py tests/test_amp_gpu.py tests/test_backend.py tests/test_functional_devices.py
-                tests/test_distributed.py)
+gpu_test_files=(tests/engine/kernels/test_emulation.py tests/engine/test_amp.py tests/engine/test_backend.py tests/engine/functional/test_devices.py
+                tests/translation/test_distributed.py)
 pytest_args=(-m gpu -q -rfE --tb=short --durations=5 -p no:cacheprovider)
 # The kernels first: every module loaded from the prebuilt cubins in $TINYFORMER_CUBINS (default
 # build/cubins where it holds a manifest: built on the CPU, no device minute spent compiling, with
@@ -240,7 +240,7 @@ run_stage "kernels" 150 "$PYTHON" -m tinyformer.engine.kernels.warm
 # every kernel against its reference (the kernel path); the manual's GPU code blocks as written.
 start_stage "graph tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 6 "$graph_tests"
 start_stage "gradcheck cuda" 180 "$PYTHON" -m tinyformer.cli gradcheck --device cuda
-start_stage "docs gpu" 150 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -n 2 tests/test_docs.py \
+start_stage "docs gpu" 150 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -n 2 tests/project/test_docs.py \
     -k "test_every_code_block_runs and gpu"
 finish_stages
 
@@ -278,7 +278,7 @@ run_stage "launch count" 60 "$PYTHON" benchmarks/launch_count.py --device cuda -
 # the capped dispatch (fp16 attention on CUDA cores, bf16 refused), then 200 steps of the Multi30k recipe in fp16
 # on that path (fp32's path is the same kernels on any GPU: the gpu tests and `train cuda` run it).
 run_stage "sm_75 capped tests" 60 env TINYFORMER_MAX_CAPABILITY=sm_75 "$PYTHON" -m pytest "${pytest_args[@]}" -n 0 \
-    tests/test_kernels_paths.py
+    tests/engine/kernels/test_paths.py
 if [[ -n ${TINYFORMER_DATA:-} ]]; then
     run_stage "multi30k sm_75 fp16" 120 env TINYFORMER_MAX_CAPABILITY=sm_75 "$PYTHON" -m tinyformer.cli train \
         --data multi30k --device cuda --precision fp16 --max-steps 200 --eval-every 100 --no-test --no-progress \
@@ -286,7 +286,7 @@ if [[ -n ${TINYFORMER_DATA:-} ]]; then
 fi
 
 # Earlier checks' stages, while budget is left.
-run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/test_kernels_gpu.py \
+run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/engine/kernels/test_emulation.py \
     -k "$tensor_cores"
 run_stage "gpu tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 8 -k "not ($tensor_cores)" "${gpu_test_files[@]}"
 run_stage "bench_attention" 60 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --dtypes fp16,bf16 \

@@ -16,7 +16,7 @@ The count depends on the model's structure and the precision, not on the batch: 
 step at ``--cost-tokens`` (default 4,096, the step of ``bench_step``) without emulating it: every
 launch's bytes and FLOPs are affine in the batch's rows at a fixed padded length, so the step is
 counted at two batch sizes and each launch extrapolated exactly to the rows of the large batch
-(``extrapolated``; tests/test_kernels_launch_count.py checks it against a third count).
+(``extrapolated``; tests/engine/kernels/test_launch_count.py checks it against a third count).
 
     python benchmarks/launch_count.py [--preset small,base] [--precision fp32,bf16] [--markdown]
     python benchmarks/launch_count.py --device cuda ...

@@ -1,7 +1,7 @@
 """How far bf16 and fp16 training drift from fp32 on the CPU, against how far fp32 drifts from
 itself: the manual's figures (docs/mixed-precision.md), measured.
 
-The runs of tests/test_train_precision.py, as the command line makes them: `tiny` on the built-in
+The runs of tests/translation/train/test_precision.py, as the command line makes them: `tiny` on the built-in
 task, 150 steps of 256 target tokens. For each seed: fp32, bf16 and fp16 (same model, batches and
 dropout), and the control, fp32 *nudged*: the same run with every initial weight moved by one unit
 in the last place (up or down at random), which is how far apart rounding alone sets two runs.

@@ -37,13 +37,13 @@ WAITING = (
     ("trained synthetic model", ("trained_synthetic",), ("[trained]", "[trained-")),
     ("precision curves", ("curves",), ()),
     ("trained Multi30k model", ("trained_multi30k",), ("[trained tiny-",)),
-    ("NVRTC compilations", (), ("test_kernels_compile.py::test_every_architecture_compiles",
-                                "test_kernels_compile.py::test_every_kernel_the_dispatch_reaches",
-                                "test_kernels_compile.py::test_compile_check_for_a_t4",
-                                "test_kernels_compile.py::test_attention_kernels_do_not_spill",
-                                "test_kernels_compile.py::test_compiled_kernels_use_the_registry_geometry",
-                                "test_kernels_compile.py::test_compile_check_command",
-                                "test_kernels_prebuilt.py::test_build_writes")),
+    ("NVRTC compilations", (), ("engine/kernels/test_compile.py::test_every_architecture_compiles",
+                                "engine/kernels/test_compile.py::test_every_kernel_the_dispatch_reaches",
+                                "engine/kernels/test_compile.py::test_compile_check_for_a_t4",
+                                "engine/kernels/test_compile.py::test_attention_kernels_do_not_spill",
+                                "engine/kernels/test_compile.py::test_compiled_kernels_use_the_registry_geometry",
+                                "engine/kernels/test_compile.py::test_compile_check_command",
+                                "engine/kernels/test_prebuilt.py::test_build_writes")),
     ("AddressSanitizer emulation", (), ("test_emulation_under_address_sanitizer",)),
 )
 
@@ -85,19 +85,20 @@ def kernels(shared):
         if os.path.isabs(libasan) and os.path.exists(libasan):
             emulation.build(sanitize=True)
             mma_probes.build(sanitize=True)
-            import test_kernels_emulation
+            from tests.engine.kernels import test_emulation
             with pytest.MonkeyPatch.context() as patch:
-                test_kernels_emulation.change_geometry(patch)
+                test_emulation.change_geometry(patch)
                 emulation.build(sanitize=True)
 
 
 def training(shared):
-    import test_train_precision
     import trained_models
 
+    from tests.translation.train import test_precision
+
     trained_models.train_into(shared, "synthetic", trained_models.SYNTHETIC)
-    for precision in test_train_precision.CURVE_RUNS:
-        test_train_precision.shared_curve(shared, precision)
+    for precision in test_precision.CURVE_RUNS:
+        test_precision.shared_curve(shared, precision)
     data = os.environ.get("TINYFORMER_DATA")
     if data and (Path(data) / "multi30k").is_dir():
         trained_models.train_into(shared, "multi30k", trained_models.MULTI30K)

@@ -127,7 +127,7 @@ def _steps(model, tokenizer, pairs, steps, learning_rate, rng):
 
 # The folders the tests share, by name: each built once per test run (``marian_once``). Every one
 # translates each sentence into its own output, most of them ended by EOS well before a limit of
-# some 20 tokens (tests/test_interop_marian.py asserts both: with transformers' initial weights
+# some 20 tokens (tests/translation/interop/test_marian.py asserts both: with transformers' initial weights
 # and random logits biases, every sentence got nearly the same output, run to the limit). The
 # brief ones start from N(0, 0.1²) weights, from which 100-odd steps of Adam get that far; the
 # trained one translates most sentences of the task exactly.

@@ -1,4 +1,4 @@
-"""Run under ``mpiexec -n 2`` by tests/test_distributed.py: the communicators and the gradient
+"""Run under ``mpiexec -n 2`` by tests/translation/test_distributed.py: the communicators and the gradient
 buckets between two real ranks, each check's outcome printed by rank 0 as one JSON line.
 
 The last checks break the group on purpose: a rank that reports a failure, a collective that one

@@ -1,5 +1,5 @@
 """One run of benchmarks/bench_step.py on the `tiny` preset, shared by the tests that read its
-report (test_cli.py, test_benchmarks_cpu.py): a run spends most of its ~12 s measuring the
+report (cli/test_commands.py, benchmarks/test_bench_step.py): a run spends most of its ~12 s measuring the
 machine's sgemm peak, so the tests read one run's markdown report instead of each starting their
 own. Made once per test run, whatever the number of pytest-xdist workers, like the trained models
 (``trained_models.shared_directory``)."""

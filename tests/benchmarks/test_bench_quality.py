@@ -15,7 +15,7 @@ import pytest
 
 import children
 from scripts import ROOT, load_script
-from test_train import cached_corpus  # noqa: F401 (an autouse fixture: each synthetic split generated once)
+from tests.translation.train.test_trainer import cached_corpus  # noqa: F401 (an autouse fixture: each synthetic split generated once)
 from tinyformer.model import nn
 from tinyformer.translation.train import Trainer, build_parts
 from tinyformer.translation.train.step_result import StepResult

@@ -12,7 +12,7 @@ import mpi_helpers
 import step_benchmark
 from scripts import load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load(name):
@@ -28,7 +28,7 @@ def test_model_flops_is_six_n_t_plus_attention():
 
 
 def test_step_benchmark_reports_model_flop_utilisation(tmp_path_factory):
-    report = step_benchmark.tiny_step_report(tmp_path_factory)  # one run shared with test_cli.py
+    report = step_benchmark.tiny_step_report(tmp_path_factory)  # one run shared with cli/test_commands.py
     assert "sgemm peak" in report and "GFLOP/s" in report
     mfu = dict(zip(*step_benchmark.markdown_table(report)))["MFU"]
     assert mfu.endswith("%") and 0 <= float(mfu[:-1]) <= 100

@@ -45,7 +45,7 @@ def test_statistics_are_summed_per_test_over_the_phases(tests):
 
 
 def test_the_thorough_profile_runs_ten_times_a_tests_own_examples(tmp_path):
-    test = f"tests/{Path(__file__).name}::test_statistics_are_summed_per_test_over_the_phases"
+    test = f"tests/benchmarks/{Path(__file__).name}::test_statistics_are_summed_per_test_over_the_phases"
     result = children.run([children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", test,
                            "--hypothesis-profile=thorough", "--hypothesis-show-statistics"],
                           env={"HYPOTHESIS_STORAGE_DIRECTORY": str(tmp_path)}, timeout=300)  # nothing to replay

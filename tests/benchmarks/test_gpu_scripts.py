@@ -9,7 +9,7 @@ import pytest
 import children
 from scripts import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH_ATTENTION = ROOT / "benchmarks" / "bench_attention.py"
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check.sh"
 MULTI30K_GPU = ROOT / "benchmarks" / "multi30k_gpu.sh"

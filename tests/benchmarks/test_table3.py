@@ -15,7 +15,7 @@ from tinyformer.translation.train import TrainConfig, Trainer, load_model
 
 from scripts import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_table3():

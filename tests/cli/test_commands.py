@@ -83,7 +83,7 @@ def test_engine_benchmark_runs():
 
 @pytest.fixture(scope="module")
 def step_report(tmp_path_factory):
-    """bench_step.py's report on `tiny` (step_benchmark.ARGS), one run shared with test_benchmarks_cpu.py."""
+    """bench_step.py's report on `tiny` (step_benchmark.ARGS), one run shared with benchmarks/test_bench_step.py."""
     return step_benchmark.tiny_step_report(tmp_path_factory)
 
 
@@ -292,7 +292,7 @@ def tiny_transformer_parameters(vocab):
 
 def test_gradcheck_all_passes_and_counts_the_transformers_parameters(capsys):
     """``all`` runs every case, in full mode unless told otherwise; fast mode here (every case in
-    full mode, 17 s, is test_gradcheck_suite.py's test_full_mode_passes_and_reports_small_errors).
+    full mode, 17 s, is testing/test_gradcheck_suite.py's test_full_mode_passes_and_reports_small_errors).
     The transformer row counts the parameters it checks (the case takes most of the run's time,
     so it is checked here, not again in a list of layers)."""
     assert cli.build_parser().parse_args(["gradcheck", "--layer", "all"]).mode == "full"

@@ -1,5 +1,5 @@
 // One-warp probes of the instructions in kernels/mma.cuh, so that the tests can hold each against
-// the PTX ISA's fragment layouts (tests/test_kernels_mma.py, tests/test_kernels_gpu.py): in CI
+// the PTX ISA's fragment layouts (tests/engine/kernels/test_mma.py, tests/engine/kernels/test_emulation.py): in CI
 // through the CPU emulation, on a GPU against the hardware. Test machinery, not a shipped kernel:
 // the tests build it themselves (tests/mma_probes.py), with kernels/ on the include path. Each
 // probe is launched with blocks of one warp.

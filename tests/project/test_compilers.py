@@ -7,9 +7,9 @@ import children
 import compilers
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUTCOMES = (pytest.fail.Exception, pytest.skip.Exception)
-EMULATION_TESTS = ("test_kernels_mma.py", "test_kernels_emulation.py", "test_kernels_device_seed.py")
+EMULATION_TESTS = ("engine/kernels/test_mma.py", "engine/kernels/test_emulation.py", "engine/kernels/test_device_seed.py")
 
 
 def which_of(present):
@@ -58,7 +58,7 @@ def test_in_ci_a_ptx_layout_test_without_a_compiler_fails(tmp_path):
     """A child pytest of one PTX-layout test with no compiler on the PATH: failed with TINYFORMER_CI=1,
     skipped without it (conftest keeps TINYFORMER_CI for the tests while it removes other
     TINYFORMER_* settings, or the first would be skipped too)."""
-    test = f"{ROOT / 'tests' / 'test_kernels_mma.py'}::test_mma_ldmatrix_cp_async_and_conversions_follow_the_ptx_layouts"
+    test = f"{ROOT / 'tests' / 'engine/kernels/test_mma.py'}::test_mma_ldmatrix_cp_async_and_conversions_follow_the_ptx_layouts"
     command = [children.PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", test + "[float16]"]
     bare = {"PATH": str(tmp_path), "CXX": None,  # nothing on the PATH: no g++, no clang++
             **dict.fromkeys(compilers.CI_VARIABLES)}  # and not CI's run, even where the CI service sets CI

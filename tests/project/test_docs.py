@@ -53,7 +53,7 @@ from ci import in_ci
 
 from tinyformer.engine import backend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 CI_RUN = ROOT / ".ci" / "run"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
@@ -510,7 +510,7 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
     broken = ["engine.md#no-such-section", "no-such-page.md", "../benchmarks/results/no-such-report.md",
-              "../tests/test_docs.py"]
+              "../tests/project/test_docs.py"]
     page = copy / "docs" / "training.md"
     page.write_text(page.read_text(encoding="utf-8") + "".join(f"\n[broken]({link})\n" for link in broken),
                     encoding="utf-8")
@@ -518,7 +518,7 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
     assert result.returncode != 0, result.stdout + result.stderr
     warnings = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("WARNING")]
     for shown in ["'engine.md#no-such-section'", "'no-such-page.md'", "'results/no-such-report.md'",
-                  "'../tests/test_docs.py'"]:
+                  "'../tests/project/test_docs.py'"]:
         assert any(shown in line for line in warnings), (shown, warnings)
     assert len(warnings) == len(broken), warnings
 

@@ -1,7 +1,7 @@
 """The numbered examples run as a reader runs them, and assert what they show.
 
 (The two older examples, attention_from_scratch.py and transformer_reverse_task.py,
-are run by test_cli.py.) Each script runs in a subprocess from a scratch working
+are run by cli/test_commands.py.) Each script runs in a subprocess from a scratch working
 directory with TMPDIR inside tmp_path, so a test also sees that a script leaves
 nothing behind.
 """
@@ -16,7 +16,7 @@ import children
 from scripts import load_script
 from ci import in_ci
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

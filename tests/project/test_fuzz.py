@@ -27,7 +27,7 @@ from tinyformer.translation.data.special import UNK_ID
 from tinyformer.translation.data.synthetic import synthetic_pairs
 from tinyformer.translation.data.tokenizer import Tokenizer
 
-from test_bad_input import make_tiny_run
+from tests.project.test_bad_input import make_tiny_run
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tinyformer"
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "tinyformer"
 
 
 # ---------------------------------------------------------------------------- the walk

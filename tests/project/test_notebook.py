@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import children
-from test_viz_notebook import notebook_tools, the_iframe, this_python_kernel  # noqa: F401 (a fixture)
+from tests.study.test_explain_notebook import notebook_tools, the_iframe, this_python_kernel  # noqa: F401 (a fixture)
 
 import tinyformer
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "notebook.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
 SHORT = 'STEPS = 30\nEVAL_EVERY = 30\nSAVE_DIR = "runs/notebook"'
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 TABLE_HEADING = "## What is verified, and where"
 COLUMNS = ["capability", "CPU tests", "CPU emulation of its kernels", "NVRTC compile", "GPU hardware", "figures"]

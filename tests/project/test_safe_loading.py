@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_train import cached_load_corpus, small_config
+from tests.translation.train.test_trainer import cached_load_corpus, small_config
 
 from tinyformer.translation import checkpoint, train
 from tinyformer import cli
@@ -23,7 +23,7 @@ from tinyformer.translation.data.tokenizer import Tokenizer
 from tinyformer.model.nn import Transformer
 from tinyformer.translation.train import Trainer, load_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUIET = dict(echo=lambda *a: None, progress=False)
 MARKER = "unpickled-marker"  # a directory that unpickling any of the payloads below would create
 

@@ -18,7 +18,7 @@ from tinyformer.engine import functional as F
 from tinyformer.study.course import EXERCISES, check, load, swap
 from tinyformer.study.course.cases import prepared
 
-BACKWARDS = Path(__file__).with_name("study_solutions")
+BACKWARDS = Path(__file__).resolve().parents[1] / "study_solutions"
 BY_FILENAME = {exercise.filename: exercise for exercise in EXERCISES}
 
 
@@ -66,7 +66,7 @@ def test_a_reference_solution_is_the_template_with_backward_written(exercise):
     assert unwritten.count("raise NotImplementedError") == 1 and "raise NotImplementedError" not in text
 
 
-@pytest.mark.parametrize("number", [e.number for e in EXERCISES if e.number <= 6])  # 7, 8: test_study_flash.py
+@pytest.mark.parametrize("number", [e.number for e in EXERCISES if e.number <= 6])  # 7, 8: study/test_course_flash.py
 def test_the_op_and_central_differences_agree_on_every_case(number):
     """The two answers the checker holds a backward to (prepared refuses to disagree), over the
     edge cases the exercise promises."""

@@ -16,7 +16,7 @@ from tinyformer.study.course import EXERCISES, check
 from tinyformer.study.course.flash_cases import prepared_tiled
 from tinyformer.study.course.flash_reference import attention, running_state, tiled_backward, tiled_forward
 
-SOLUTIONS = Path(__file__).with_name("study_solutions")
+SOLUTIONS = Path(__file__).resolve().parents[1] / "study_solutions"
 FORWARD, BACKWARD = EXERCISES[6], EXERCISES[7]
 
 

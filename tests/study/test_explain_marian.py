@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from test_viz_explain import KINDS, PageDOM, assert_self_test_passed, browse, needs_browser, page_data
+from tests.study.test_explain import KINDS, PageDOM, assert_self_test_passed, browse, needs_browser, page_data
 
 from tinyformer import cli
 from tinyformer.study import viz

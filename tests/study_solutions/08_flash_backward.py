@@ -1,5 +1,5 @@
 # tinyformer's reference solution of this exercise: its backward function, which a reader writes into
-# the file `tinyformer study start` writes (tests/test_study.py puts it in place and checks it passes).
+# the file `tinyformer study start` writes (tests/study/test_course.py puts it in place and checks it passes).
 # ruff: noqa: F821 -- numpy, math, seen and BLOCK are the template's, where this function goes.
 
 def backward(q, k, v, o, lse, d_out, key_lengths=None, causal=False, block=BLOCK):

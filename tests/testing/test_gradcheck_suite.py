@@ -19,7 +19,7 @@ def test_every_case_passes_in_fast_mode(name):
 @pytest.mark.parametrize("name", list(suite.CASES))
 def test_full_mode_passes_and_reports_small_errors(name):
     """Every case, every element by central differences (what `tinyformer gradcheck --layer all`
-    runs; test_cli.py checks the command in fast mode)."""
+    runs; cli/test_commands.py checks the command in fast mode)."""
     (row,) = suite.run([name], mode="full")
     assert row.passed, row.detail
     assert 0.0 <= row.max_abs_error < 1e-6 and row.seconds > 0

@@ -1,5 +1,5 @@
 """The kernel harness itself (tinyformer/study/kernel_cases/): a comparison fails where it should and
-says where; no compiler needed (the cases run the kernels in test_kernels_emulation.py)."""
+says where; no compiler needed (the cases run the kernels in engine/kernels/test_emulation.py)."""
 
 import math
 

@@ -17,7 +17,7 @@ from tinyformer.translation import decode
 from tinyformer.translation.data.special import BOS_ID, EOS_ID
 from tinyformer.translation.decode import Hypothesis, beam_search, hf_length_penalty, translate
 
-from test_decode import SRC, BigramModel, WordTokenizer, random_model
+from tests.translation.test_decode import SRC, BigramModel, WordTokenizer, random_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")  # transformers' tokenizer
 

@@ -12,7 +12,7 @@ import pytest
 
 from tinyformer.translation.train import Trainer, TrainConfig
 
-LEGACY = Path(__file__).parent / "data" / "legacy_run"
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_run"
 EXPECTED = json.loads((LEGACY / "expected.json").read_text(encoding="utf-8"))
 CHECKPOINT = LEGACY / "checkpoint_0000150.npz"
 

@@ -16,7 +16,7 @@ from tinyformer.translation.train import load_model
 from tinyformer.translation.train.migration import migrate
 from tinyformer.translation.weights import load_safetensors
 
-LEGACY = Path(__file__).parent / "data" / "legacy_run"
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_run"
 EXPECTED = json.loads((LEGACY / "expected.json").read_text(encoding="utf-8"))
 
 

@@ -1,7 +1,7 @@
 """kernels/cublas.py's plans, checked on the CPU: each ``GemmPlan`` is carried out as cuBLAS reads
 it (column-major matrices at the plan's leading dimensions and batch strides, over the operands'
 own memory, NumPy's ``as_strided``) and compared with NumPy's product. The GPU runs the same plans
-through cuBLAS (test_kernels_gpu.py, the graph tests)."""
+through cuBLAS (engine/kernels/test_emulation.py, the graph tests)."""
 
 import numpy as np
 import pytest
@@ -44,7 +44,7 @@ def r(*shape):
     return rng.standard_normal(shape)
 
 
-#: name -> the operands, made by r(*shape) (NumPy here; on the GPU, test_kernels_gpu.py's CuPy arrays)
+#: name -> the operands, made by r(*shape) (NumPy here; on the GPU, engine/kernels/test_emulation.py's CuPy arrays)
 LAYOUTS = {
     "C @ C": lambda r: (r(5, 3), r(3, 4)),
     "C @ W.T (a linear layer)": lambda r: (r(6, 3), r(4, 3).T),

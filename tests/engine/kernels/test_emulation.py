@@ -91,7 +91,7 @@ def test_embedding_backward_kernel_in_16_bit_types(dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cols,p", [(64, 0.0), (1000, 0.1)])
 def test_layer_norms_in_16_bit_types_match_the_reference_on_what_the_kernel_rounds(dtype, cols, p):
-    """The 16-bit instantiations at test_kernels_gpu.py's 300 rows, where dw sums enough rows for h's
+    """The 16-bit instantiations at engine/kernels/test_emulation.py's 300 rows, where dw sums enough rows for h's
     rounding to show (the first H200 run found the reference summing unrounded h: 0.1 off in bfloat16)."""
     dev = Device("cpu", dtype)
     cases.layer_norm(dev, 300, cols, seed=cols).check()
@@ -219,7 +219,7 @@ def test_adam_plan_refuses_compute_copies_of_two_dtypes():
 
 
 # Other block sizes than the registry's, for the row kernels, the attention kernels and the
-# tensor-core attention. One geometry for this file's test and test_kernels_mma.py's, so that
+# tensor-core attention. One geometry for this file's test and engine/kernels/test_mma.py's, so that
 # both use one rebuilt emulation library (a build takes about ten seconds).
 CHANGED_GEOMETRY = {"ROW_BLOCK": 64, "COLUMN_BLOCK": 32, "LAYER_NORM_ROWS_PER_CHUNK": 3, "ADAM_BLOCK": 64,
                     "ADAM_CHUNK": 100, "DROPOUT_MAX_BLOCKS": 3, "ATTENTION_WARPS": 2,
@@ -520,7 +520,7 @@ def _libasan():
     return out if os.path.isabs(out) and os.path.exists(out) else None
 
 
-# Of test_kernels_mma.py under ASan: the instructions, each kind of attention case once, and the
+# Of engine/kernels/test_mma.py under ASan: the instructions, each kind of attention case once, and the
 # changed geometry.
 # (the one-hot placements, 2,048 products of the same instruction, check the layout, not memory: not rerun)
 TENSOR_CORE_SELECTION = ("follow_the_ptx_layouts and not one_hot or fully_masked_rows_give or dropout_with_the_philox "
@@ -528,12 +528,12 @@ TENSOR_CORE_SELECTION = ("follow_the_ptx_layouts and not one_hot or fully_masked
 
 
 # What reruns under ASan: of this file, every kernel's tests and the training step; of
-# test_kernels_mma.py, TENSOR_CORE_SELECTION (one expression for both files). In three parts, so
+# engine/kernels/test_mma.py, TENSOR_CORE_SELECTION (one expression for both files). In three parts, so
 # that a run on several workers (pytest-xdist) runs them side by side.
 SANITIZED_SELECTION = ("(attention_kernel or softmax_kernel or layer_norm_kernel or cross_entropy_kernel or adam_kernel "
                        "or residual_layer_norm_kernel or bias_relu_dropout_kernel or dropout_kernel or "
                        f"kernels_follow_a_changed_registry_geometry or training_step) or {TENSOR_CORE_SELECTION}")
-TENSOR_CORE_TESTS = os.path.join(os.path.dirname(__file__), "test_kernels_mma.py")
+TENSOR_CORE_TESTS = os.path.join(os.path.dirname(__file__), "test_mma.py")
 SANITIZED = {
     "attention": (__file__, f"({SANITIZED_SELECTION}) and attention_kernel"),
     "other-kernels": (__file__, f"({SANITIZED_SELECTION}) and not attention_kernel"),

@@ -1,7 +1,7 @@
 """The CUDA kernels on a GPU against their NumPy references (skipped without a usable GPU).
 
 The same cases (tinyformer/study/kernel_cases/) run on the CPU through the emulation in
-test_kernels_emulation.py; here they run on the real device, in float32, float16 and bfloat16
+engine/kernels/test_emulation.py; here they run on the real device, in float32, float16 and bfloat16
 (tolerances in tinyformer/study/kernel_cases/harness.py), at the lengths where tiling goes wrong
 first: 1, 7, 64, 129, 1000.
 """
@@ -95,11 +95,11 @@ CUBLAS_TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat1
 
 @pytest.mark.parametrize("dtype", list(CUBLAS_TOLERANCE))
 def test_cublas_products_of_every_layout_match_numpy(dtype):
-    """kernels.cublas.matmul on the layouts of test_kernels_cublas.py (whose plans the CPU checks):
+    """kernels.cublas.matmul on the layouts of engine/kernels/test_cublas.py (whose plans the CPU checks):
     the hardware's strided-batched GEMM against NumPy's product of the same rounded values."""
     import cupy
 
-    from test_kernels_cublas import LAYOUTS
+    from tests.engine.kernels.test_cublas import LAYOUTS
 
     rng = np.random.default_rng(5)
     dev = Device("cuda", dtype) if dtype != "float64" else None

@@ -4,8 +4,8 @@ mma/ldmatrix/cp.async against the PTX ISA's fragment layouts (through the test p
 tests/kernels/mma_probe.cu, tests/mma_probes.py: once through the helpers of mma.cuh, once on
 registers packed by the ISA's own formulas, tests/ptx_layouts.py), and the fp16/bf16 kernels,
 forward and backward, against the float64 reference (tinyformer/study/kernel_cases/attention.py). The same
-cases run on a GPU in tests/test_kernels_gpu.py. The file runs again under AddressSanitizer
-(tests/test_kernels_emulation.py::test_emulation_under_address_sanitizer).
+cases run on a GPU in tests/engine/kernels/test_emulation.py. The file runs again under AddressSanitizer
+(tests/engine/kernels/test_emulation.py::test_emulation_under_address_sanitizer).
 """
 
 import os
@@ -16,7 +16,7 @@ import numpy as np
 import ptx_layouts
 import pytest
 
-from test_kernels_emulation import change_geometry, skip_where_the_sanitized_rerun_runs_it
+from tests.engine.kernels.test_emulation import change_geometry, skip_where_the_sanitized_rerun_runs_it
 from tinyformer import Tensor
 from tinyformer.engine import functional as F, kernels
 from tinyformer.study import kernel_cases as cases
@@ -117,7 +117,7 @@ def test_a_kernel_that_exits_with_cp_async_copies_in_flight_aborts_the_emulation
     a copy in its open group, or in a committed group not waited for, stops the emulation with a
     message (in a child: it aborts the process), as a kernel must drain before it exits."""
     mma_probes.build(sanitize=False)  # here, so that the child (no TINYFORMER_* settings) does not build it
-    script = _UNDRAINED.format(tests=os.path.dirname(os.path.abspath(__file__)), mode=mma_probes.DRAIN_MODES[mode])
+    script = _UNDRAINED.format(tests=str(children.ROOT / "tests"), mode=mma_probes.DRAIN_MODES[mode])
     result = children.run([children.PYTHON, "-c", script], timeout=300)
     assert result.returncode != 0 and "returned" not in result.stdout, result.stdout + result.stderr
     assert "a thread returned with cp.async copies in flight" in result.stderr, result.stderr[-2000:]

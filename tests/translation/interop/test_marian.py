@@ -231,7 +231,7 @@ def test_an_existing_output_is_refused_and_kept(tmp_path_factory, tmp_path, caps
 def test_a_joint_tokenizer_run_does_not_export_as_marian(tmp_path):
     from pathlib import Path
 
-    legacy = Path(__file__).parent / "data" / "legacy_run"
+    legacy = Path(__file__).resolve().parents[2] / "data" / "legacy_run"
     with pytest.raises(ValueError, match="tokenizer is a joint sentencepiece model .* only Marian runs export"):
         export_marian(legacy, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from test_train import cached_corpus, copy_run, losses, small_config, small_corpus, three_steps  # noqa: F401 (fixtures)
+from tests.translation.train.test_trainer import cached_corpus, copy_run, losses, small_config, small_corpus, three_steps  # noqa: F401 (fixtures)
 
 from tinyformer.translation.train import Trainer, TrainConfig, build_parts, load_corpus
 from tinyformer.translation.train.config import ConfigError

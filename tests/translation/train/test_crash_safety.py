@@ -18,7 +18,7 @@ from pathlib import Path
 import children
 import numpy as np
 import pytest
-from test_train import cached_load_corpus
+from tests.translation.train.test_trainer import cached_load_corpus
 
 from tinyformer.translation import checkpoint, train
 from tinyformer import cli

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from marian_folders import corpus, make_marian_folder
-from test_train import cached_corpus, small_corpus, three_steps  # noqa: F401 (fixtures)
+from tests.translation.train.test_trainer import cached_corpus, small_corpus, three_steps  # noqa: F401 (fixtures)
 
 from tinyformer import cli
 from tinyformer.translation import checkpoint, decode

@@ -1,7 +1,7 @@
 """--cuda-graphs: the graph step's logic on NumPy arrays (``emulated_capture.EmulatedCapture``
 stands in for the CUDA capture: a replay runs the captured step again), the fallback, the seed slots (the tests
 with dropout run the step through the emulated CUDA kernels: ``emulated_kernels``), the bounded
-shapes, --patience and --time-limit. The GPU checks are in test_train_graphs_gpu.py."""
+shapes, --patience and --time-limit. The GPU checks are in translation/train/test_graphs.py."""
 
 import contextlib
 import operator
@@ -20,7 +20,7 @@ from tinyformer.translation.train import Trainer, graphs
 from tinyformer.translation.train import clock as clock_module
 
 from emulated_capture import DeviceArray, EmulatedCapture, installed
-from test_train import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
+from tests.translation.train.test_trainer import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
                         six_steps, small_config, small_load_corpus)  # (fixtures)
 
 # The graph tests train on the whole training split (the batch shapes they count and the rounding

@@ -25,7 +25,7 @@ from tinyformer.translation.data.batching import ShapeBuckets
 from tinyformer.translation.train import TrainConfig, Trainer
 from tinyformer.translation.train.builders import build_tokenizer
 
-from test_train import cached_corpus, cached_load_corpus  # noqa: F401 (an autouse fixture)
+from tests.translation.train.test_trainer import cached_corpus, cached_load_corpus  # noqa: F401 (an autouse fixture)
 
 pytestmark = [
     pytest.mark.gpu,

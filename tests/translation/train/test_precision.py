@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import trained_models
 
-from test_train import (QUIET, cached_corpus, cached_load_corpus, copy_run, small_config, small_corpus,  # noqa: F401
+from tests.translation.train.test_trainer import (QUIET, cached_corpus, cached_load_corpus, copy_run, small_config, small_corpus,  # noqa: F401
                         three_steps)  # (fixtures)
 from tinyformer.engine import amp, backend
 from tinyformer.translation import checkpoint, train

@@ -14,7 +14,7 @@ from tinyformer.translation.train import clock as clock_module
 from tinyformer.translation.train.config import flag_of
 from tinyformer.translation.train.recipes import RECIPES
 
-from test_train import QUIET, cached_corpus, records, small_config, small_corpus, small_load_corpus  # noqa: F401
+from tests.translation.train.test_trainer import QUIET, cached_corpus, records, small_config, small_corpus, small_load_corpus  # noqa: F401
 
 
 class FakeTime:
@@ -234,7 +234,7 @@ def test_a_corpus_of_ones_own_trains_by_the_recipe_until_its_time_limit_and_test
     """`tinyformer train --train PREFIX --valid PREFIX --test PREFIX --recipe hour`: the clock (600 s a
     step here) ends the run at the recipe's time limit, a checkpoint by the minute at each step, and
     the test decodes the average of the last five."""
-    from test_train_corpus import built_in, write_corpus
+    from tests.translation.train.test_corpus import built_in, write_corpus
 
     data, run = tmp_path / "data", tmp_path / "run"
     files = {split: write_corpus(data / split, built_in(split, n)) for split, n in

@@ -316,7 +316,7 @@ def test_a_short_multi30k_run_on_the_real_files(trained_multi30k):
 def test_the_default_run_translates_the_built_in_test_split(tmp_path, monkeypatch):
     """The quick start's main job (about 2 minutes on 2 cores): >= 95% exact match on the test split.
 
-    Kept out of the default run; `test_cli.py` runs the same command for a few steps.
+    Kept out of the default run; `cli/test_commands.py` runs the same command for a few steps.
     """
     from tinyformer.translation.train import evaluate, load_corpus
 

@@ -5,7 +5,7 @@ CI has no GPU; this runs the very kernel source on the CPU so that tests can com
 results with the NumPy references. A block's CUDA threads are fibers on the calling thread,
 switched at barriers (cpu_emulation.h): much slower than a GPU, meant for small shapes.
 ``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer (the process must then preload
-libasan, as ``tests/test_kernels_emulation.py`` does). The test run builds the library in the
+libasan, as ``tests/engine/kernels/test_emulation.py`` does). The test run builds the library in the
 background (tests/background_builds.py).
 """
 

@@ -1,6 +1,6 @@
 // Tensor-core matrix products and their data movement for the kernels, one helper per PTX
 // instruction: inline PTX on the GPU, the warp-collective emulation of cpu_emulation.h on the CPU
-// (which follows the same fragment layouts; tests/test_kernels_mma.py checks both against a
+// (which follows the same fragment layouts; tests/engine/kernels/test_mma.py checks both against a
 // plain matrix product).
 //
 // Fragments of mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32 (PTX ISA, "Matrix

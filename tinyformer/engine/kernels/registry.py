@@ -14,7 +14,7 @@ the ``ROWS_PER_WARP`` template argument and as the preprocessor definitions of
 ``compile_options()`` (the same for NVRTC and the g++ emulation) and the ``TILE`` template argument;
 each kernel's launcher (``softmax.py`` beside ``softmax.cu``, ...) computes its grids and dynamic
 shared memory from the same names, read at launch time. No kernel source restates a block size
-(tests/test_kernels_registry.py checks).
+(tests/engine/kernels/test_registry.py checks).
 
 It is also the one home of the element types (``CUDA_TYPES``, narrowed per source by
 ``SOURCE_DTYPES``) and of the table of kernels and their template parameters (``KERNELS``):

@@ -6,8 +6,8 @@ the compiled kernel; NumPy arrays: its very source through the C++ emulation) an
 ``KernelRun``: one ``Comparison`` per kernel result against the reference of ``functional`` (or
 ``optim.Adam``), computed in float64 from the same rounded values for a random upstream
 gradient. ``tinyformer gradcheck`` shows its verdicts as the ``kernel_*`` rows
-(gradcheck_suite.KERNEL_CASES); tests/test_kernels_emulation.py and tests/test_kernels_gpu.py
-call the same cases over more shapes and element types.
+(gradcheck_suite.KERNEL_CASES); tests/engine/kernels/test_emulation.py (the CPU's emulation and a GPU)
+calls the same cases over more shapes and element types.
 
 One module per kernel's case (``softmax.py`` checks softmax.cu, ``attention.py`` attention.cu
 and attention_mma.cu, ``mma_probe.py`` the tensor-core instructions, ...), and ``harness.py``,
