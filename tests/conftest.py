@@ -16,6 +16,7 @@ from pathlib import Path
 import background_builds
 import children
 import compilers
+import devices
 import pytest
 import trained_models
 from ci import in_ci
@@ -124,6 +125,14 @@ def set_threads():
     backend.set_num_threads(old)
     yield backend.set_num_threads
     backend.set_num_threads(old)
+
+
+@pytest.fixture
+def emulated_kernels(request, monkeypatch):
+    """The ``emulated`` device (``devices``): NumPy arrays take the kernel path, so that functional's
+    fused ops and Adam run the CUDA kernels through their CPU emulation. Parametrised indirectly
+    with ``(owner, "method")``, only while that method runs (``devices.take_the_kernel_path``)."""
+    return devices.take_the_kernel_path(monkeypatch, getattr(request, "param", None))
 
 
 @pytest.fixture

@@ -226,13 +226,7 @@ def test_api_bad_input_raises_a_clear_error(call, error, parts):
         assert part in message, f"{part!r} not in {message!r}"
 
 
-# --------------------------------------------------------------------------- the tokenizer
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    english, german = synthetic_pairs("val")
-    return Tokenizer.train(english + german, tmp_path_factory.mktemp("tok"), vocab_size=150)
-
-
+# --------------------------------------------------------------------------- the tokenizer (conftest's)
 TOKENIZER_CASES = [
     ("encode-lone-surrogate", lambda tok: tok.encode("I see \ud800 cats"), ValueError,
      ["Tokenizer.encode", "U+D800", "index 6"]),

@@ -25,7 +25,6 @@ from tinyformer.model import nn
 from tinyformer.engine import functional as F
 from tinyformer.translation.data.special import UNK_ID
 from tinyformer.translation.data.synthetic import synthetic_pairs
-from tinyformer.translation.data.tokenizer import Tokenizer
 
 from tests.project.test_bad_input import make_tiny_run
 
@@ -57,11 +56,6 @@ any_text = st.one_of(unicode_text, long_words)
 def corpus():
     english, german = synthetic_pairs("val")
     return english + german
-
-
-@pytest.fixture(scope="module")
-def tokenizer(corpus, tmp_path_factory):
-    return Tokenizer.train(corpus, tmp_path_factory.mktemp("tok"), vocab_size=150)
 
 
 @FUZZ

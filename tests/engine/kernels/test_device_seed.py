@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tinyformer import Tensor
-from tinyformer.engine import functional as F, kernels
+from tinyformer.engine import functional as F
 from tinyformer.engine import random as tf_random
 from tinyformer.study.kernel_cases import rand
 from tinyformer.engine.kernels import arguments, attention as attention_kernel, dropout as dropout_kernel
@@ -92,12 +92,6 @@ def test_device_seed_points_at_its_entry_and_refuses_bad_tables():
 
 
 # ------------------------------------------------------------------------ through functional
-@pytest.fixture
-def emulated_kernels(monkeypatch):
-    """Make functional take its kernel path on NumPy arrays (through the emulation)."""
-    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: True)
-
-
 def _drawn_seed(generator_seed):
     return tf_random.kernel_seed(np.random.default_rng(generator_seed))
 

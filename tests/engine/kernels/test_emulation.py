@@ -17,7 +17,7 @@ import pytest
 
 import tinyformer
 from tinyformer import Tensor
-from tinyformer.engine import backend, functional as F, kernels
+from tinyformer.engine import backend, functional as F
 from tinyformer.study import kernel_cases as cases
 from tinyformer.study.kernel_cases import Device, rand
 from tinyformer.engine.kernels import adam as adam_kernel, attention as attention_kernel, dropout as dropout_kernel
@@ -383,12 +383,6 @@ def test_philox_matches_the_random123_known_answers():
 
 
 # ------------------------------------------------------------------------ through functional and the optimiser
-@pytest.fixture
-def emulated_kernels(monkeypatch):
-    """Make functional and Adam take their kernel path on NumPy arrays (through the emulation)."""
-    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: True)
-
-
 def test_functional_attention_dispatches_to_the_fused_kernel(emulated_kernels):
     rng = np.random.default_rng(1)
     q, k, v = (Tensor(rand(rng, 2, 2, 5, 32), requires_grad=True) for _ in range(3))

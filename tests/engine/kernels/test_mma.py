@@ -219,12 +219,6 @@ def test_attention_refuses_what_it_has_no_kernel_for():
 
 
 # ------------------------------------------------------------------------ through functional
-@pytest.fixture
-def emulated_kernels(monkeypatch):
-    """Make functional take its kernel path on NumPy arrays (through the emulation)."""
-    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: True)
-
-
 def _bfloat16():
     return pytest.importorskip("ml_dtypes", reason="ml_dtypes (the test extra) gives NumPy a bfloat16 dtype").bfloat16
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tinyformer import Tensor
-from tinyformer.engine import backend, kernels
+from tinyformer.engine import backend
 from tinyformer.engine import functional as F
 from tinyformer.translation import checkpoint, train
 from tinyformer.engine import random as tf_random
@@ -19,6 +19,7 @@ from tinyformer.engine.kernels.arguments import DeviceSeed
 from tinyformer.translation.train import Trainer, graphs
 from tinyformer.translation.train import clock as clock_module
 
+import devices
 from emulated_capture import DeviceArray, EmulatedCapture, installed
 from tests.translation.train.test_trainer import (QUIET, SMALL_CORPUS, cached_corpus, corpus_cut_to, losses, poison, records,  # noqa: F401
                         six_steps, small_config, small_load_corpus)  # (fixtures)
@@ -50,30 +51,13 @@ class CountingCapture(EmulatedCapture):
         super().replay(graph)
 
 
-def run_on_emulated_kernels(monkeypatch):
-    """The graphed step (``GraphedStep.run``: warm-up, capture, replay and the eager fallback) on the
-    GPU's kernel path: the fused ops and Adam run their CUDA kernels through the CPU emulation, the
-    dropout kernels reading their seeds from the seed slots at each launch. Validation and
-    decoding keep the NumPy reference (through the emulation they would take most of the test)."""
-    inside = []
-    monkeypatch.setattr(kernels, "on_gpu", lambda *arrays: bool(inside))
-    run_step = graphs.GraphedStep.run
-
-    def run_on_kernels(self, *args, **kwargs):
-        inside.append(True)
-        try:
-            return run_step(self, *args, **kwargs)
-        finally:
-            inside.pop()
-
-    monkeypatch.setattr(graphs.GraphedStep, "run", run_on_kernels)
-    return inside
-
-
-@pytest.fixture
-def emulated_kernels(monkeypatch):
-    """The test's steps through the emulated kernels (``run_on_emulated_kernels``)."""
-    return run_on_emulated_kernels(monkeypatch)
+# The graphed step (``GraphedStep.run``: warm-up, capture, replay and the eager fallback) on the
+# GPU's kernel path: the fused ops and Adam run their CUDA kernels through the CPU emulation, the
+# dropout kernels reading their seeds from the seed slots at each launch. Validation and decoding
+# keep the NumPy reference (through the emulation they would take most of the test).
+GRAPHED_STEP = (graphs.GraphedStep, "run")
+graphed_step_on_emulated_kernels = pytest.mark.parametrize("emulated_kernels", [GRAPHED_STEP], indirect=True,
+                                                           ids=["graphed-step"])
 
 
 def graph_config(save_dir, **overrides):
@@ -109,7 +93,7 @@ def graphed_through_the_kernels(tmp_path_factory):
     directory = tmp_path_factory.mktemp("graphed") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(train.builders, "load_corpus", few_validation_pairs)
-        run_on_emulated_kernels(patch)
+        devices.take_the_kernel_path(patch, GRAPHED_STEP)
         trainer = run(graph_config(directory, **EMULATED), CountingCapture())
     return directory, trainer
 
@@ -161,6 +145,7 @@ def test_the_shapes_are_few_and_logged(tmp_path):
     assert logged and logged[-1]["graph_shapes"] == g.num_shapes and logged[-1]["graphs"] == g.num_graphs
 
 
+@graphed_step_on_emulated_kernels
 def test_resume_with_graphs_continues_exactly(tmp_path, graphed_through_the_kernels, emulated_kernels):
     """Through the kernels: the replays' dropout masks come from the seed slots."""
     straight, graphed = graphed_through_the_kernels
@@ -175,6 +160,7 @@ def test_resume_with_graphs_continues_exactly(tmp_path, graphed_through_the_kern
         np.testing.assert_array_equal(a[name], b[name])
 
 
+@graphed_step_on_emulated_kernels
 def test_a_failed_capture_warns_once_and_changes_no_result(tmp_path, graphed_through_the_kernels, emulated_kernels):
     """With dropout, through the kernels: the replays' dropout kernels read their seeds from the
     slots filled before each replay, the eager steps' get the seeds they draw; the same draws, so
