@@ -1,6 +1,8 @@
-"""tinyformer.engine.amp: which op runs in which precision, the compute copies Adam refreshes, and every
-fused op's float16/bfloat16 forward and gradient against the float64 reference."""
+"""tinyformer.engine.amp: which op runs in which precision, the compute copies Adam refreshes, every
+fused op's float16/bfloat16 forward and gradient against the float64 reference, and a training
+step in half precision on the kernels (emulated, and on a GPU) against the NumPy step."""
 
+import devices
 import numpy as np
 import pytest
 
@@ -194,3 +196,57 @@ def test_bfloat16_tensors_can_require_grad_and_modules_cast_to_it():
     layer = nn.Linear(3, 2).to(dtype=backend.bfloat16)
     assert layer.weight.dtype == backend.bfloat16
     assert backend.is_floating(backend.bfloat16) and not backend.is_floating(np.int32)
+
+
+@devices.needs_gpu
+def test_bfloat16_casts_on_the_gpu_equal_numpys():
+    """On CuPy the cast is the native one or goes through the bits (``backend.cast``); on NumPy it is
+    ml_dtypes' own, so there is nothing to compare on the CPU."""
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    on_gpu = backend.cast(backend.to_device(x, "cuda"), backend.bfloat16)
+    assert on_gpu.dtype == backend.bfloat16
+    assert np.array_equal(backend.to_numpy(on_gpu).view(np.uint16), x.astype(backend.bfloat16).view(np.uint16))
+    back = backend.cast(on_gpu, np.float32)
+    assert np.array_equal(backend.to_numpy(back), x.astype(backend.bfloat16).astype(np.float32))
+
+
+@pytest.mark.parametrize("device", devices.parameters("emulated", "cuda"))
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_kernel_step_in_half_precision_matches_numpys_and_the_fused_adam_writes_the_compute_copies(
+        device, precision, request):
+    """One step of `tiny` under autocast on the kernels (the CUDA kernels through the CPU emulation, or
+    on a GPU) against the same step on NumPy's reference ops; the fused Adam refreshes each product
+    weight's half compute copy to its float32 master's rounding."""
+    if device == "emulated":
+        request.getfixturevalue("cxx_compiler")
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(4, 23, (16, 12)), rng.integers(4, 23, (16, 11))
+    results = {}
+    for run_on in ("numpy", device):
+        array_device = "cuda" if run_on == "cuda" else "cpu"
+        with pytest.MonkeyPatch.context() as patch, backend.counting_launches() as launches:
+            if run_on == "emulated":
+                devices.take_the_kernel_path(patch)
+            tf.manual_seed(0)
+            model = nn.Transformer.from_preset("tiny", vocab_size=23, dropout=0.0).to(array_device)
+            adam = Adam(model.parameters(), lr=1e-3)
+            scaler = GradScaler(enabled=amp.get_precision(precision).loss_scaling)
+            with amp.autocast(precision):
+                loss = F.cross_entropy(model(backend.to_device(src, array_device), backend.to_device(tgt, array_device)),
+                                       backend.to_device(tgt, array_device), label_smoothing=0.1)
+                scaler.scale_loss(loss).backward()
+            norm, overflow = scaler.step(adam)
+        assert not overflow
+        fused = {"embedding_forward", "cross_entropy_forward", "cross_entropy_backward", "adam_update"}
+        assert fused <= set(launches) if run_on != "numpy" else not fused & set(launches)  # the path taken
+        half = amp.PRECISIONS[precision].compute_dtype
+        copies = amp.compute_copies(model.parameters())
+        linear_weights = [(p, c) for p, c in zip(model.parameters(), copies) if c is not None]
+        assert linear_weights  # the products' weights have copies, refreshed by the step
+        for p, c in linear_weights:
+            assert c.dtype == half and p.data.dtype == np.float32
+            assert np.array_equal(backend.to_numpy(c).view(np.uint16),
+                                  backend.to_numpy(backend.cast(p.data, half)).view(np.uint16))
+        results[run_on] = (loss.item(), norm, [backend.to_numpy(p.data) for p in model.parameters()])
+    assert results[device][0] == pytest.approx(results["numpy"][0], rel=2e-2)
+    assert results[device][1] == pytest.approx(results["numpy"][1], rel=5e-2)
