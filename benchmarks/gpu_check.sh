@@ -221,8 +221,9 @@ run_stage "python env" 30 "$PYTHON" -c "$PYINFO"
 tensor_cores="hardware or tensor_core"
 graph_tests=tests/translation/train/test_graphs.py
 # The files that hold GPU tests (pytest -m gpu over them alone: the others need packages a GPU machine may lack).
-gpu_test_files=(tests/engine/kernels/test_emulation.py tests/engine/test_amp.py tests/engine/test_backend.py tests/engine/functional/test_devices.py
-                tests/translation/test_distributed.py)
+gpu_test_files=(tests/engine/kernels/test_emulation.py tests/engine/kernels/test_cublas.py
+                tests/engine/kernels/test_device_seed.py tests/engine/test_amp.py tests/engine/test_backend.py
+                tests/engine/functional/test_devices.py tests/translation/test_distributed.py)
 pytest_args=(-m gpu -q -rfE --tb=short --durations=5 -p no:cacheprovider)
 # The kernels first: every module loaded from the prebuilt cubins in $TINYFORMER_CUBINS (default
 # build/cubins where it holds a manifest: built on the CPU, no device minute spent compiling, with
@@ -286,7 +287,7 @@ if [[ -n ${TINYFORMER_DATA:-} ]]; then
 fi
 
 # Earlier checks' stages, while budget is left.
-run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/engine/kernels/test_emulation.py \
+run_stage "tensor-core tests" 90 "$PYTHON" -m pytest "${pytest_args[@]}" -n 4 tests/engine/kernels/test_mma.py \
     -k "$tensor_cores"
 run_stage "gpu tests" 180 "$PYTHON" -m pytest "${pytest_args[@]}" -n 8 -k "not ($tensor_cores)" "${gpu_test_files[@]}"
 run_stage "bench_attention" 60 "$PYTHON" benchmarks/bench_attention.py --skip-rows --markdown --dtypes fp16,bf16 \

@@ -1,13 +1,16 @@
 """kernels/cublas.py's plans, checked on the CPU: each ``GemmPlan`` is carried out as cuBLAS reads
 it (column-major matrices at the plan's leading dimensions and batch strides, over the operands'
-own memory, NumPy's ``as_strided``) and compared with NumPy's product. The GPU runs the same plans
-through cuBLAS (engine/kernels/test_emulation.py, the graph tests)."""
+own memory, NumPy's ``as_strided``) and compared with NumPy's product. On a GPU, the products of the same layouts
+run through cuBLAS (below, and the graph tests)."""
 
+import devices
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
+from tinyformer.engine import backend
 from tinyformer.engine.kernels import cublas
+from tinyformer.study.kernel_cases import Device, rand
 
 
 def element_strides(x):
@@ -44,7 +47,7 @@ def r(*shape):
     return rng.standard_normal(shape)
 
 
-#: name -> the operands, made by r(*shape) (NumPy here; on the GPU, engine/kernels/test_emulation.py's CuPy arrays)
+#: name -> the operands, made by r(*shape) (NumPy here; on the GPU, CuPy arrays)
 LAYOUTS = {
     "C @ C": lambda r: (r(5, 3), r(3, 4)),
     "C @ W.T (a linear layer)": lambda r: (r(6, 3), r(4, 3).T),
@@ -99,3 +102,65 @@ def test_on_numpy_arrays_matmul_is_numpys_product():
     np.testing.assert_array_equal(out, a @ b)
     with pytest.raises(ValueError, match="at least 2 axes"):
         cublas.matmul(r(3), b)
+
+
+# ------------------------------------------------------------------------ on the GPU only
+CUBLAS_TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+@devices.needs_gpu
+@pytest.mark.parametrize("dtype", list(CUBLAS_TOLERANCE))
+def test_cublas_products_of_every_layout_match_numpy(dtype):
+    """kernels.cublas.matmul on this file's layouts (whose plans the CPU checks above):
+    the hardware's strided-batched GEMM against NumPy's product of the same rounded values."""
+    import cupy
+
+    rng = np.random.default_rng(5)
+    dev = Device("cuda", dtype) if dtype != "float64" else None
+
+    def r(*shape):  # an array on the GPU in dtype (float64: exact)
+        values = rng.standard_normal(shape)
+        return cupy.asarray(values) if dev is None else dev.put(values.astype(np.float32))
+
+    def host(x):
+        return (backend.to_numpy(x) if dev is None else dev.get(x)).astype(np.float64)
+
+    for layout, make in LAYOUTS.items():
+        a, b = make(r)  # the layout's views, of GPU memory
+        got = host(cublas.matmul(a, b))
+        expected = host(a) @ host(b)
+        scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+        np.testing.assert_allclose(got, expected, rtol=0, atol=CUBLAS_TOLERANCE[dtype] * scale * 4, err_msg=layout)
+
+
+@devices.needs_gpu
+def test_cublas_products_are_captured_and_replayed_bit_for_bit():
+    """A linear layer's three products (y = xWᵀ, dx = g W, dW = gᵀx) captured into a CUDA graph and
+    replayed on new inputs: the eager products' bits (CuPy's own product cannot be captured)."""
+    import cupy
+
+    capture = backend.GraphCapture()
+    rng = np.random.default_rng(0)
+    x, w, g = (cupy.asarray(rand(rng, *shape)) for shape in ((512, 256), (1024, 256), (512, 1024)))
+    outs = {}
+
+    def products():
+        outs["y"] = cublas.matmul(x, w.T)
+        outs["dx"] = cublas.matmul(g, w)
+        outs["dw"] = cublas.matmul(g.T, x)
+
+    products()  # eagerly first, as a new shape's first step is: cuBLAS loads its kernels, the handle is made
+    capture.begin()
+    graph = capture.capture(products)
+    capture.end()
+    for _ in range(2):
+        for a in (x, w, g):
+            a[...] = cupy.asarray(rand(rng, *a.shape))
+        capture.begin()
+        capture.replay(graph)
+        capture.end()
+        eager = {"y": cublas.matmul(x, w.T), "dx": cublas.matmul(g, w), "dw": cublas.matmul(g.T, x)}
+        for name, value in eager.items():
+            assert bool((outs[name] == value).all()), name
+        np.testing.assert_allclose(backend.to_numpy(outs["y"]), backend.to_numpy(x) @ backend.to_numpy(w).T,
+                                   rtol=1e-4, atol=1e-4)

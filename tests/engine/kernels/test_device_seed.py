@@ -4,6 +4,7 @@ gives for ``seed=s``, and another value in the table changes its mask (the point
 functional layer hands a DeviceSeed from ``random.kernel_seed`` through to forward and backward."""
 
 
+import devices
 import numpy as np
 import pytest
 
@@ -139,3 +140,24 @@ def test_functional_ops_hand_a_device_seed_to_forward_and_backward(op, emulated_
     with tf_random.recording_kernel_seeds(recorder):
         other = _run(make(np.random.default_rng(5)), inputs, upstream)
     assert not np.array_equal(other[0], eager[0])
+
+
+@devices.needs_gpu
+def test_a_device_seed_on_the_gpu_gives_the_mask_of_its_value():
+    import cupy
+
+    rng = np.random.default_rng(2)
+    x = cupy.asarray(rand(rng, 1000, 33))
+    table = cupy.asarray(np.array([5, 2 ** 62 + 9, 11], dtype=np.uint64))
+    y, keep = dropout_kernel.dropout_forward(x, 0.3, arguments.DeviceSeed(table, 1))
+    y_value, keep_value = dropout_kernel.dropout_forward(x, 0.3, 2 ** 62 + 9)
+    assert bool((keep == keep_value).all()) and bool((y == y_value).all())
+    q, k, v, g = (cupy.asarray(rand(rng, 2, 3, 70, 64).astype(np.float16)) for _ in range(4))
+    by_value = attention_kernel.attention_mma_forward(q, k, v, dropout_p=0.2, seed=11)
+    from_table = attention_kernel.attention_mma_forward(q, k, v, dropout_p=0.2, seed=arguments.DeviceSeed(table, 2))
+    assert all(bool((a == b).all()) for a, b in zip(by_value, from_table))
+    grads = [attention_kernel.attention_mma_backward(q, k, v, *by_value, g, dropout_p=0.2, seed=s)
+             for s in (11, arguments.DeviceSeed(table, 2))]
+    assert all(bool((a == b).all()) for a, b in zip(*grads))
+    with pytest.raises(ValueError, match="must live on the device of the kernel's arrays"):
+        dropout_kernel.dropout_forward(x, 0.3, arguments.DeviceSeed(np.zeros(2, np.uint64), 0))

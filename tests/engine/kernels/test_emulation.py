@@ -1,9 +1,13 @@
-"""The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
-the NumPy references in functional/optim (the cases of tinyformer/study/kernel_cases/). These
-run in CI, where there is no GPU.
+"""The CUDA kernels against the NumPy references in functional/optim (the cases of
+tinyformer/study/kernel_cases/), on two devices (``devices``): ``emulated``, the kernels' own source
+run on the CPU through kernels/cpu_emulation.h (in CI, where there is no GPU), and ``cuda``, the
+compiled kernels on a GPU in float32, float16 and bfloat16 (skipped without one) at the lengths
+where tiling goes wrong first: 1, 7, 64, 129, 1000.
 
-The emulation runs a block's CUDA threads as fibers on one OS thread, so shapes are small. Most
-of the file runs again under AddressSanitizer (test_emulation_under_address_sanitizer).
+The emulation runs a block's CUDA threads as fibers on one OS thread, so its shapes are small. Most
+of the file runs again under AddressSanitizer (test_emulation_under_address_sanitizer). The tests
+that exist only on a GPU (a captured Adam step, the functional ops on CuPy arrays) carry
+``devices.needs_gpu``.
 """
 
 import functools
@@ -12,6 +16,7 @@ import re
 import shutil
 
 import children
+import devices
 import numpy as np
 import pytest
 
@@ -29,17 +34,33 @@ from tinyformer.model.optim.adam import device_update_reference
 pytestmark = pytest.mark.usefixtures("cxx_compiler")  # skipped without g++ or clang++; failed in CI (compilers.py)
 
 CPU = Device("cpu")
+DTYPES = ["float32", "float16", "bfloat16"]  # the GPU's; the emulation's 16-bit types are tested where named
+LENGTHS = [1, 7, 64, 129, 1000]
 
 
-@pytest.mark.parametrize("cols", [1, 7, 64, 129, 1000])
+def on_devices(emulated=(), cuda=()):
+    """pytest parameters ``(device, *values)``: each ``values`` of ``emulated`` on the CPU's emulation
+    (float32, small shapes), each ``(dtype, *values)`` of ``cuda`` on the GPU (``devices.on_cuda``)."""
+    def name(*parts):
+        return "-".join(str(part) for part in parts if isinstance(part, (int, float, str, type(None))))
+
+    return ([pytest.param(CPU, *values, id=name("emulated", *values)) for values in emulated]
+            + [devices.on_cuda(Device("cuda", dtype), *values, id=name("cuda", dtype, *values))
+               for dtype, *values in cuda])
+
+
+@pytest.mark.parametrize("device, rows", on_devices([(3,)], [(dtype, 37) for dtype in DTYPES]))
+@pytest.mark.parametrize("cols", LENGTHS)
 @pytest.mark.parametrize("log", [False, True])
-def test_softmax_kernel_matches_reference(cols, log):
-    cases.softmax(CPU, 3, cols, log, seed=cols).check()
+def test_softmax_kernel_matches_reference(device, rows, cols, log):
+    cases.softmax(device, rows, cols, log, seed=cols).check()
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 7), (3, 64), (130, 129), (2, 1000)])
-def test_layer_norm_kernel_matches_reference(rows, cols):
-    cases.layer_norm(CPU, rows, cols, seed=rows * cols).check()
+@pytest.mark.parametrize("device, rows, cols, seed", on_devices(
+    [(rows, cols, rows * cols) for rows, cols in [(1, 1), (5, 7), (3, 64), (130, 129), (2, 1000)]],
+    [(dtype, 300, cols, cols) for dtype in DTYPES for cols in LENGTHS]))
+def test_layer_norm_kernel_matches_reference(device, rows, cols, seed):
+    cases.layer_norm(device, rows, cols, seed=seed).check()
 
 
 @pytest.mark.parametrize("cols", [37, 300])
@@ -60,10 +81,11 @@ def test_layer_norm_kernel_rescales_rows_whose_float32_statistics_overflow(cols)
     assert np.abs(results["y"][[1, 3, 4, 5]]).max(axis=-1).min() > 0.5  # normalised rows, not the bias alone
 
 
-@pytest.mark.parametrize("rows,cols", [(3, 1), (5, 7), (9, 129), (2, 1001)])
-@pytest.mark.parametrize("p", [0.0, 0.3])
-def test_bias_relu_dropout_kernel_matches_reference(rows, cols, p):
-    cases.bias_relu_dropout(CPU, rows, cols, p, seed=7, rng_seed=cols).check()
+@pytest.mark.parametrize("device, rows, cols, p, seed", on_devices(
+    [(rows, cols, p, 7) for rows, cols in [(3, 1), (5, 7), (9, 129), (2, 1001)] for p in (0.0, 0.3)],
+    [(dtype, 300, cols, p, cols) for dtype in DTYPES for cols in LENGTHS for p in (0.0, 0.1)]))
+def test_bias_relu_dropout_kernel_matches_reference(device, rows, cols, p, seed):
+    cases.bias_relu_dropout(device, rows, cols, p, seed=seed, rng_seed=cols).check()
 
 
 def test_bias_relu_dropout_kernel_grid_stride(monkeypatch):
@@ -71,16 +93,26 @@ def test_bias_relu_dropout_kernel_grid_stride(monkeypatch):
     cases.bias_relu_dropout(CPU, 33, 129, 0.2, seed=3).check()
 
 
-@pytest.mark.parametrize("rows,cols", [(3, 1), (5, 7), (9, 129), (2, 1000)])
-@pytest.mark.parametrize("p", [0.0, 0.3])
-def test_residual_layer_norm_kernel_matches_reference(rows, cols, p):
-    cases.residual_layer_norm(CPU, rows, cols, p, seed=77, rng_seed=cols).check()
+@pytest.mark.parametrize("device, rows, cols, p, seed", on_devices(
+    [(rows, cols, p, 77) for rows, cols in [(3, 1), (5, 7), (9, 129), (2, 1000)] for p in (0.0, 0.3)],
+    [(dtype, 300, cols, p, cols) for dtype in DTYPES for cols in LENGTHS for p in (0.0, 0.1)]))
+def test_residual_layer_norm_kernel_matches_reference(device, rows, cols, p, seed):
+    cases.residual_layer_norm(device, rows, cols, p, seed=seed, rng_seed=cols).check()
 
 
-@pytest.mark.parametrize("positions,vocab,cols", [(0, 5, 3), (1, 1, 1), (7, 3, 5), (300, 17, 33), (600, 40, 1100)])
-def test_embedding_backward_kernel_matches_reference(positions, vocab, cols):
+@pytest.mark.parametrize("device, positions, vocab, cols", on_devices(
+    [(0, 5, 3), (1, 1, 1), (7, 3, 5), (300, 17, 33), (600, 40, 1100)],
+    [(dtype, *sizes) for dtype in DTYPES for sizes in [(1, 1, 1), (300, 17, 33), (600, 40, 1100), (4096, 8000, 256)]]))
+def test_embedding_backward_kernel_matches_reference(device, positions, vocab, cols):
     """Chunks of positions past one block and rows wider than one pass of the block's columns."""
-    cases.embedding(CPU, positions, vocab, cols, seed=positions).check()
+    cases.embedding(device, positions, vocab, cols, seed=positions).check()
+
+
+@devices.needs_gpu
+def test_embedding_backward_kernel_repeats_bit_for_bit():
+    """No atomics: the same ids and dy give the same bits at every run (CuPy's scatter add does not)."""
+    first, second = (cases.embedding(Device("cuda"), 4096, 300, 256, seed=1).check()["grad w"] for _ in range(2))
+    np.testing.assert_array_equal(first, second)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -98,16 +130,30 @@ def test_layer_norms_in_16_bit_types_match_the_reference_on_what_the_kernel_roun
     cases.residual_layer_norm(dev, 300, cols, p, seed=cols, rng_seed=cols).check()
 
 
-@pytest.mark.parametrize("vocab", [1, 7, 129, 1000])
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("ignore_index", [None, 0])
-def test_cross_entropy_kernel_matches_reference(vocab, smoothing, ignore_index):
-    cases.cross_entropy(CPU, 9, vocab, smoothing, ignore_index, seed=vocab).check()
+@pytest.mark.parametrize("device, rows, vocab, smoothing, ignore_index", on_devices(
+    [(9, vocab, smoothing, ignore) for vocab in [1, 7, 129, 1000] for smoothing in (0.0, 0.1) for ignore in (None, 0)],
+    [(dtype, 129, vocab, smoothing, ignore) for dtype in DTYPES for vocab in [7, 1000, 8000]
+     for smoothing, ignore in [(0.0, None), (0.1, 0)]]))
+def test_cross_entropy_kernel_matches_reference(device, rows, vocab, smoothing, ignore_index):
+    cases.cross_entropy(device, rows, vocab, smoothing, ignore_index, seed=vocab).check()
 
 
-def test_fused_adam_kernel_matches_reference_loop():
-    plan = cases.adam(CPU, [(3, 5), (7,), (300,), (1,)], chunk_size=128).check()["plan"]
-    assert plan.chunks == 6  # 300 elements in 3 chunks of 128
+GPU_ADAM_SHAPES = [(512, 512), (7,), (70000,), (1,)]
+
+
+@pytest.mark.parametrize("device, shapes, chunk_size", on_devices(
+    [([(3, 5), (7,), (300,), (1,)], 128)], [("float32", GPU_ADAM_SHAPES, registry.ADAM_CHUNK)]))
+def test_fused_adam_kernel_matches_reference_loop(device, shapes, chunk_size):
+    plan = cases.adam(device, shapes, chunk_size=chunk_size).check()["plan"]
+    assert plan.chunks == sum(-(-int(np.prod(shape)) // chunk_size) for shape in shapes)  # emulated: 300 in 3 of 128
+
+
+@devices.needs_gpu
+@pytest.mark.parametrize("copy_dtype", [None, "float16", "bfloat16"])
+def test_fused_adam_kernel_clips_and_unscales_as_the_reference_on_the_gpu(copy_dtype):
+    """At the GPU's sizes (the emulation's own checks of copies, unscaling and clipping follow)."""
+    cases.adam(Device("cuda"), GPU_ADAM_SHAPES, chunk_size=registry.ADAM_CHUNK,
+               copy_dtype=copy_dtype, grad_scale=1024.0, max_grad_norm=100.0).check()
 
 
 @pytest.mark.parametrize("copy_dtype", ["float16", "bfloat16"])
@@ -135,9 +181,11 @@ def test_fused_adam_kernel_over_many_chunks_and_tensors_with_a_loss_scale():
 
 
 @pytest.mark.parametrize("poison", cases.ADAM_POISONS)
-@pytest.mark.parametrize("copy_dtype", [None, "float16"])
-def test_fused_adam_kernel_skips_a_non_finite_step_without_writing(poison, copy_dtype):
-    cases.adam_skip(CPU, [(3, 5), (300,), (7,)], 128, poison, copy_dtype=copy_dtype).check()
+@pytest.mark.parametrize("device, shapes, chunk_size, copy_dtype", on_devices(
+    [([(3, 5), (300,), (7,)], 128, copy_dtype) for copy_dtype in (None, "float16")],
+    [("float32", [(512, 512), (7,), (70000,)], registry.ADAM_CHUNK, "bfloat16")]))
+def test_fused_adam_kernel_skips_a_non_finite_step_without_writing(poison, device, shapes, chunk_size, copy_dtype):
+    cases.adam_skip(device, shapes, chunk_size, poison, copy_dtype=copy_dtype).check()
 
 
 def _adam_state(seed=0, shapes=((3, 5), (300,))):
@@ -290,9 +338,11 @@ def test_adam_plan_refuses_mismatched_arrays():
         adam_kernel.AdamPlan(p, [np.zeros((3, 2), np.float32)], [np.zeros_like(p[0])], [np.zeros_like(p[0])])
 
 
-@pytest.mark.parametrize("length", [1, 7, 64, 129])
-def test_attention_kernel_lengths(length):
-    cases.attention(CPU, 1, 1, length, length, 32, rng_seed=length).check()
+@pytest.mark.parametrize("device, batch, heads, length, dim", on_devices(
+    [(1, 1, length, 32) for length in [1, 7, 64, 129]],
+    [(dtype, 2, 3, length, dim) for dtype in DTYPES for length in LENGTHS for dim in (32, 64, 128)]))
+def test_attention_kernel_lengths(device, batch, heads, length, dim):
+    cases.attention(device, batch, heads, length, length, dim, rng_seed=length).check()
 
 
 @pytest.mark.parametrize("dim", [64, 128])
@@ -300,33 +350,44 @@ def test_attention_kernel_head_dims(dim):
     cases.attention(CPU, 1, 2, 9, 11, dim, lengths=[8]).check()
 
 
-def test_attention_kernel_causal_with_padding_odd_batch_and_heads():
-    cases.attention(CPU, 3, 3, 19, 19, 32, lengths=[19, 5, 12], causal=True).check()
+@pytest.mark.parametrize("device, sizes, lengths", on_devices(
+    [((3, 3, 19, 19, 32), [19, 5, 12])], [(dtype, (5, 3, 129, 129, 64), [129, 1, 64, 100, 7]) for dtype in DTYPES]))
+def test_attention_kernel_causal_with_padding_odd_batch_and_heads(device, sizes, lengths):
+    cases.attention(device, *sizes, lengths=lengths, causal=True).check()
 
 
-def test_attention_kernel_causal_queries_aligned_with_last_keys():
-    cases.attention(CPU, 1, 1, 5, 37, 32, causal=True).check()
+@pytest.mark.parametrize("device, sizes, lengths", on_devices(
+    [((1, 1, 5, 37, 32), None)], [("float32", (2, 2, 7, 1000, 64), [1000, 500])]))
+def test_attention_kernel_causal_queries_aligned_with_last_keys(device, sizes, lengths):
+    cases.attention(device, *sizes, lengths=lengths, causal=True).check()
 
 
-def test_attention_kernel_fully_masked_rows_give_zero_output_and_gradient():
-    results = cases.attention(CPU, 2, 1, 6, 6, 32, lengths=[0, 6]).check()
-    o, lse = results["o"], results["lse"]
-    assert not o[0].any() and np.isneginf(lse[0]).all()
+@pytest.mark.parametrize("device, batch, heads, length, dim, lengths", on_devices(
+    [(2, 1, 6, 32, [0, 6])], [("float32", 3, 2, 7, 64, [0, 7, 3])]))
+def test_attention_kernel_fully_masked_rows_give_zero_output_and_gradient(device, batch, heads, length, dim, lengths):
+    results = cases.attention(device, batch, heads, length, length, dim, lengths=lengths).check()
+    o, lse = results["o"], results["lse"]  # (batch·heads, ...): the first sequence's heads are masked whole
+    assert not o[:heads].any() and np.isneginf(lse[:heads]).all()
 
 
-def test_attention_kernel_dropout_matches_reference_with_the_same_philox_mask():
-    cases.attention(CPU, 2, 1, 13, 40, 32, lengths=[40, 33], causal=True, dropout_p=0.3, seed=1234567).check()
+@pytest.mark.parametrize("device, sizes, lengths, p, seed", on_devices(
+    [((2, 1, 13, 40, 32), [40, 33], 0.3, 1234567)], [("float32", (2, 2, 64, 129, 64), [129, 70], 0.1, 42)]))
+def test_attention_kernel_dropout_matches_reference_with_the_same_philox_mask(device, sizes, lengths, p, seed):
+    cases.attention(device, *sizes, lengths=lengths, causal=True, dropout_p=p, seed=seed).check()
 
 
-def test_attention_kernel_is_deterministic():
+@pytest.mark.parametrize("device, shape, heads, causal, p, seed", on_devices(
+    [((2, 33, 32), 1, False, 0.2, 9)], [("float32", (6, 1000, 64), 3, True, 0.1, 7)]))
+def test_attention_kernel_is_deterministic(device, shape, heads, causal, p, seed):
     rng = np.random.default_rng(5)
-    q, k, v, g = (rand(rng, 2, 33, 32) for _ in range(4))
+    q, k, v, g = (backend.to_device(rand(rng, *shape), device.device) for _ in range(4))
     runs = []
     for _ in range(2):
-        o, lse = attention_kernel.attention_forward(q, k, v, 1, dropout_p=0.2, seed=9)
-        runs.append((o, lse) + attention_kernel.attention_backward(q, k, v, o, lse, g, 1, dropout_p=0.2, seed=9))
+        o, lse = attention_kernel.attention_forward(q, k, v, heads, causal=causal, dropout_p=p, seed=seed)
+        runs.append((o, lse) + attention_kernel.attention_backward(q, k, v, o, lse, g, heads, causal=causal,
+                                                                   dropout_p=p, seed=seed))
     for a, b in zip(*runs):
-        assert np.array_equal(a, b)
+        assert np.array_equal(backend.to_numpy(a), backend.to_numpy(b))
 
 
 def test_attention_kernel_refuses_unsupported_head_dim_and_dtype():
@@ -338,11 +399,12 @@ def test_attention_kernel_refuses_unsupported_head_dim_and_dtype():
         attention_kernel.attention_forward(y, y, y, 1)
 
 
-@pytest.mark.parametrize("n", [1, 3, 4, 5, 1000, 4099])
+@pytest.mark.parametrize("device, n, seed, offset", on_devices(
+    [(n, seed, offset) for n in [1, 3, 4, 5, 1000, 4099] for seed, offset in [(0, 0), (2 ** 63 - 25, 0), (987654321, 3)]],
+    [(dtype, n, 2 ** 62 + n, n % 3) for dtype in DTYPES for n in [1, 3, 4, 5, 1000, 4099, 1_000_003]]))
 @pytest.mark.parametrize("p", [0.1, 0.5])
-@pytest.mark.parametrize("seed,offset", [(0, 0), (2 ** 63 - 25, 0), (987654321, 3)])
-def test_dropout_kernel_matches_the_philox_reference(n, p, seed, offset):
-    cases.dropout(CPU, (n,), p, seed, offset, rng_seed=n).check()
+def test_dropout_kernel_matches_the_philox_reference(device, n, seed, offset, p):
+    cases.dropout(device, (n,), p, seed, offset, rng_seed=n).check()
 
 
 def test_dropout_kernel_masks_elements_in_c_order_of_any_shape():
@@ -350,9 +412,11 @@ def test_dropout_kernel_masks_elements_in_c_order_of_any_shape():
     assert 0 < keep.sum() < keep.size
 
 
-def test_dropout_kernel_grid_stride(monkeypatch):
-    monkeypatch.setattr(registry, "DROPOUT_MAX_BLOCKS", 2)  # 2 blocks of 256 threads stride over 1,025 groups
-    cases.dropout(CPU, (4099,), 0.5, seed=3, offset=1).check()
+# emulated: 2 blocks of 256 threads stride over 1,025 groups; cuda: 3 blocks over 25,001
+@pytest.mark.parametrize("device, blocks, n, p, seed", on_devices([(2, 4099, 0.5, 3)], [("float32", 3, 100_001, 0.2, 17)]))
+def test_dropout_kernel_grid_stride(monkeypatch, device, blocks, n, p, seed):
+    monkeypatch.setattr(registry, "DROPOUT_MAX_BLOCKS", blocks)
+    cases.dropout(device, (n,), p, seed=seed, offset=1).check()
 
 
 def test_dropout_kernel_keeps_everything_at_p_zero():
@@ -397,26 +461,43 @@ def test_functional_attention_dispatches_to_the_fused_kernel(emulated_kernels):
     assert weights.shape == (2, 2, 5, 5) and not weights.grad_fn.uses_kernel
 
 
-def test_functional_dropout_takes_the_kernel_with_a_seed_from_the_generator(emulated_kernels):
-    x = Tensor(rand(np.random.default_rng(2), 4, 33), requires_grad=True)
-    g = rand(np.random.default_rng(3), 4, 33)
-    y = F.dropout(x, 0.25, True, np.random.default_rng(7))
-    seed = int(np.random.default_rng(7).integers(2 ** 63))
-    keep = (philox_uniform(seed, 0, np.arange(x.size)) >= np.float32(0.25)).reshape(x.shape)
-    scale = np.float32(1 / 0.75)
-    np.testing.assert_allclose(y.data, x.data * keep * scale, rtol=1e-6, atol=0)
+def on_the_kernel_path(device, request):
+    """Where a functional test's arrays live: NumPy arrays on the emulated kernels, or CuPy arrays."""
+    if device == "emulated":
+        request.getfixturevalue("emulated_kernels")
+        return "cpu"
+    return "cuda"
+
+
+@pytest.mark.parametrize("device, dtype, shape, p, generator_seed, rtol", [
+    pytest.param("emulated", "float32", (4, 33), 0.25, 7, 1e-6, id="emulated"),
+    *(devices.on_cuda("cuda", dtype, (8, 257), 0.3, 4, 0.0, id=f"cuda-{dtype}") for dtype in ("float32", "float16"))])
+def test_functional_dropout_takes_the_kernel_with_a_seed_from_the_generator(device, dtype, shape, p, generator_seed,
+                                                                            rtol, request):
+    where = on_the_kernel_path(device, request)
+    x = Tensor(backend.to_device(rand(np.random.default_rng(2), *shape).astype(dtype), where), requires_grad=True)
+    g = backend.to_device(rand(np.random.default_rng(3), *shape).astype(dtype), where)
+    y = F.dropout(x, p, True, np.random.default_rng(generator_seed))
+    seed = int(np.random.default_rng(generator_seed).integers(2 ** 63))
+    keep = backend.to_device((philox_uniform(seed, 0, np.arange(x.size)) >= np.float32(p)).reshape(shape), where)
+    scale = np.dtype(dtype).type(1 / (1 - p))
+    assert y.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(backend.to_numpy(y.data), backend.to_numpy(x.data * keep * scale), rtol=rtol, atol=0)
     y.backward(Tensor(g))
-    np.testing.assert_allclose(x.grad, g * keep * scale, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(backend.to_numpy(x.grad), backend.to_numpy(g * keep * scale), rtol=rtol, atol=0)
 
 
-def test_functional_dropout_with_kernels_repeats_after_manual_seed(emulated_kernels):
-    x = Tensor(np.ones((3, 50), np.float32))
+@pytest.mark.parametrize("device, shape, p, seed, draws", [pytest.param("emulated", (3, 50), 0.5, 123, 2, id="emulated"),
+                                                          devices.on_cuda("cuda", (64, 1000), 0.1, 99, 3, id="cuda")])
+def test_functional_dropout_with_kernels_repeats_after_manual_seed(device, shape, p, seed, draws, request):
+    x = Tensor(backend.to_device(np.ones(shape, np.float32), on_the_kernel_path(device, request)))
     masks = []
     for _ in range(2):
-        tinyformer.manual_seed(123)
-        masks.append([F.dropout(x, 0.5).data != 0 for _ in range(2)])
-    assert np.array_equal(masks[0][0], masks[1][0]) and np.array_equal(masks[0][1], masks[1][1])
+        tinyformer.manual_seed(seed)
+        masks.append([backend.to_numpy(F.dropout(x, p).data != 0) for _ in range(draws)])
+    assert all(np.array_equal(first, second) for first, second in zip(*masks))
     assert not np.array_equal(masks[0][0], masks[0][1])  # each call draws a fresh seed
+    assert abs(masks[0][0].mean() - (1 - p)) < 8 * np.sqrt(p * (1 - p) / x.size)  # the rate kept
 
 
 def _adam_with_params(shapes=((3, 5), (300,)), seed=4, **kwargs):
@@ -504,6 +585,100 @@ def test_training_step_with_kernels_equals_the_reference_step(emulated_kernels, 
         # steps, so its update is compared only where the gradient is not noise.
         if np.abs(grads_ref[name]).max() > 1e-6:
             np.testing.assert_allclose(params_kernel[name], params_ref[name], rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------ on the GPU only
+@devices.needs_gpu
+def test_adam_step_captured_in_a_cuda_graph_replays_as_the_eager_step():
+    """Adam.step_on_device captured once (backend.GraphCapture) and replayed with new gradients
+    and scalars each step: bit for bit the eager kernel steps, a skipped step included."""
+    import cupy
+
+    capture = backend.GraphCapture()  # on a usable GPU, CaptureUnavailable here is a failure, not a skip
+    rng = np.random.default_rng(0)
+    start = [rand(rng, 300, 70), rand(rng, 70000), rand(rng, 7)]
+    eager, graphed = (Adam([Tensor(cupy.asarray(a), requires_grad=True) for a in start], lr=1e-3, max_grad_norm=50.0)
+                      for _ in range(2))
+    for p in graphed.params:
+        p.grad = cupy.zeros_like(p.data)
+    graph = None
+    for step in range(4):
+        grads = [cupy.asarray(rand(rng, *a.shape)) for a in start]
+        if step == 2:
+            grads[1][5] = cupy.inf
+        for p, g in zip(eager.params, grads):
+            p.grad = g.copy()
+        norm = eager.step(skip_nonfinite=True)
+        for p, g in zip(graphed.params, grads):
+            p.grad[...] = g
+        graphed.write_step_scalars()
+        graphed.prepare_device_step()
+        capture.begin()
+        if graph is None:
+            graph = capture.capture(graphed.step_on_device)
+        capture.replay(graph)
+        capture.end()
+        graphed_norm, applied = graphed.finish_device_step()
+        assert applied == (step != 2) and np.array_equal([graphed_norm], [norm])
+        for a, b in zip(eager.params, graphed.params):
+            assert bool((a.data == b.data).all())
+    assert eager.step_count == graphed.step_count == 3
+
+
+@devices.needs_gpu
+def test_global_gradient_norm_and_clipping_on_the_gpu_equal_the_cpu():
+    import cupy
+
+    from tinyformer.model.nn import Parameter
+    from tinyformer.model.optim import clip_grad_norm
+
+    rng = np.random.default_rng(5)
+    grads = [rand(rng, 300, 7), rand(rng, 11), np.full(4, 1e20, np.float32)]  # the last overflows float32
+    cpu, gpu = ([Parameter(np.zeros_like(g)) for g in grads] for _ in range(2))
+    for p_cpu, p_gpu, g in zip(cpu, gpu, grads):
+        p_cpu.grad, p_gpu.grad = g.copy(), cupy.asarray(g)
+    assert clip_grad_norm(gpu, 1.0) == pytest.approx(clip_grad_norm(cpu, 1.0), rel=1e-6)
+    for p_cpu, p_gpu in zip(cpu, gpu):
+        np.testing.assert_allclose(cupy.asnumpy(p_gpu.grad), p_cpu.grad, rtol=1e-6)
+
+
+@devices.needs_gpu
+def test_unsupported_head_dim_falls_back_to_the_reference_and_ops_refuse_it():
+    import cupy
+
+    rng = np.random.default_rng(0)
+    q = Tensor(cupy.asarray(rand(rng, 2, 2, 5, 48)), requires_grad=True)
+    out = F.scaled_dot_product_attention(q, q, q, causal=True)
+    assert not out.grad_fn.uses_kernel
+    with pytest.raises(ValueError, match="head dimension 48"):
+        attention_kernel.attention_forward(*(q.data.reshape(4, 5, 48),) * 3, 2)
+    with pytest.raises(TypeError, match="float64"):
+        x = cupy.zeros((1, 4, 64))
+        attention_kernel.attention_forward(x, x, x, 1)
+
+
+def _training_step_on(device):
+    model = tinyformer.model.nn.Transformer(60, d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
+    model = model.to(device)
+    adam = Adam(model.parameters(), lr=1e-3)
+    src = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 12, 13, 3]])
+    tgt_in = np.array([[2, 11, 12, 13, 0], [2, 14, 15, 16, 17]])
+    tgt_out = np.array([[11, 12, 13, 3, 0], [14, 15, 16, 17, 3]])
+    logits = model(backend.to_device(src, device), backend.to_device(tgt_in, device))
+    loss = F.cross_entropy(logits, backend.to_device(tgt_out, device), 0.1, ignore_index=0)
+    loss.backward()
+    grads = {n: backend.to_numpy(p.grad) for n, p in model.named_parameters()}
+    adam.step()
+    return loss.item(), grads
+
+
+@devices.needs_gpu
+def test_a_training_step_on_the_gpu_equals_the_cpu_step():
+    loss_cpu, grads_cpu = _training_step_on("cpu")
+    loss_gpu, grads_gpu = _training_step_on("cuda")
+    assert loss_gpu == pytest.approx(loss_cpu, rel=1e-5)
+    for name in grads_cpu:
+        np.testing.assert_allclose(grads_gpu[name], grads_cpu[name], rtol=1e-3, atol=1e-6, err_msg=name)
 
 
 # ------------------------------------------------------------------------ the same under AddressSanitizer

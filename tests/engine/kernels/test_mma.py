@@ -11,6 +11,7 @@ cases run on a GPU in tests/engine/kernels/test_emulation.py. The file runs agai
 import os
 
 import children
+import devices
 import mma_probes
 import numpy as np
 import ptx_layouts
@@ -267,3 +268,95 @@ def test_functional_attention_takes_the_tensor_core_kernel_for_float16(emulated_
     assert called == ["attention_mma_forward"]
     for got, want in zip(outs[half], outs[np.float64]):
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------------------------------ on the GPU only
+GPU_LENGTHS = [1, 7, 64, 129, 1000]
+MMA_DTYPES = list(registry.MMA_DTYPES)
+
+
+@devices.needs_gpu
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+def test_hardware_mma_ldmatrix_and_cp_async_follow_the_ptx_layouts(dtype):
+    mma_probes.instructions(Device("cuda", dtype), seed=3).check()
+
+
+@devices.needs_gpu
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+def test_hardware_mma_and_ldmatrix_follow_the_ptx_isas_own_formulas(dtype):
+    """Registers packed and unpacked by the ISA's formulas (tests/ptx_layouts.py): the product,
+    every one-hot placement, and ldmatrix from scattered rows."""
+    dev = Device("cuda", dtype)
+    mma_probes.mma_by_the_isa(dev, seed=4).check()
+    mma_probes.mma_one_hot(dev).check()
+    for seed in range(3):
+        mma_probes.ldmatrix_by_the_isa(dev, seed=seed).check()
+
+
+@devices.needs_gpu
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+def test_hardware_mma_agrees_with_the_emulation(dtype, cxx_compiler):
+    """The same probe inputs through the hardware instruction and through cpu_emulation.h."""
+    rng = np.random.default_rng(11)
+    kind = "bfloat16" if dtype == "bfloat16" else "float16"
+    dev_gpu, dev_cpu = Device("cuda", dtype), Device("cpu", dtype)
+    a, b, c = dev_gpu.round(rand(rng, 16, 16)), dev_gpu.round(rand(rng, 16, 8)), rand(rng, 16, 8)
+    results = []
+    for dev in (dev_gpu, dev_cpu):
+        d = backend.to_device(np.zeros((16, 8), np.float32), dev.device)
+        mma_probes.launch("mma_probe", kind, (1,), (32,), (dev.put(a), dev.put(b), backend.to_device(c, dev.device), d,
+                                                          np.int32(1)))
+        results.append(backend.to_numpy(d))
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
+
+
+@devices.needs_gpu
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+@pytest.mark.parametrize("length", GPU_LENGTHS)
+@pytest.mark.parametrize("dim", registry.HEAD_DIMS)
+def test_tensor_core_attention_lengths_and_head_dims(dtype, length, dim):
+    cases.attention_mma(Device("cuda", dtype), 2, 3, length, length, dim, rng_seed=length).check()
+
+
+@devices.needs_gpu
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+@pytest.mark.parametrize("layout", cases.MMA_LAYOUTS)
+def test_tensor_core_attention_masks_dropout_and_layouts(dtype, layout):
+    dev = Device("cuda", dtype)
+    cases.attention_mma(dev, 5, 3, 129, 129, 64, lengths=[129, 1, 64, 100, 0], causal=True, layout=layout).check()
+    cases.attention_mma(dev, 2, 2, 64, 129, 128, lengths=[129, 70], causal=True, dropout_p=0.1, seed=42,
+                        layout="projection").check()
+    cases.attention_mma(dev, 2, 2, 7, 1000, 32, lengths=[1000, 500], causal=True).check()
+
+
+@devices.needs_gpu
+def test_tensor_core_attention_repeated_runs_are_identical():
+    import cupy
+
+    rng = np.random.default_rng(0)
+    q, k, v, g = (cupy.asarray(rand(rng, 2, 1000, 3, 64).astype(np.float16)).transpose(0, 2, 1, 3) for _ in range(4))
+    runs = []
+    for _ in range(2):
+        o, lse = attention_kernel.attention_mma_forward(q, k, v, causal=True, dropout_p=0.1, seed=7)
+        runs.append((o, lse) + attention_kernel.attention_mma_backward(q, k, v, o, lse, g, causal=True, dropout_p=0.1,
+                                                                       seed=7))
+    for a, b in zip(*runs):
+        assert bool((a == b).all())
+
+
+@devices.needs_gpu
+def test_functional_attention_in_float16_runs_on_tensor_cores(monkeypatch):
+    import cupy
+
+    called = []
+    original = attention_kernel.attention_mma_forward
+    monkeypatch.setattr(attention_kernel, "attention_mma_forward",
+                        lambda *a, **kw: called.append(1) or original(*a, **kw))
+    rng = np.random.default_rng(1)
+    q, k, v = (Tensor(cupy.asarray(rand(rng, 2, 3, 50, 64).astype(np.float16)), requires_grad=True) for _ in range(3))
+    out = F.scaled_dot_product_attention(q, k, v, causal=True)
+    assert out.grad_fn.uses_kernel and called
+    out.sum().backward()
+    reference = F.scaled_dot_product_attention(*(Tensor(x.data.astype(np.float64)) for x in (q, k, v)), causal=True)
+    np.testing.assert_allclose(cupy.asnumpy(out.data).astype(np.float64), cupy.asnumpy(reference.data), atol=1e-2)
+    assert all(bool(cupy.isfinite(x.grad).all()) for x in (q, k, v))
