@@ -2,13 +2,13 @@
 
 import sys
 
+import devices
 import numpy as np
 import pytest
 
 import tinyformer as tf
 from tinyformer.engine import backend
 
-gpu = pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)")
 
 
 def test_numpy_arrays_select_numpy():
@@ -67,8 +67,7 @@ def test_scatter_add_accumulates_repeated_indices():
     np.testing.assert_array_equal(target, [3.0, 0.0, 5.0])
 
 
-@pytest.mark.gpu
-@gpu
+@devices.needs_gpu
 def test_ops_on_the_gpu_match_numpy():
     import cupy
 
@@ -87,8 +86,7 @@ def test_ops_on_the_gpu_match_numpy():
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-10)
 
 
-@pytest.mark.gpu
-@gpu
+@devices.needs_gpu
 def test_gradient_travels_back_across_devices():
     x = tf.Tensor(np.arange(3.0), requires_grad=True)
     (x.to("cuda") * 3).sum().backward()
@@ -96,8 +94,7 @@ def test_gradient_travels_back_across_devices():
     np.testing.assert_array_equal(x.grad, [3.0, 3.0, 3.0])
 
 
-@pytest.mark.gpu
-@gpu
+@devices.needs_gpu
 def test_numpy_masks_and_indices_follow_a_gpu_tensor():
     x = tf.Tensor(np.arange(6.0).reshape(2, 3), requires_grad=True).to("cuda")
     mask = np.array([True, False, True])
@@ -218,8 +215,7 @@ def test_the_bfloat16_bit_path_casts_every_float32_as_ml_dtypes_does():
                                   expected.astype(np.float32).view(np.uint32))
 
 
-@pytest.mark.gpu
-@gpu
+@devices.needs_gpu
 @pytest.mark.parametrize("native", [True, False], ids=["native-if-it-passes", "bit-path"])
 def test_a_nan_activation_stays_nan_through_the_bfloat16_cast_on_the_gpu(monkeypatch, native):
     """backend.cast on CuPy (the native cast where it passes the probe, and the bit path) keeps

@@ -6,6 +6,7 @@ import json
 import sys
 
 import children
+import devices
 import mpi_helpers
 import numpy as np
 import pytest
@@ -122,9 +123,7 @@ def test_nccl_unique_ids_travel_as_json():
         assert nccl._decode_id(encoded) == unique_id
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif("not __import__('tinyformer').backend.is_gpu_available()",
-                    reason="no usable CUDA GPU (cupy.is_available() is false)")
+@devices.needs_gpu
 def test_a_one_rank_nccl_communicator_reduces_and_broadcasts_gpu_arrays():
     import cupy
 

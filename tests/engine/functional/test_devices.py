@@ -1,16 +1,16 @@
 """Every fused op on every device against the CPU: on CuPy arrays through the CUDA kernels
 and, with TINYFORMER_KERNELS=0, through the CuPy reference path. GPU cases skip without a GPU."""
 
+import devices
 import numpy as np
 import pytest
 
 from tinyformer import Tensor
 from tinyformer.engine import backend, functional as F
 
-gpu = pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)")
 DEVICES = [pytest.param(("cpu", "1"), id="cpu"),
-           pytest.param(("cuda", "1"), id="cuda-kernels", marks=[pytest.mark.gpu, gpu]),
-           pytest.param(("cuda", "0"), id="cuda-reference", marks=[pytest.mark.gpu, gpu])]
+           devices.on_cuda(("cuda", "1"), id="cuda-kernels"),
+           devices.on_cuda(("cuda", "0"), id="cuda-reference")]
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((2, 3, 7, 32)).astype(np.float32)

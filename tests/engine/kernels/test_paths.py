@@ -6,6 +6,7 @@ arrays taken for GPU ones: ``kernels.on_gpu`` patched), the capability capped by
 ``$TINYFORMER_MAX_CAPABILITY`` as on a bigger GPU running a T4's paths.
 """
 
+import devices
 import numpy as np
 import pytest
 
@@ -214,8 +215,7 @@ def test_the_cuda_core_attention_in_float16_matches_the_reference(dim, shape, cx
 
 
 # ------------------------------------------------------------------ on a GPU: its capability capped at a T4's
-@pytest.mark.gpu
-@pytest.mark.skipif(not backend.is_gpu_available(), reason="no usable CUDA GPU (cupy.is_available() is false)")
+@devices.needs_gpu
 def test_on_a_gpu_capped_at_sm75_fp16_attention_runs_on_cuda_cores_and_bf16_is_refused(monkeypatch):
     import cupy
 
