@@ -7,7 +7,7 @@ import math
 
 import numpy
 
-from .. import decode, metrics
+from .. import metrics, prediction
 from ...engine import backend
 from ...engine import functional as F
 from ...engine.tensor import no_grad
@@ -60,8 +60,8 @@ def perplexity(nll):
 
 def translation_scores(model, tokenizer, sources, references, beam_size=4, alpha=None, length_normalization="gnmt"):
     """(hypotheses, sacreBLEU result, exact-match rate) of the model's translations of ``sources``."""
-    hypotheses = decode.translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha,
-                                  length_normalization=length_normalization)
+    hypotheses = prediction.translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha,
+                                      length_normalization=length_normalization)
     exact = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
     return hypotheses, metrics.corpus_bleu(hypotheses, references), exact
 
@@ -69,7 +69,7 @@ def translation_scores(model, tokenizer, sources, references, beam_size=4, alpha
 def evaluate(model, tokenizer, sources, references, beam_size=4, alpha=None, length_normalization="gnmt"):
     """BLEU (sacreBLEU, and tokenized lowercased) and exact match of the model's translations (beam search
     ranked by ``length_normalization``, "gnmt" or "hf", with its ``alpha``, None: its default; see
-    ``decode.beam_search``)."""
+    ``search.beam_search``)."""
     hypotheses, bleu, exact = translation_scores(model, tokenizer, sources, references, beam_size, alpha,
                                                  length_normalization)
     tokenized = metrics.tokenized_bleu(hypotheses, references)
