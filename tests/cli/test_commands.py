@@ -201,7 +201,7 @@ def _thread_counts():
 def test_threads_limits_decoding_and_is_given_back(trained_run, tmp_path, monkeypatch, command):
     """--threads 1 holds BLAS and tinyformer's own threads to one while the command decodes, and the
     old settings come back after; explain decodes on one thread unless told otherwise."""
-    from tinyformer.translation import decode, train
+    from tinyformer.translation import prediction, train
     from tinyformer.study import viz
 
     from threadpoolctl import threadpool_limits
@@ -217,7 +217,7 @@ def test_threads_limits_decoding_and_is_given_back(trained_run, tmp_path, monkey
             return real(*args, **kwargs)
         return run
 
-    target = {"translate": (decode, "translate"), "eval": (train, "evaluate"), "explain": (viz, "explain")}[command]
+    target = {"translate": (prediction, "translate"), "eval": (train, "evaluate"), "explain": (viz, "explain")}[command]
     monkeypatch.setattr(*target, recording(getattr(*target)))
     checkpoint = str(trained_run / "checkpoint_0000004.npz")
     source = tmp_path / "in.txt"

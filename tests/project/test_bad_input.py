@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer.translation import checkpoint, decode
+from tinyformer.translation import checkpoint, decode, prediction, search
 from tinyformer import cli
 from tinyformer.model import nn
 from tinyformer.engine import functional as F
@@ -313,7 +313,7 @@ def test_translate_bad_limits_and_refused_lines_are_named(kwargs, error, parts):
 
 
 def test_a_refused_line_is_reported_before_any_decoding(monkeypatch):
-    monkeypatch.setattr(decode, "greedy_decode", lambda *a, **k: pytest.fail("decoded before refusing"))
+    monkeypatch.setattr(prediction, "greedy_decode", lambda *a, **k: pytest.fail("decoded before refusing"))
     with pytest.raises(decode.LongLineError) as info:
         decode.translate(MODEL, SplitTokenizer(), ["ab", "abcdefg", "abcdefgh"], beam_size=1, max_input_tokens=4,
                          long_lines="refuse")
@@ -378,9 +378,9 @@ def test_a_beam_wider_than_the_model_can_emit_is_clipped_to_it_with_one_warning(
 def test_beam_search_keeps_its_candidate_scores_within_a_stated_budget(monkeypatch):
     src = pad([[4 + i % 7, 5 + i % 3, 6, 7][:2 + i % 3] for i in range(12)], 0)  # sentences of 2 to 4 tokens
     whole = decode.beam_search(MODEL, src, beam_size=9, return_scores=True)
-    sizes, top_candidates = [], decode._top_candidates
-    monkeypatch.setattr(decode, "CANDIDATE_BUDGET", 3 * 9 * 11)  # three sentences of beam 9 over 11 ids
-    monkeypatch.setattr(decode, "_top_candidates", lambda scores, count: sizes.append(scores.size) or
+    sizes, top_candidates = [], search._top_candidates
+    monkeypatch.setattr(search, "CANDIDATE_BUDGET", 3 * 9 * 11)  # three sentences of beam 9 over 11 ids
+    monkeypatch.setattr(search, "_top_candidates", lambda scores, count: sizes.append(scores.size) or
                         top_candidates(scores, count))
     parts = decode.beam_search(MODEL, src, beam_size=9, return_scores=True)
     assert sizes and max(sizes) <= 3 * 9 * 11

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tinyformer as tf
-from tinyformer.translation import decode
+from tinyformer.translation import decode, prediction
 from tinyformer.model import nn
 from tinyformer.translation.data.special import BOS_ID, EOS_ID, PAD_ID
 from tinyformer.translation.decode import Hypothesis, beam_search, greedy_decode, length_penalty, translate
@@ -396,7 +396,7 @@ def test_translate_batches_sorted_sources_with_eos(monkeypatch, copy_model):
         seen.append((src.copy(), kwargs))
         return [[int(t) for t in strip(row) if t != EOS_ID] for row in src]  # echo the source words
 
-    monkeypatch.setattr(decode, "beam_search", spy)
+    monkeypatch.setattr(prediction, "beam_search", spy)
     lines = ["a b c d", "e", "", "f g", "h a b"]
     out = translate(copy_model, WordTokenizer(), lines, batch_size=2, max_len_b=7, alpha=0.3)
     assert out == lines
@@ -406,6 +406,48 @@ def test_translate_batches_sorted_sources_with_eos(monkeypatch, copy_model):
     seen.clear()
     translate(copy_model, WordTokenizer(), lines[:1], append_eos=False)
     np.testing.assert_array_equal(seen[0][0], [[4, 5, 6, 7]])
+
+
+def test_translate_takes_its_settings_by_keyword_or_as_one_options_object():
+    """``TranslateOptions`` groups translate's settings: given whole, or field by field by keyword (the
+    keywords replacing the object's), the output is the same; an unknown setting or a positional
+    non-options argument is refused in one line naming it."""
+    model, lines = random_model(), ["a b c", "", "d e", "a"]
+    options = prediction.TranslateOptions(beam_size=3, max_len_b=5, batch_size=2)
+    by_keyword = translate(model, WordTokenizer(), lines, beam_size=3, max_len_b=5, batch_size=2)
+    assert translate(model, WordTokenizer(), lines, options) == by_keyword
+    assert translate(model, WordTokenizer(), lines, prediction.TranslateOptions(beam_size=1), beam_size=3,
+                     max_len_b=5) == by_keyword
+    assert translate(model, WordTokenizer(), lines, options, beam_size=1) == \
+        translate(model, WordTokenizer(), lines, beam_size=1, max_len_b=5)
+    with pytest.raises(TypeError, match=r"^translate: unknown setting 'beam'; the settings are beam_size, "):
+        translate(model, WordTokenizer(), lines, beam=3)
+    with pytest.raises(TypeError, match=r"^translate: options must be a TranslateOptions, got int"):
+        translate(model, WordTokenizer(), lines, 3)
+
+
+def test_a_length_normalization_object_searches_as_its_name():
+    """The conventions are strategy objects: ``GNMT(α)`` and ``Transformers(α)`` search as "gnmt" and
+    "hf" with that α, and a convention of one's own (here no penalty at all) ranks by its penalty."""
+    model = random_model()
+    for name, convention in (("gnmt", decode.GNMT), ("hf", decode.Transformers)):
+        by_name = beam_search(model, SRC, beam_size=3, alpha=0.5, length_normalization=name, return_scores=True)
+        assert beam_search(model, SRC, beam_size=3, length_normalization=convention(0.5),
+                           return_scores=True) == by_name
+        assert beam_search(model, SRC, beam_size=3, alpha=0.5, length_normalization=convention(),
+                           return_scores=True) == by_name
+
+    class Unnormalized(decode.GNMT):
+        def penalty(self, length):
+            return 1.0
+
+    for hyps in beam_search(model, SRC, beam_size=3, length_normalization=Unnormalized(), return_scores=True):
+        assert [h.normalized_score for h in hyps] == [h.score for h in hyps]
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    with pytest.raises(ValueError, match=r"^length_normalization must be one of \('gnmt', 'hf'\), got 'HF'$"):
+        decode.length_normalization("HF")
+    with pytest.raises(ValueError, match="alpha"):
+        decode.Transformers(11)
 
 
 # ---------------------------------------------------------------------------- modes and errors

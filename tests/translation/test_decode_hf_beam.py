@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from tinyformer.translation import decode
+from tinyformer.translation import decode, prediction
 from tinyformer.translation.data.special import BOS_ID, EOS_ID
 from tinyformer.translation.decode import Hypothesis, beam_search, hf_length_penalty, translate
 
@@ -119,7 +119,7 @@ def test_translate_passes_the_normalization_and_its_alpha(monkeypatch):
         seen.append(kwargs)
         return [[] for _ in src]
 
-    monkeypatch.setattr(decode, "beam_search", spy)
+    monkeypatch.setattr(prediction, "beam_search", spy)
     model = random_model()
     translate(model, WordTokenizer(), ["a b"], length_normalization="hf")
     translate(model, WordTokenizer(), ["a b"], length_normalization="hf", alpha=-0.5)

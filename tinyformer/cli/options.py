@@ -80,9 +80,9 @@ def check_length_penalty(args):
 
 
 def fit_beam(beam, model, tokenizer, command):
-    """``beam``, or the widest beam the model can use (``decode.widest_beam``) with a one-line warning."""
+    """``beam``, or the widest beam the model can use (``search.widest_beam``) with a one-line warning."""
     from ..translation.data.special import BOS_ID, EOS_ID
-    from ..translation.decode import widest_beam
+    from ..translation.search import widest_beam
     from .text_io import warn
 
     widest = widest_beam(model, getattr(tokenizer, "bos_id", BOS_ID), getattr(tokenizer, "eos_id", EOS_ID))

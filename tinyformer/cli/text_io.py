@@ -40,7 +40,7 @@ def read_lines(path, what, command):
         data = Path(path).read_bytes()
     lines, replaced, where = split_lines(data)
     if replaced:
-        from ..translation.decode import line_list
+        from ..translation.prediction import line_list
 
         warn(command, f"{what} {path}: replaced {plural(replaced, 'undecodable byte')} / NUL characters by U+FFFD "
              f"on {plural(len(where), 'line')} ({line_list(where)})")

@@ -41,7 +41,7 @@ def register(commands):
 
 
 def run(args):
-    from ..translation.decode import InputWarning, LongLineError, input_token_limit, translate
+    from ..translation.prediction import InputWarning, LongLineError, input_token_limit, translate
     from ..translation.train import load_model
 
     check_length_penalty(args)
@@ -93,7 +93,7 @@ def _plot_attention(model, tokenizer, lines, args):
     """Heatmaps of the first --plot-limit non-empty lines, each in DIR/line<N> (N: its line number)."""
     from ..study import viz
 
-    from ..translation.decode import input_token_limit
+    from ..translation.prediction import input_token_limit
 
     limit = args.max_input_tokens or input_token_limit(model)
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()][:args.plot_limit]

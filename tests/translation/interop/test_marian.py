@@ -276,13 +276,13 @@ def test_eval_scores_with_transformers_beam_search(tmp_path_factory, tmp_path, c
     model, tokenizer, _ = load_model(run)
     expected = decode.translate(model, tokenizer, [s for s, _ in pairs], beam_size=4, length_normalization="hf",
                                 alpha=-0.5)
-    searches, translate = [], evaluation.decode.translate
+    searches, translate = [], evaluation.prediction.translate
 
     def recorded(*args, **kwargs):
         searches.append({k: kwargs[k] for k in ("beam_size", "alpha", "length_normalization")})
         return translate(*args, **kwargs)
 
-    monkeypatch.setattr(evaluation.decode, "translate", recorded)
+    monkeypatch.setattr(evaluation.prediction, "translate", recorded)
     capsys.readouterr()
     assert cli.main(["eval", "--checkpoint", str(run), "--sources", str(tmp_path / "s.txt"), "--references",
                      str(tmp_path / "r.txt"), "--beam", "4", "--length-normalization", "hf", "--alpha", "-0.5"]) == 0

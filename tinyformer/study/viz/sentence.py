@@ -4,7 +4,8 @@
 import numpy
 
 from ...translation.data.special import BOS_ID, EOS_ID
-from ...translation.decode import beam_search, greedy_decode, input_token_limit
+from ...translation.prediction import input_token_limit
+from ...translation.search import beam_search, greedy_decode
 
 __all__ = ["sentence_pair", "special_ids"]
 

@@ -4,9 +4,10 @@ Adam with warm-up, periodic validation, atomic checkpoints, exact resume.
 ``Trainer(TrainConfig(...)).run()`` is what ``tinyformer train`` calls. ``config`` declares the
 options (and everything derived from them), ``builders`` makes the parts a run needs from a
 config (``init_from``: from another run's model and tokenizer, for fine-tuning), ``trainer`` runs
-them; ``stopping`` (when a run stops, and why), ``interrupts`` (Ctrl-C),
-``metrics_log`` (metrics.jsonl), ``state`` (what a checkpoint holds), ``migration`` (older
-checkpoints read as today's) and ``evaluation`` (loss and BLEU) are its pieces.
+them; ``stopping`` (when a run stops, and why), ``interrupts`` (Ctrl-C), ``reports`` (what a run
+logs and says), ``metrics_log`` (metrics.jsonl), ``run_checkpoints`` (a run's checkpoints),
+``state`` (what a checkpoint holds), ``migration`` (older checkpoints read as today's) and
+``evaluation`` (loss and BLEU) are its pieces.
 
 Everything a run needs to continue exactly — parameters, Adam's moments and step, the dropout
 generator's state, the position in the epoch — is in each checkpoint, so ``--resume`` on the
@@ -20,8 +21,9 @@ from .config import DATASETS, ConfigError, TrainConfig
 from .evaluation import evaluate
 from .metrics_log import LOG_FILE
 from .state import TOKENIZER_FILE, load_model
-from .stopping import TrainingDiverged
-from .trainer import Trainer, TrainingInterrupted, TrainingOutOfMemory, blas_threads
+from .interrupts import TrainingInterrupted
+from .stopping import TrainingDiverged, TrainingOutOfMemory
+from .trainer import Trainer, blas_threads
 
 __all__ = ["TrainConfig", "ConfigError", "Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory",
            "DATASETS",

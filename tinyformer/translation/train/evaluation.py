@@ -1,16 +1,19 @@
 """Scoring a model: the loss of a batch (label-smoothed cross entropy, §5.4, as training and
-validation compute it), the validation loss, and BLEU and exact match of its translations."""
+validation compute it), the validation loss, and BLEU and exact match of its translations; a
+run's validation (``validation_scores``: the loss and greedy BLEU of its validation split)."""
 
+import dataclasses
 import math
 
 import numpy
 
-from .. import decode, metrics
+from .. import metrics, prediction
 from ...engine import backend
 from ...engine import functional as F
 from ...engine.tensor import no_grad
 
-__all__ = ["batch_loss", "validation_loss", "perplexity", "translation_scores", "evaluate"]
+__all__ = ["batch_loss", "validation_loss", "perplexity", "translation_scores", "evaluate", "ValidationScores",
+           "validation_scores"]
 
 
 def batch_loss(model, batch, label_smoothing, padded_logits=False):
@@ -57,8 +60,8 @@ def perplexity(nll):
 
 def translation_scores(model, tokenizer, sources, references, beam_size=4, alpha=None, length_normalization="gnmt"):
     """(hypotheses, sacreBLEU result, exact-match rate) of the model's translations of ``sources``."""
-    hypotheses = decode.translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha,
-                                  length_normalization=length_normalization)
+    hypotheses = prediction.translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha,
+                                      length_normalization=length_normalization)
     exact = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
     return hypotheses, metrics.corpus_bleu(hypotheses, references), exact
 
@@ -66,10 +69,31 @@ def translation_scores(model, tokenizer, sources, references, beam_size=4, alpha
 def evaluate(model, tokenizer, sources, references, beam_size=4, alpha=None, length_normalization="gnmt"):
     """BLEU (sacreBLEU, and tokenized lowercased) and exact match of the model's translations (beam search
     ranked by ``length_normalization``, "gnmt" or "hf", with its ``alpha``, None: its default; see
-    ``decode.beam_search``)."""
+    ``search.beam_search``)."""
     hypotheses, bleu, exact = translation_scores(model, tokenizer, sources, references, beam_size, alpha,
                                                  length_normalization)
     tokenized = metrics.tokenized_bleu(hypotheses, references)
     return {"bleu": bleu.score, "signature": bleu.signature, "tokenized_bleu": tokenized.score,
             "tokenized_signature": tokenized.signature, "exact_match": exact,
             "sentences": len(references), "hypotheses": hypotheses}
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationScores:
+    """A run's validation: loss and NLL per target token, greedy BLEU (sacreBLEU's result) and exact
+    match of the first ``sentences`` validation sentences."""
+
+    loss: float
+    nll: float
+    bleu: object
+    exact: float
+    sentences: int
+
+
+def validation_scores(model, tokenizer, data, text, max_tokens, label_smoothing, bleu_samples):
+    """The ``ValidationScores`` of ``model`` on a run's validation split: ``data`` (its batches) for the
+    loss, the first ``bleu_samples`` sentences of ``text`` (sources, references) translated greedily."""
+    loss, nll = validation_loss(model, data, max_tokens, label_smoothing)
+    sources, references = (side[:bleu_samples] for side in text)
+    _, bleu, exact = translation_scores(model, tokenizer, sources, references, beam_size=1)
+    return ValidationScores(loss, nll, bleu, exact, len(references))

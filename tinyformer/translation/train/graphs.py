@@ -31,7 +31,7 @@ from ...engine.kernels.arguments import DeviceSeed
 from ...engine.tensor import Tensor
 from .evaluation import batch_loss
 
-__all__ = ["GraphedStep", "graphs_unavailable_reason", "open_capture"]
+__all__ = ["GraphedStep", "graphs_unavailable_reason", "open_capture", "graphed_step"]
 
 #: dropout calls one captured step may hold (a base model has 6 per encoder and 9 per decoder layer, plus 2)
 SEED_SLOTS = 4096
@@ -64,6 +64,18 @@ def open_capture(config, comm_size, device_array):
     if reason is not None:
         raise backend.CaptureUnavailable(reason)
     return backend.GraphCapture()
+
+
+def graphed_step(config, comm_size, model, adam, precision, quietly, stacklevel=2):
+    """The ``GraphedStep`` of a run's ``config`` with ``cuda_graphs="on"`` (``open_capture``'s), or None
+    after one RuntimeWarning naming why not (at ``stacklevel``, counted from the caller)."""
+    try:
+        capture = open_capture(config, comm_size, next(iter(model.parameters())).data)
+    except backend.CaptureUnavailable as reason:
+        warnings.warn(f"--cuda-graphs on: {reason}; the steps run eagerly", RuntimeWarning, stacklevel=stacklevel + 1)
+        return None
+    return GraphedStep(model, adam, precision, config.label_smoothing, config.max_tokens, model.config["max_len"],
+                       capture, shape_multiple=config.shape_multiple, quietly=quietly)
 
 
 class _SeedTable:
@@ -178,6 +190,13 @@ class GraphedStep:
 
     def pool_bytes(self):
         return self.capture.pool_bytes()
+
+    def summary(self):
+        """One line: the shapes met, graphs captured, steps replayed, the private pool, and why capture
+        was given up, if it was."""
+        return (f"CUDA graphs: {self.num_shapes} batch shapes, {self.num_graphs} graphs captured, "
+                f"{self.replays} steps replayed, private pool {self.pool_bytes() / 2 ** 20:.1f} MiB"
+                + (f"; capture given up: {self.failed}" if self.failed else ""))
 
     def launch_counts(self):
         """The launches of each captured shape's step, counted by family as the capture recorded them

@@ -9,13 +9,28 @@ a checkpoint write are never cut in two. A second Ctrl-C while one waits stops a
 With several ranks (``deferred``) a Ctrl-C cuts nothing short and no safe point acts on it by
 itself: ``pending`` is summed over the ranks with each step's statistics, so that every rank
 stops after the same step.
+
+When a Ctrl-C stops the run, ``save_on_interrupt`` saves the last completed step (unless it is saved
+already, or a second Ctrl-C forced the stop) and names that checkpoint in a ``TrainingInterrupted``.
 """
 
 import contextlib
 import signal
 import threading
 
-__all__ = ["InterruptGuard"]
+from ...engine import random as tf_random
+from .. import checkpoint
+from .run_checkpoints import kept_note
+
+__all__ = ["InterruptGuard", "TrainingInterrupted", "save_on_interrupt"]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training; ``checkpoint`` is the checkpoint of the last completed step (or None)."""
+
+    def __init__(self, message, checkpoint=None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 class InterruptGuard:
@@ -69,3 +84,25 @@ class InterruptGuard:
         nothing more). Returns ``forced``: whether a second Ctrl-C came before this point."""
         self._cut_short, self.pending = 0, True
         return self.forced
+
+
+def save_on_interrupt(guard, step, checkpoints, save, boundary_rng=None):
+    """The ``TrainingInterrupted`` of a Ctrl-C that stopped a run at ``step`` (its last completed one),
+    naming the checkpoint of that step: ``save()`` writes it if ``checkpoints`` (``RunCheckpoints``)
+    has not yet, after the dropout generator is set back to ``boundary_rng`` (its state before a step
+    that was cut short, undoing that step's draws). After a second Ctrl-C (``guard.forced``) nothing is
+    saved; the message then names the newest checkpoint, intact."""
+    forced = guard.stopping()  # a further Ctrl-C stops at once, saving nothing
+    newest = checkpoints.newest()
+    if forced:
+        return TrainingInterrupted(f"interrupted at step {step} before a checkpoint could be saved; "
+                                   f"{kept_note(newest)}", newest)
+    if boundary_rng is not None:
+        tf_random.set_rng_state(boundary_rng)
+    path = checkpoints.path(step)
+    if checkpoints.saved_step != step:
+        try:
+            save()
+        except (OSError, checkpoint.CheckpointError) as error:
+            return TrainingInterrupted(f"interrupted at step {step}; saving it failed ({error})", newest)
+    return TrainingInterrupted(f"interrupted at step {step}, which is saved in {path}; continue with --resume", path)

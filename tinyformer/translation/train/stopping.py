@@ -9,7 +9,9 @@
   skipped for a non-finite loss or gradient (``skipped``), or fp16's loss scale below
   ``min_loss_scale`` (``scale_floor_stops``);
 * **Ctrl-C** (KeyboardInterrupt at a safe point, ``stop_if_asked``): the ``InterruptGuard``'s
-  rules; with several ranks, where all of them agreed to stop (``step_done``).
+  rules; with several ranks, where all of them agreed to stop (``step_done``);
+* **a batch too large for the GPU** (``TrainingOutOfMemory``, ``out_of_memory``): one line naming
+  ``--max-tokens`` and the memory asked for and free.
 """
 
 import contextlib
@@ -18,12 +20,16 @@ from ...model.optim import LossScaleTooSmall
 from .clock import TrainingClock
 from .interrupts import InterruptGuard
 
-__all__ = ["StoppingRules", "TrainingDiverged"]
+__all__ = ["StoppingRules", "TrainingDiverged", "TrainingOutOfMemory"]
 
 
 class TrainingDiverged(FloatingPointError):
     """``max_bad_steps`` updates in a row had a non-finite loss or gradient, or fp16's loss scale fell
     below its floor; nothing bad was saved."""
+
+
+class TrainingOutOfMemory(MemoryError):
+    """A step's batch did not fit the GPU; the message names --max-tokens and the memory asked for and free."""
 
 
 class StoppingRules:
@@ -129,3 +135,16 @@ class StoppingRules:
                                    f"{self.config.min_loss_scale:g}); no such update was applied or saved and "
                                    f"{self.checkpoint_note()}; try --precision bf16 or a lower --lr-factor in a "
                                    "new run") from None
+
+    # ------------------------------------------------------------------ out of memory
+    def out_of_memory(self, step, asked, free):
+        """The TrainingOutOfMemory of the step to ``step`` (``asked`` and ``free``: bytes, None where
+        unknown, ``backend.out_of_memory_report``'s), for the caller to raise."""
+        return TrainingOutOfMemory(
+            f"out of GPU memory at step {step}: a batch of --max-tokens {self.config.max_tokens} "
+            f"asked for {_mib(asked)} with {_mib(free)} free; lower --max-tokens (or raise --accum to keep the "
+            f"tokens per step); {self.checkpoint_note()}")
+
+
+def _mib(count):
+    return "an unknown amount" if count is None else f"{count / 2 ** 20:,.1f} MiB"

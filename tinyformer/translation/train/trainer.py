@@ -28,40 +28,28 @@ averaged.npz when training ends and validates it (``averaged``).
 
 import contextlib
 import math
-import warnings
-from pathlib import Path
 
 import numpy
+from pathlib import Path
 
 from ...engine import amp, backend
-from .. import checkpoint, distributed
+from .. import distributed
 from ...engine import random as tf_random
 from .averaging import average_and_load
 from .builders import build_parts
 from .clock import Every
-from .config import ConfigError, flag_of
+from .config import ConfigError
 from . import graphs
-from .evaluation import batch_loss, perplexity, translation_scores, validation_loss
-from .metrics_log import LOG_FILE, MetricsLog, TokenRate
-from .progress import ProgressBar
-from .recipes import RECIPES
+from .evaluation import batch_loss, validation_scores
+from .interrupts import save_on_interrupt
+from .metrics_log import TokenRate
+from .reports import RunReport, skip_reason
+from .run_checkpoints import RunCheckpoints
 from .state import Position, run_metadata
 from .step_result import StepResult
 from .stopping import StoppingRules
 
-__all__ = ["Trainer", "TrainingInterrupted", "TrainingOutOfMemory", "blas_threads"]
-
-
-class TrainingOutOfMemory(MemoryError):
-    """A step's batch did not fit the GPU; the message names --max-tokens and the memory asked for and free."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped training; ``checkpoint`` is the checkpoint of the last completed step (or None)."""
-
-    def __init__(self, message, checkpoint=None):
-        super().__init__(message)
-        self.checkpoint = checkpoint
+__all__ = ["Trainer", "blas_threads"]
 
 
 @contextlib.contextmanager
@@ -88,7 +76,9 @@ def _position_counter(name):
 class Trainer:
     """Runs one training job: ``Trainer(config).run()`` builds the parts (``setup``), trains,
     validates and checkpoints; ``Trainer(config, parts=build_parts(config))`` runs given parts.
-    When it stops, and why, is ``stopping`` (``StoppingRules``); each step returns a ``StepResult``."""
+    It loops and delegates: when it stops, and why, is ``stopping`` (``StoppingRules``); what it
+    logs and says, ``report`` (``RunReport``); its checkpoints, ``checkpoints`` (``RunCheckpoints``);
+    each step returns a ``StepResult``."""
 
     step = _position_counter("step")
     epoch = _position_counter("epoch")
@@ -112,19 +102,19 @@ class Trainer:
         self.lead = self.comm.rank == 0  # the one rank that writes, shows and validates
         self.resume, self.echo, self.progress = resume, echo if self.lead else _silent, progress and self.lead
         self.save_dir = Path(self.config.save_dir)
-        self.metrics = MetricsLog(self.save_dir / LOG_FILE)
         self.precision = amp.get_precision(c.precision)
-        self.stopping = StoppingRules(c, self.comm.size, self.lead, self._checkpoint_note)
+        self.keep = max(c.keep_last, c.average_last or 0)  # checkpoints kept: at least those averaged
+        self.checkpoints = RunCheckpoints(self.save_dir, self.keep, self.comm, self.lead)
+        self.stopping = StoppingRules(c, self.comm.size, self.lead, self.checkpoints.note)
+        self.report = RunReport(c, self.save_dir, self.lead, self.echo, self.stopping)
         # the parts, from setup() (or handed over)
         self.tokenizer = self.model = self.adam = None
         self.train_data = self.val_data = self.val_text = None
         self.position = Position()
         self.scaler = None            # fp16's loss scale (disabled otherwise)
         self.buckets = None           # the gradient all-reduce, with several ranks
-        self._saved_step = None       # the step of the last checkpoint this run wrote or resumed from
         self._boundary_rng = None     # the dropout generator's state before the forward pass in progress
         self.graphs = None            # the captured steps (graphs.GraphedStep) with cuda_graphs "on"
-        self.keep = max(c.keep_last, c.average_last or 0)  # checkpoints kept: at least those averaged
         self.averaged = None          # rank 0, average_last: the AveragedModel of the run's end
         self._save_timer = self._eval_timer = Every(None)  # save/eval_every_minutes, from the run's start
         if parts is not None:
@@ -141,23 +131,12 @@ class Trainer:
         self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
         self.position = parts.position
         self.scaler = parts.scaler
-        self._saved_step = self.position.step if self.resume else None
+        self.checkpoints.saved_step = self.position.step if self.resume else None
         if self.comm.size > 1:
             self.buckets = distributed.GradientBuckets(self.comm, self.model.parameters(), self.config.bucket_mb)
         if self.config.cuda_graphs == "on":
-            self.graphs = self._graphed_step()
-
-    def _graphed_step(self):
-        """The GraphedStep of ``cuda_graphs="on"``, or None after one warning naming why not."""
-        c, like = self.config, next(iter(self.model.parameters())).data
-        try:
-            capture = graphs.open_capture(c, self.comm.size, like)
-        except backend.CaptureUnavailable as reason:
-            warnings.warn(f"--cuda-graphs on: {reason}; the steps run eagerly", RuntimeWarning, stacklevel=3)
-            return None
-        return graphs.GraphedStep(self.model, self.adam, self.precision, c.label_smoothing, c.max_tokens,
-                                  self.model.config["max_len"], capture, shape_multiple=c.shape_multiple,
-                                  quietly=self._overflow_quietly)
+            self.graphs = graphs.graphed_step(self.config, self.comm.size, self.model, self.adam, self.precision,
+                                              self._overflow_quietly, stacklevel=2)
 
     # ------------------------------------------------------------------ the loop
     def run(self):
@@ -168,53 +147,30 @@ class Trainer:
         """
         self.stopping.new_run()
         interrupts, c = self.stopping.interrupts, self.config
-        self._say_settings()
+        self.report.settings(self.keep)
         with blas_threads(c.threads), interrupts.installed():
             with interrupts.cut_short_allowed():
                 self.setup()
             first_step = self.step
-            bar = ProgressBar(self.progress, c.max_steps, self.step, self.echo)
+            self.report.open_bar(self.progress, self.step)
             try:
-                last_val = self._loop(bar)
-                if self._saved_step != self.step:
+                last_val = self._loop()
+                if self.checkpoints.saved_step != self.step:
                     self.save()  # a run that max_epochs ended between two saves
                 self.stopping.stop_if_asked()
             except KeyboardInterrupt:
-                bar.close()
-                raise self._save_on_interrupt() from None
+                self.report.close_bar()
+                raise self._interrupted() from None
             finally:
-                bar.close()
-            self._say_time(self.step - first_step)
+                self.report.close_bar()
+            self.report.time_trained(self.step - first_step)
             if c.average_last is not None:
                 with interrupts.cut_short_allowed():
                     self._average()
         return last_val
 
-    def _say_settings(self):
-        """Once, when the run starts: the recipe's values in use, and a keep_last raised to average_last."""
-        c = self.config
-        if c.recipe is not None:
-            self.echo(f"--recipe {c.recipe}: " + ", ".join(f"{flag_of(name)} {getattr(c, name)}"
-                                                           for name in RECIPES[c.recipe]) + " (options given win)")
-        if self.keep > c.keep_last:
-            self.echo(f"--keep-last {c.keep_last} raised to {self.keep}: --average-last {c.average_last} "
-                      "averages that many checkpoints")
-
-    def _say_time(self, steps):
-        seconds = self.stopping.lead_seconds()  # rank 0 says it
-        before = self.stopping.clock.before
-        self.echo(f"trained {steps} steps in {(seconds - before) / 60:.1f} min"
-                  + (f" ({seconds / 60:.1f} min in all, the parts before --resume included)" if before else ""))
-
-    def _average(self):
-        """``average_last``: rank 0 averages the newest checkpoints into averaged.npz, loads and validates
-        it (``self.averaged``), while the other ranks wait."""
-        if self.lead:
-            self.averaged = average_and_load(self.save_dir, self.config.average_last, self.config.device, self.echo)
-            self._validate_model(self.averaged.model, {"averaged": self.averaged.count}, self.averaged.label())
-        self.comm.barrier(timeout=None)
-
-    def _loop(self, bar):
+    def _loop(self):
+        """The epochs and their steps until a stopping rule says stop; returns the last validation record."""
         c, at, last_val, rate, rules = self.config, self.position, None, TokenRate(), self.stopping
         if c.init_from and at.step == 0 and not self.resume:
             self._validate_now()  # where fine-tuning starts: the --init-from model, logged as step 0
@@ -229,30 +185,34 @@ class Trainer:
                 result = self._step_or_stop(batches[at.batch_in_epoch:at.batch_in_epoch + c.accum * self.comm.size])
                 rules.step_done(result)
                 if not result.applied:
-                    (self._overflowed if result.overflowed else self._skipped)(result, bar)
+                    self._skipped(result)
                     continue
                 if self.comm.size > 1 and at.step % c.check_every == 0:
                     distributed.check_same_parameters(self.comm, self.model.named_parameters(), at.step)
                 rate.add(result.tokens)
                 if at.step % c.log_every == 0 or at.step == 1:
-                    self._log_training(result, rate.take(), bar)
-                bar.advance()
+                    self.report.training(at.step, at.epoch, result, self.adam.current_lr(at.step), rate.take(),
+                                         at.skipped_updates, self.scaler, self.graphs, self.buckets)
+                self.report.bar.advance()
                 rules.applied()
-                if (at.step % c.eval_every == 0 or at.step == c.max_steps or rules.early_stop
-                        or self._eval_timer.due(result.seconds)):
+                if self._due(c.eval_every, self._eval_timer, result):
                     last_val = self._validate_now()
                     rules.validated(self.comm.broadcast_object(None if last_val is None else last_val["bleu_greedy"]))
-                if (at.step % c.save_every == 0 or at.step == c.max_steps or rules.early_stop
-                        or self._save_timer.due(result.seconds)):
+                if self._due(c.save_every, self._save_timer, result):
                     self.save()
             at.end_epoch_if_done(len(batches))
         if rules.early_stop:
             self.echo(f"step {at.step}: training stopped early: {rules.early_stop}")
         if self.graphs is not None:
-            self.echo(f"CUDA graphs: {self.graphs.num_shapes} batch shapes, {self.graphs.num_graphs} graphs captured, "
-                      f"{self.graphs.replays} steps replayed, private pool {self.graphs.pool_bytes() / 2 ** 20:.1f} MiB"
-                      + (f"; capture given up: {self.graphs.failed}" if self.graphs.failed else ""))
+            self.echo(self.graphs.summary())
         return last_val
+
+    def _due(self, every, timer, result):
+        """A validation or checkpoint is due after this update: every ``every`` steps, at ``max_steps``,
+        at an early stop, or when its minutes (``timer``) have passed."""
+        step = self.step
+        return (step % every == 0 or step == self.config.max_steps or self.stopping.early_stop
+                or timer.due(result.seconds))
 
     def _step_or_stop(self, batches):
         """``train_step``, turning the allocator's out-of-memory error into one line."""
@@ -261,10 +221,20 @@ class Trainer:
         except backend.out_of_memory_errors() as error:
             asked, free = backend.out_of_memory_report(error)
             self.adam.zero_grad()
-            raise TrainingOutOfMemory(
-                f"out of GPU memory at step {self.step + 1}: a batch of --max-tokens {self.config.max_tokens} "
-                f"asked for {_mib(asked)} with {_mib(free)} free; lower --max-tokens (or raise --accum to keep the "
-                f"tokens per step); {self._checkpoint_note()}") from None
+            raise self.stopping.out_of_memory(self.step + 1, asked, free) from None
+
+    def _skipped(self, result):
+        """Log an update skipped for fp16's overflow (the scale has halved; not a bad step), or count one
+        skipped for a non-finite loss or gradient (``max_bad_steps`` in a row stop the run)."""
+        if result.overflowed:
+            self.report.overflowed(self.step + 1, self.epoch, self.scaler)
+            return
+        self.position.skipped_updates += 1
+        reason = skip_reason(result)
+        diverged = self.stopping.skipped(reason, self.step + 1)
+        self.report.skipped(self.step + 1, self.epoch, reason, self.skipped_updates, self.stopping.bad_in_a_row)
+        if diverged is not None:
+            raise diverged
 
     def train_step(self, batches):
         """One optimiser step over ``batches`` (gradient accumulation); returns its ``StepResult``.
@@ -356,53 +326,8 @@ class Trainer:
         return numpy.errstate(over="ignore", invalid="ignore") if self.scaler.enabled else contextlib.nullcontext()
 
     def log(self, record):
-        if self.lead:
-            self.metrics.append(record)
-
-    def _log_training(self, result, tokens_per_s, bar):
-        record = {"step": self.step, "epoch": self.epoch + 1, "loss": round(result.loss, 5),
-                  "nll": round(result.nll, 5), "ppl": round(perplexity(result.nll), 4),
-                  "lr": self.adam.current_lr(self.step), "grad_norm": round(result.grad_norm, 5),
-                  "tokens_per_s": round(tokens_per_s, 1), "skipped_updates": self.skipped_updates}
-        left = self.stopping.minutes_left()
-        if left is not None:
-            record["minutes_left"] = round(left, 2)
-        if self.scaler.enabled:
-            record.update(loss_scale=self.scaler.scale, overflow_skipped=self.scaler.skipped_steps)
-        if self.graphs is not None:
-            record.update(graph_shapes=self.graphs.num_shapes, graphs=self.graphs.num_graphs,
-                          graph_pool_mib=round(self.graphs.pool_bytes() / 2 ** 20, 1))
-        if self.buckets is not None:
-            hidden, seconds = self.buckets.take_timings()
-            if hidden is not None:
-                record.update(allreduce_ms=round(1000 * seconds, 2), allreduce_hidden=round(hidden, 3))
-        self.log(record)
-        bar.show(self.skipped_updates, loss=f"{result.loss:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_s:.0f}",
-                 **({} if left is None else {"time_left": f"{left:.1f} min of --time-limit"}))
-
-    def _skipped(self, result, bar):
-        """Log and count an update skipped for a non-finite loss or gradient (``max_bad_steps`` in a row
-        stop the run)."""
-        self.position.skipped_updates += 1
-        reason = (f"non-finite loss ({result.loss})" if result.grad_norm is None
-                  else f"non-finite gradient norm ({result.grad_norm}) at loss {result.loss:.4g}")
-        diverged = self.stopping.skipped(reason, self.step + 1)
-        in_a_row = self.stopping.bad_in_a_row
-        self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": reason,
-                  "skipped_updates": self.skipped_updates, "bad_in_a_row": in_a_row})
-        bar.show(self.skipped_updates, last=reason.split(" (")[0])
-        bar.note(f"step {self.step + 1}: update skipped, {reason} ({in_a_row} in a row, "
-                 f"{self.skipped_updates} in all)")
-        if diverged is not None:
-            raise diverged
-
-    def _overflowed(self, result, bar):
-        """Log an fp16 update skipped because the scaled gradients overflowed (the scale has halved);
-        not a bad step: the next one runs at the lower scale."""
-        note = f"fp16 gradient overflow, loss scale now {self.scaler.scale:g}"
-        self.log({"step": self.step + 1, "epoch": self.epoch + 1, "skipped": note, "loss_scale": self.scaler.scale,
-                  "overflow_skipped": self.scaler.skipped_steps})
-        bar.note(f"step {self.step + 1}: update skipped, {note} ({self.scaler.skipped_steps} in all)")
+        """Append ``record`` to metrics.jsonl (rank 0)."""
+        self.report.log(record)
 
     # ------------------------------------------------------------------ validation
     def _validate_now(self):
@@ -424,19 +349,19 @@ class Trainer:
 
     def _validate_model(self, model, extra=None, label=None):
         """``validate`` of ``model`` (the run's, or the average: ``extra`` {"averaged": N} joins its record)."""
+        c = self.config
         with amp.autocast(self.precision):
-            loss, nll = validation_loss(model, self.val_data, self.config.max_tokens, self.config.label_smoothing)
-            sources, references = (side[:self.config.bleu_samples] for side in self.val_text)
-            _, bleu, exact = translation_scores(model, self.tokenizer, sources, references, beam_size=1)
-        record = {"step": self.step, "split": "val", "loss": round(loss, 5), "nll": round(nll, 5),
-                  "ppl": round(perplexity(nll), 4), "bleu_greedy": round(bleu.score, 2),
-                  "exact_match_greedy": round(exact, 4), "bleu_sentences": len(references), **(extra or {})}
-        self.log(record)
-        left = self.stopping.minutes_left() if label is None else None
-        self.echo(f"step {self.step}{f', {label}' if label else ''}: val loss {loss:.3f}, ppl {record['ppl']:.2f}, "
-                  f"BLEU {bleu.score:.2f} (greedy, {len(references)} sentences), exact match {exact:.1%}"
-                  + ("" if left is None else f"; {left:.1f} min of --time-limit left"))
-        return record
+            scores = validation_scores(model, self.tokenizer, self.val_data, self.val_text, c.max_tokens,
+                                       c.label_smoothing, c.bleu_samples)
+        return self.report.validation(self.step, scores, extra, label)
+
+    def _average(self):
+        """``average_last``: rank 0 averages the newest checkpoints into averaged.npz, loads and validates
+        it (``self.averaged``), while the other ranks wait."""
+        if self.lead:
+            self.averaged = average_and_load(self.save_dir, self.config.average_last, self.config.device, self.echo)
+            self._validate_model(self.averaged.model, {"averaged": self.averaged.count}, self.averaged.label())
+        self.comm.barrier(timeout=None)
 
     # ------------------------------------------------------------------ checkpoints
     def metadata(self, rng_states=None):
@@ -445,55 +370,16 @@ class Trainer:
     def save(self):
         """Checkpoint the current step (a Ctrl-C waits until it and the pruning are done): rank 0
         writes it, with every rank's dropout generator state, while the others wait."""
-        path = checkpoint.checkpoint_path(self.save_dir, self.step)
-        rng_states = self.comm.all_gather_object(tf_random.get_rng_state())
-        if self.lead:
-            checkpoint.save_checkpoint(path, self.model.state_dict(), self.metadata(rng_states),
-                                       self.adam.state_dict())
-            checkpoint.prune_checkpoints(self.save_dir, self.keep)
-        self._saved_step = self.step
+        path = self.checkpoints.write(self.step, self.model, self.adam, self.metadata)
         self._save_timer.reset(self.position.train_seconds)
-        self.comm.barrier(timeout=None)
         return path
 
-    def _newest_checkpoint(self):
-        newest = checkpoint.list_checkpoints(self.save_dir)[-1:]
-        return newest[0] if newest else None
-
-    def _checkpoint_note(self):
-        """What a stop leaves behind: the newest checkpoint, intact, or none."""
-        return _kept_note(self._newest_checkpoint())
-
-    def _save_on_interrupt(self):
-        """A TrainingInterrupted naming the checkpoint of the last completed step, saved if need be."""
-        forced = self.stopping.interrupts.stopping()  # a further Ctrl-C stops at once, saving nothing
-        newest = self._newest_checkpoint()
-        if forced:
-            return self._interrupted(f"interrupted at step {self.step} before a checkpoint could be saved; "
-                                     f"{_kept_note(newest)}", newest)
-        if self._boundary_rng is not None:  # undo the dropout draws of a step cut short
-            tf_random.set_rng_state(self._boundary_rng)
-        path = checkpoint.checkpoint_path(self.save_dir, self.step)
-        if self._saved_step != self.step:
-            try:
-                self.save()
-            except (OSError, checkpoint.CheckpointError) as error:
-                return self._interrupted(f"interrupted at step {self.step}; saving it failed ({error})", newest)
-        return self._interrupted(f"interrupted at step {self.step}, which is saved in {path}; continue with --resume",
-                                 path)
-
-    def _interrupted(self, message, path):
-        self.echo(message)
-        return TrainingInterrupted(message, path)
+    def _interrupted(self):
+        """The TrainingInterrupted of a Ctrl-C (the last completed step saved if need be), said."""
+        error = save_on_interrupt(self.stopping.interrupts, self.step, self.checkpoints, self.save, self._boundary_rng)
+        self.echo(str(error))
+        return error
 
 
 def _silent(*args, **kwargs):
     """The echo of the ranks other than 0."""
-
-
-def _mib(count):
-    return "an unknown amount" if count is None else f"{count / 2 ** 20:,.1f} MiB"
-
-
-def _kept_note(newest):
-    return f"the last checkpoint, {newest}, is intact" if newest else "no checkpoint was written"
