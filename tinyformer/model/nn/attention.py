@@ -61,9 +61,9 @@ class MultiHeadAttention(LeavesOutputBias, Module):
     def keep_attention(self, keep):
         self.probe.keep = bool(keep)
 
-    attention_probs = property(lambda self: self.probe.probs, doc="P of the last forward while kept (``probe.probs``).")
-    attention_inputs = property(lambda self: self.probe.inputs, doc="(Q, K, V) of the heads while kept (``probe.inputs``).")
-    last_weights = property(lambda self: self.probe.weights, doc="Detached P of a ``need_weights`` call (``probe.weights``).")
+    attention_probs = property(lambda self: self.probe.probs, doc="P while kept (``probe.probs``).")
+    attention_inputs = property(lambda self: self.probe.inputs, doc="The heads' Q, K, V while kept (``probe.inputs``).")
+    last_weights = property(lambda self: self.probe.weights, doc="P of a ``need_weights`` call (``probe.weights``).")
 
     def parameters_replaced(self):
         """The queries', keys' and values' weights (and biases) packed back to back in one buffer, so
