@@ -286,6 +286,26 @@ def test_the_swap_is_undone_after_an_error_or_ctrl_c(tmp_path):
             pass
 
 
+def test_the_course_swaps_implement_the_attention_contract_the_model_calls():
+    """Exercises 2, 4, 6, 7 and 8 reach the model through nn.probe.Attention only: each swap's
+    ``heads`` has the signature of the one MultiHeadAttention calls, and ``module`` the (mha, call)."""
+    import inspect
+
+    from tinyformer.model.nn.probe import Attention
+
+    def subclasses(cls):
+        return [cls] + [s for sub in cls.__subclasses__() for s in subclasses(sub)]
+
+    readers = {c.__name__: c for c in subclasses(Attention) if c.__module__.startswith("tinyformer.study.")}
+    assert {"ReaderSoftmax", "ReaderAttentionBackward", "ReaderMultiHead", "ReaderTiledForward",
+            "ReaderTiledBackward"} <= set(readers)
+    for cls in readers.values():
+        reader = cls(None, swap.Swap(0))
+        assert inspect.signature(reader.heads) == inspect.signature(Attention.heads), cls.__name__
+        if cls.module is not None:
+            assert list(inspect.signature(reader.module).parameters) == ["mha", "call"], cls.__name__
+
+
 @pytest.mark.parametrize("number", [4, 6])  # 6: the whole module, on the trainer's packed rows
 def test_a_right_backward_trains_a_tiny_model_with_a_falling_loss(number, tmp_path):
     before = _swapped_classes()
