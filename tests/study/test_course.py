@@ -184,19 +184,29 @@ def test_a_file_whose_forward_was_changed_cannot_be_checked(tmp_path):
 
 # ---------------------------------------------------------------------------- the swap into a model
 def _swapped_classes():
-    """The class attributes a swap replaces, as they are now."""
+    """The class attributes a swap may replace (3 and 5), and MultiHeadAttention's, as they are now."""
     from tinyformer.engine.functional import CrossEntropy, LayerNorm, ScaledDotProductAttention
 
     return {(c.__name__, n): c.__dict__.get(n) for c in (ScaledDotProductAttention, LayerNorm, CrossEntropy)
-            for n in ("forward_reference", "backward_reference")} | {("MultiHeadAttention", "forward"):
-                                                                     nn.MultiHeadAttention.__dict__["forward"]}
+            for n in ("forward_reference", "backward_reference")} | {
+                ("MultiHeadAttention", name): nn.MultiHeadAttention.__dict__.get(name)
+                for name in ("forward", "attention", "probe")}
 
 
-def _model_gradients(packed=False):
-    """The parameter gradients of a `tiny` Transformer (eval mode: no dropout) on one padded batch, or
+def _tiny_model():
+    """A `tiny` Transformer in eval mode (no dropout)."""
+    return nn.Transformer.from_preset("tiny", vocab_size=23, pad_id=0, max_len=32, seed=3).eval()
+
+
+def _own_attention(model):
+    """Whether every MultiHeadAttention of ``model`` calls tinyformer's own attention."""
+    return all(type(m.attention) is nn.probe.Attention for m in model.modules() if isinstance(m, nn.MultiHeadAttention))
+
+
+def _model_gradients(model, packed=False):
+    """The parameter gradients of ``model`` (`tiny`, eval mode: no dropout) on one padded batch, or
     on its packed rows (the CPU trainer's layout, ``batch_loss``)."""
-    model = nn.Transformer.from_preset("tiny", vocab_size=23, pad_id=0, max_len=32, seed=3)
-    model.eval()
+    model.zero_grad()
     src = numpy.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
     tgt_in = numpy.array([[1, 11, 12, 13], [1, 14, 15, 0]])
     tgt_out = numpy.array([[11, 12, 13, 2], [14, 15, 2, 0]])
@@ -224,19 +234,19 @@ def _doubled(module, name="backward"):
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("number", [2, 3, 4, 5, 6, 7, 8])
 def test_a_swapped_backward_is_the_one_the_model_uses_and_is_put_back(number, packed, tmp_path):
-    before = _swapped_classes()
-    own = _model_gradients(packed)
+    before, model = _swapped_classes(), _tiny_model()
+    own = _model_gradients(model, packed)
     module, _ = load(solution(tmp_path, EXERCISES[number - 1].filename))
-    with swap.swapped_in(number, module) as right:
-        readers = _model_gradients(packed)
+    with swap.swapped_in(number, module, model) as right:
+        readers = _model_gradients(model, packed)
     assert right.calls > 0
     for mine, theirs in zip(readers, own):
         numpy.testing.assert_allclose(mine, theirs, rtol=2e-4, atol=2e-6)
-    with swap.swapped_in(number, _doubled(module, EXERCISES[number - 1].writes)) as wrong:
-        doubled = _model_gradients(packed)
+    with swap.swapped_in(number, _doubled(module, EXERCISES[number - 1].writes), model) as wrong:
+        doubled = _model_gradients(model, packed)
     assert wrong.calls > 0
     assert any(not numpy.allclose(d, o, rtol=1e-2, atol=1e-5) for d, o in zip(doubled, own))
-    assert _swapped_classes() == before
+    assert _swapped_classes() == before and _own_attention(model)
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -254,7 +264,7 @@ def test_a_swapped_in_attention_forward_adds_its_own_output_bias_and_the_residua
     run = (lambda: model(src, tgt_in, positions=counted, packed=True)) if packed else (lambda: model(src, tgt_in))
     own = run().data
     module, _ = load(solution(tmp_path, "06_multi_head_attention.py"))
-    with swap.swapped_in(6, module) as swapped:
+    with swap.swapped_in(6, module, model) as swapped:
         theirs = run()
         theirs.sum().backward()
     assert swapped.calls == sum(isinstance(m, nn.MultiHeadAttention) for m in model.modules())  # the reader's, each
@@ -262,17 +272,38 @@ def test_a_swapped_in_attention_forward_adds_its_own_output_bias_and_the_residua
 
 
 def test_the_swap_is_undone_after_an_error_or_ctrl_c(tmp_path):
-    before = _swapped_classes()
-    module, _ = load(solution(tmp_path, "04_attention.py"))
-    for stop in (KeyboardInterrupt, RuntimeError):
-        with pytest.raises(stop):
-            with swap.swapped_in(4, module):
-                assert _swapped_classes() != before
-                raise stop()
-        assert _swapped_classes() == before
+    before, model = _swapped_classes(), _tiny_model()
+    for number, filename in ((4, "04_attention.py"), (3, "03_layer_norm.py")):
+        module, _ = load(solution(tmp_path, filename))
+        for stop in (KeyboardInterrupt, RuntimeError):
+            with pytest.raises(stop):
+                with swap.swapped_in(number, module, model):
+                    assert _swapped_classes() != before or not _own_attention(model)
+                    raise stop()
+            assert _swapped_classes() == before and _own_attention(model)
     with pytest.raises(swap.NoModelOp):
-        with swap.swapped_in(1, load(solution(tmp_path, "01_chain_rule.py"))[0]):
+        with swap.swapped_in(1, load(solution(tmp_path, "01_chain_rule.py"))[0], model):
             pass
+
+
+def test_the_course_swaps_implement_the_attention_contract_the_model_calls():
+    """Exercises 2, 4, 6, 7 and 8 reach the model through nn.probe.Attention only: each swap's
+    ``heads`` has the signature of the one MultiHeadAttention calls, and ``module`` the (mha, call)."""
+    import inspect
+
+    from tinyformer.model.nn.probe import Attention
+
+    def subclasses(cls):
+        return [cls] + [s for sub in cls.__subclasses__() for s in subclasses(sub)]
+
+    readers = {c.__name__: c for c in subclasses(Attention) if c.__module__.startswith("tinyformer.study.")}
+    assert {"ReaderSoftmax", "ReaderAttentionBackward", "ReaderMultiHead", "ReaderTiledForward",
+            "ReaderTiledBackward"} <= set(readers)
+    for cls in readers.values():
+        reader = cls(None, swap.Swap(0))
+        assert inspect.signature(reader.heads) == inspect.signature(Attention.heads), cls.__name__
+        if cls.module is not None:
+            assert list(inspect.signature(reader.module).parameters) == ["mha", "call"], cls.__name__
 
 
 @pytest.mark.parametrize("number", [4, 6])  # 6: the whole module, on the trainer's packed rows

@@ -12,7 +12,7 @@ from .layers import (
     PositionwiseFeedForward,
 )
 from .config import TransformerConfig
-from . import limits
+from . import limits, probe
 from .module import Module, ModuleList, Parameter, StateDictError, inference
 from .presets import PAPER_CHOICES, PRESETS
 from .transformer import Decoder, DecoderLayer, DecoderState, Encoder, EncoderLayer, Transformer
@@ -21,5 +21,5 @@ __all__ = [
     "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding", "LayerNorm",
     "Dropout", "PositionalEncoding", "LearnedPositionalEmbedding", "PositionwiseFeedForward",
     "MultiHeadAttention", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "Transformer", "DecoderState",
-    "TransformerConfig", "PRESETS", "PAPER_CHOICES", "inference", "init", "limits",
+    "TransformerConfig", "PRESETS", "PAPER_CHOICES", "inference", "init", "limits", "probe",
 ]

@@ -2,11 +2,11 @@
 
 from ...engine import backend, functional as F
 from ...engine.ops import concat
-from ...engine.tensor import is_grad_enabled
 from ...common.validation import check_int, check_probability
 from .layers import Linear
 from .module import Module
 from .output_bias import LeavesOutputBias
+from .probe import Attention, AttentionCall, AttentionProbe
 
 __all__ = ["MultiHeadAttention"]
 
@@ -20,16 +20,17 @@ class MultiHeadAttention(LeavesOutputBias, Module):
     initialises the projections; dropout masks come from ``dropout_generator``,
     by default the one ``tinyformer.manual_seed`` resets.
 
-    ``keep_attention`` is its one recording switch, an argument or an attribute to set at
-    any time: while it is on, every forward pass keeps the attention probabilities
-    P = softmax(QKᵀ/√d_k) of every head, (batch, heads, len_q, len_k), as
-    ``attention_probs``. In a pass that records the graph P is a graph tensor, the hook
-    point for dL/dP (see ``forward``); under ``no_grad`` (``nn.inference``) it is the
-    values alone and the output is computed as with the switch off (on a GPU by the
-    reference path, since the fused kernel never forms P). It keeps the heads' inputs Q, K, V
-    (batch, heads, len, d_k) too, as ``attention_inputs``. Off, both are None.
-    ``forward(..., need_weights=True)`` asks one call for a detached copy of P,
-    ``last_weights``, as PyTorch's argument of that name does.
+    The probe API (``nn.probe``): ``probe``, an ``AttentionProbe``, holds what the module recorded,
+    and ``attention``, an ``Attention``, is the attention it calls (tinyformer's own unless swapped,
+    ``nn.probe.attention_swapped``). ``keep_attention`` (an argument, or an attribute to set at any
+    time) is the probe's switch: while on, each forward keeps the probabilities
+    P = softmax(QKᵀ/√d_k) of every head, (batch, heads, len_q, len_k), as ``attention_probs``
+    (``probe.probs``), and the heads' inputs Q, K, V as ``attention_inputs``. In a pass that records
+    the graph P is a graph tensor, the hook point for dL/dP (see ``forward``); under ``no_grad``
+    (``nn.inference``) it is the values alone and the output is computed as with the switch off (on
+    a GPU by the reference path, since the fused kernel never forms P). Off, both are None.
+    ``forward(..., need_weights=True)`` asks one call for a detached copy of P, ``last_weights``,
+    as PyTorch's argument of that name does.
     """
 
     def __init__(self, d_model, heads, dropout=0.0, generator=None, dropout_generator=None,
@@ -48,9 +49,21 @@ class MultiHeadAttention(LeavesOutputBias, Module):
         self.w_k = Linear(d_model, d_model, generator=generator)
         self.w_v = Linear(d_model, d_model, generator=generator)
         self.w_o = Linear(d_model, d_model, generator=generator)
-        self.keep_attention = keep_attention
-        self.last_weights = self.attention_probs = self.attention_inputs = None
+        self.probe, self.attention = AttentionProbe(keep_attention), Attention()
         self.parameters_replaced()
+
+    @property
+    def keep_attention(self):
+        """The recording switch, ``probe.keep``."""
+        return self.probe.keep
+
+    @keep_attention.setter
+    def keep_attention(self, keep):
+        self.probe.keep = bool(keep)
+
+    attention_probs = property(lambda self: self.probe.probs, doc="P while kept (``probe.probs``).")
+    attention_inputs = property(lambda self: self.probe.inputs, doc="The heads' Q, K, V while kept (``probe.inputs``).")
+    last_weights = property(lambda self: self.probe.weights, doc="P of a ``need_weights`` call (``probe.weights``).")
 
     def parameters_replaced(self):
         """The queries', keys' and values' weights (and biases) packed back to back in one buffer, so
@@ -110,6 +123,10 @@ class MultiHeadAttention(LeavesOutputBias, Module):
         ``query_rows`` when the key is the query). The heads attend in the padded layout, where
         ``mask`` must hide the positions the rows leave out; the projections run on the rows only.
 
+        The forward is the projections, one call of the heads' attention, ``attention.heads``, through
+        the probe (``probe.attend``), and W_O; ``attention.module``, where set, replaces all three on a
+        call without a cache that keeps nothing (``nn.probe``).
+
         The hook point (§3.2.1). By default attention is one fused node
         (``F.scaled_dot_product_attention``) and the output's gradient never passes
         through a probabilities tensor. With ``keep_attention`` on and the graph being
@@ -121,6 +138,20 @@ class MultiHeadAttention(LeavesOutputBias, Module):
         the fused path's; it costs one extra P·V product. Wherever P is kept, on a GPU the
         reference path runs instead of the fused kernel (which never forms P).
         """
+        key, value, key_rows = self._checked_inputs(query, key, value, query_rows, key_rows, cache)
+        if self.attention.module is not None and cache is None and not need_weights and not self.probe.keep:
+            call = AttentionCall(*(x if rows is None else rows.unpack(x) for x, rows in
+                                   ((query, query_rows), (key, key_rows), (value, key_rows))), mask, causal, query_rows)
+            out = self.attention.module(self, call)
+            if out is not None:
+                return call.pack(out)
+        q, k, v = self._heads_inputs(query, key, value, cache, static_kv, query_rows, key_rows)
+        out = self.probe.attend(self.attention.heads, q, k, v, mask, causal, self.dropout if self.training else 0.0,
+                                self.dropout_generator, need_weights)
+        return self.output(self.w_o, self._merge(out, query_rows))  # W_O's bias may be the residual's to add
+
+    def _checked_inputs(self, query, key, value, query_rows, key_rows, cache):
+        """(key, value, key_rows) with their defaults (``key_value_defaults``), once the shapes are checked."""
         key, value, key_rows = self.key_value_defaults(query, key, value, query_rows, key_rows)
         for name, x, rows in (("query", query, query_rows), ("key", key, key_rows), ("value", value, key_rows)):
             if rows is not None:
@@ -140,6 +171,11 @@ class MultiHeadAttention(LeavesOutputBias, Module):
             )
         if cache is not None and (query_rows is not None or key_rows is not None):
             raise ValueError("MultiHeadAttention: a decoding cache works on the padded layout, not packed rows")
+        return key, value, key_rows
+
+    def _heads_inputs(self, query, key, value, cache, static_kv, query_rows, key_rows):
+        """Q, K, V (batch, heads, len, d_k): projected (one product where they share an input), K and V
+        appended to or taken from ``cache``, which then holds them."""
         cached = cache is not None and static_kv and "k" in cache
         if key is query and value is query and not cached:  # self-attention: Q, K and V in one product
             q, k, v = (self._split(y, query_rows) for y in self._project(query, (self.w_q, self.w_k, self.w_v)))
@@ -152,28 +188,11 @@ class MultiHeadAttention(LeavesOutputBias, Module):
                 k, v = (self._split(y, key_rows) for y in self._project(key, (self.w_k, self.w_v)))
             else:
                 k, v = self._split(self.w_k(key), key_rows), self._split(self.w_v(value), key_rows)
-        if not cached:
-            if cache is not None and not static_kv and "k" in cache:
-                k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
+        if not cached and cache is not None and not static_kv and "k" in cache:
+            k, v = concat([cache["k"], k], axis=2), concat([cache["v"], v], axis=2)
         if cache is not None:
             cache["k"], cache["v"] = k, v
-        dropout_p = self.dropout if self.training else 0.0
-        if self.keep_attention and is_grad_enabled():
-            # Only the probabilities output is used: its backward is softmax's and QKᵀ's.
-            _, weights = F.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal,
-                                                        return_weights=True)
-            out = F.dropout(weights, dropout_p, generator=self.dropout_generator) @ v
-        else:
-            kept = self.keep_attention or need_weights
-            result = F.scaled_dot_product_attention(
-                q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
-                return_weights=kept, generator=self.dropout_generator,
-            )
-            out, weights = result if kept else (result, None)
-        self.attention_probs = weights if self.keep_attention else None
-        self.attention_inputs = (q, k, v) if self.keep_attention else None
-        self.last_weights = weights.detach() if need_weights else None
-        return self.output(self.w_o, self._merge(out, query_rows))  # W_O's bias may be the residual's to add
+        return q, k, v
 
     def extra_repr(self):
         return f"d_model={self.d_model}, heads={self.heads}, dropout={self.dropout}"

@@ -56,12 +56,12 @@ EXERCISES = (
     Exercise(1, "chain_rule", "chain rule", "the chain rule on a small graph: a matmul, tanh, a product and a sum, "
              "with an input used twice", ("dx", "dW", "db"), "tinyformer's Tensor ops (autograd)"),
     Exercise(2, "softmax", "softmax", "softmax along the last axis", ("dx",), "F.softmax",
-             model_op="the softmax inside ScaledDotProductAttention.backward_reference"),
+             model_op="the softmax inside every MultiHeadAttention's attention backward (nn.probe)"),
     Exercise(3, "layer_norm", "layer norm", "layer norm with gain and bias: dx, dgain, dbias", ("dx", "dgain", "dbias"),
              "F.layer_norm", model_op="LayerNorm.backward_reference"),
     Exercise(4, "attention", "attention", "scaled dot-product attention with padding and causal masks: dQ, dK, dV",
              ("dQ", "dK", "dV"), "F.scaled_dot_product_attention",
-             model_op="ScaledDotProductAttention.backward_reference"),
+             model_op="every MultiHeadAttention's attention backward (nn.probe)"),
     Exercise(5, "cross_entropy", "cross entropy",
              "label-smoothed cross entropy over padded targets, as F.cross_entropy",
              ("dlogits",), "F.cross_entropy", model_op="CrossEntropy.backward_reference"),
@@ -73,12 +73,12 @@ EXERCISES = (
     Exercise(7, "flash_forward", "FlashAttention forward",
              "the tiled forward: online softmax over key tiles, O and the log-sum-exp, never S whole",
              ("O", "lse"), "the float64 formula (S and P whole) and F.scaled_dot_product_attention",
-             model_op="ScaledDotProductAttention's forward (your O; P recomputed from your lse for backward)",
+             model_op="every MultiHeadAttention's attention forward (your O; P recomputed from your lse for backward)",
              writes="forward"),
     Exercise(8, "flash_backward", "FlashAttention backward",
              "the tiled backward: dQ, dK, dV from the saved log-sum-exp, D = rowsum(dO ∘ O), tile by tile",
              ("dQ", "dK", "dV"), "F.scaled_dot_product_attention",
-             model_op="ScaledDotProductAttention's backward (your tiles, from its O and lse)"),
+             model_op="every MultiHeadAttention's attention backward (your tiles, from its O and lse)"),
 )
 
 

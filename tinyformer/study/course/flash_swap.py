@@ -1,12 +1,13 @@
-"""Exercises 7 and 8 inside a real model: ``ScaledDotProductAttention`` runs the reader's tiles.
+"""Exercises 7 and 8 inside a real model: the reader's tiles as the model's attention over the heads
+(``attention_swap.ReaderAttention``, an ``nn.probe.Attention``).
 
 =====================  ================================================================================
-7 the tiled forward    ``forward_reference`` calls the reader's ``forward`` for O and lse (the heads
-                       flattened into the batch axis, the key lengths repeated per head), and
-                       ``backward_reference`` takes attention's backward with P recomputed from the
-                       reader's lse, P = exp(S − lse): the lse must be right for the model to learn.
-8 the tiled backward   ``forward_reference`` is tinyformer's own, which also keeps the lse;
-                       ``backward_reference`` calls the reader's ``backward`` with its O and lse.
+7 the tiled forward    ``forward`` calls the reader's ``forward`` for O and lse (the heads flattened
+                       into the batch axis, the key lengths repeated per head), and ``backward`` takes
+                       attention's backward with P recomputed from the reader's lse, P = exp(S − lse):
+                       the lse must be right for the model to learn.
+8 the tiled backward   ``forward`` is tinyformer's own attention; ``backward`` calls the reader's
+                       ``backward`` with its O and the lse of its scores.
 =====================  ================================================================================
 
 Calls the tiled exercises cannot take — a mask that is not trailing padding, attention dropout,
@@ -19,11 +20,12 @@ import math
 
 import numpy
 
-from ...engine.functional import ScaledDotProductAttention
-from ...engine.functional.attention import _key_lengths_of_mask
+from ...engine.functional import KeyLengthMask
+from ...engine.tensor import Tensor
+from .attention_swap import ReaderAttention, own_attention
 from .flash_reference import keep
 
-__all__ = ["BLOCK", "tiled_forward_replacements", "tiled_backward_replacements"]
+__all__ = ["BLOCK", "ReaderTiledForward", "ReaderTiledBackward"]
 
 BLOCK = 64
 
@@ -33,12 +35,28 @@ def _flat(a):
     return numpy.ascontiguousarray(a, dtype=numpy.float64).reshape(-1, *a.shape[-2:])
 
 
+def _key_lengths(mask, batch, len_k):
+    """``(True, per-sequence key counts or None)`` when ``mask`` is none or only hides trailing keys
+    (shape (batch, 1, 1, len_k), as ``padding_mask`` builds), else ``(False, None)``."""
+    if mask is None:
+        return True, None
+    if tuple(mask.shape) != (batch, 1, 1, len_k):
+        return False, None
+    if isinstance(mask, KeyLengthMask):
+        return True, mask.lengths
+    kept = numpy.asarray(mask.data if isinstance(mask, Tensor) else mask)[:, 0, 0, :]
+    lengths = kept.sum(axis=-1)
+    if not bool((kept == (numpy.arange(len_k)[None, :] < lengths[:, None])).all()):
+        return False, None  # holes in the mask: not a key-length mask
+    return True, lengths.astype(numpy.int32)
+
+
 def _problem(q, k, mask, causal, dropout_p, return_weights):
     """What the tiled exercises take of this call: (key lengths per flattened sequence or None,
     causal); None when they cannot take it."""
     if dropout_p or return_weights or q.ndim != 4 or k.shape[:2] != q.shape[:2]:
         return None
-    fits, lengths = _key_lengths_of_mask(mask, q.shape[0], k.shape[2])
+    fits, lengths = _key_lengths(mask, q.shape[0], k.shape[2])
     if not fits:
         return None
     if lengths is not None:
@@ -60,52 +78,40 @@ def _gradients_from_lse(q, k, v, lse, lengths, causal, g):
     return ds @ k * scale, ds.swapaxes(-1, -2) @ q * scale, p.swapaxes(-1, -2) @ g
 
 
-def tiled_forward_replacements(module, swap):
-    """Exercise 7's swap: the reader's tiled forward, and backward from the reader's lse."""
-    own_forward, own_backward = ScaledDotProductAttention.forward_reference, ScaledDotProductAttention.backward_reference
+class _Tiled(ReaderAttention):
+    """The calls the tiles take: ``_problem``'s."""
 
-    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
-        self.study_problem = _problem(q, k, mask, causal, dropout_p, return_weights)
-        if self.study_problem is None:
-            swap.own += 1
-            return own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
-        lengths, causal = self.study_problem
-        self.study_arrays = tuple(_flat(a) for a in (q, k, v))
-        o, lse = module.forward(*self.study_arrays, lengths, causal, BLOCK)
-        swap.calls += 1
-        self.study_lse = numpy.asarray(lse, dtype=numpy.float64)
-        self.study_shapes = (q.shape, k.shape, v.shape)
+    def takes(self, q, k, mask, causal, dropout_p, return_weights):
+        return _problem(q, k, mask, causal, dropout_p, return_weights) is not None
+
+
+class ReaderTiledForward(_Tiled):
+    """Exercise 7's swap: the reader's tiled forward, and backward from the reader's lse."""
+
+    def forward(self, node, q, k, v):
+        node.lengths, causal = _problem(q, k, node.mask, node.causal, 0.0, False)
+        node.flat = tuple(_flat(a) for a in (q, k, v))
+        o, lse = self.reader.forward(*node.flat, node.lengths, causal, BLOCK)
+        self.swap.calls += 1
+        node.lse = numpy.asarray(lse, dtype=numpy.float64)
         return numpy.asarray(o).reshape(q.shape[:-1] + v.shape[-1:]).astype(q.dtype, copy=False)
 
-    def backward_reference(self, g_out, g_weights=None):
-        if self.study_problem is None:
-            return own_backward(self, g_out, g_weights)
-        grads = _gradients_from_lse(*self.study_arrays, self.study_lse, *self.study_problem, _flat(g_out))
-        return tuple(d.reshape(shape).astype(g_out.dtype, copy=False)
-                     for d, shape in zip(grads, self.study_shapes)) + (None,)
-
-    return [(ScaledDotProductAttention, "forward_reference", forward_reference),
-            (ScaledDotProductAttention, "backward_reference", backward_reference)]
+    def backward(self, node, g_out):
+        grads = _gradients_from_lse(*node.flat, node.lse, node.lengths, node.causal, _flat(g_out))
+        return tuple(d.reshape(a.shape) for d, a in zip(grads, (node.q, node.k, node.v)))
 
 
-def tiled_backward_replacements(module, swap):
+class ReaderTiledBackward(_Tiled):
     """Exercise 8's swap: tinyformer's forward (its O, and the lse of its scores), the reader's backward."""
-    own_forward, own_backward = ScaledDotProductAttention.forward_reference, ScaledDotProductAttention.backward_reference
 
-    def forward_reference(self, q, k, v, mask, causal, dropout_p, generator, return_weights):
-        self.study_problem = _problem(q, k, mask, causal, dropout_p, return_weights)
-        out = own_forward(self, q, k, v, mask, causal, dropout_p, generator, return_weights)
-        if self.study_problem is None:
-            swap.own += 1
-        else:
-            self.study_o = _flat(out)
+    def forward(self, node, q, k, v):
+        out = own_attention(q, k, v, node.mask, node.causal)
+        node.o = _flat(out)
         return out
 
-    def backward_reference(self, g_out, g_weights=None):
-        if self.study_problem is None:
-            return own_backward(self, g_out, g_weights)
-        lengths, causal = self.study_problem
-        q, k, v = (_flat(a) for a in (self.q, self.k, self.v))
+    def backward(self, node, g_out):
+        lengths, causal = _problem(node.q, node.k, node.mask, node.causal, 0.0, False)
+        q, k, v = (_flat(a) for a in (node.q, node.k, node.v))
         s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
         seen = numpy.stack([keep(q.shape[1], k.shape[1], k.shape[1] if lengths is None else lengths[b], causal)
                             for b in range(q.shape[0])])
@@ -115,10 +121,6 @@ def tiled_backward_replacements(module, swap):
         total = numpy.exp(s - top).sum(axis=-1)
         with numpy.errstate(divide="ignore"):
             lse = numpy.where(total > 0, top[..., 0] + numpy.log(numpy.where(total > 0, total, 1.0)), -numpy.inf)
-        grads = module.backward(q, k, v, self.study_o, lse, _flat(g_out), lengths, causal, BLOCK)
-        swap.calls += 1
-        return tuple(numpy.asarray(d).reshape(a.shape).astype(g_out.dtype, copy=False)
-                     for d, a in zip(grads, (self.q, self.k, self.v))) + (None,)
-
-    return [(ScaledDotProductAttention, "forward_reference", forward_reference),
-            (ScaledDotProductAttention, "backward_reference", backward_reference)]
+        grads = self.reader.backward(q, k, v, node.o, lse, _flat(g_out), lengths, causal, BLOCK)
+        self.swap.calls += 1
+        return tuple(numpy.asarray(d).reshape(a.shape) for d, a in zip(grads, (node.q, node.k, node.v)))

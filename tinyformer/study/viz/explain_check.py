@@ -4,7 +4,7 @@ elements, against the gradients of the backward pass.
 
 The loss depends on a head's P only through its output O = P·V (dropout is off), so moving
 P_ij by h is moving row i of O by h·V_j, and moving S_ij by h is moving row i of O by
-(softmax(S_i + h e_j) − P_i)·V; the probed copy adds such offsets to O (``ProbedAttention``).
+(softmax(S_i + h e_j) − P_i)·V; the probed copy adds such offsets to O (the attention probe's ``offset``).
 A head's gate ξ scales its output (O → ξ·O): dL/dξ at ξ = 1 is Σ P∘dL/dP, the head's
 sensitivity. Parameters are moved in place and put back. The pass rule and its relative
 tolerance are ``tinyformer.study.gradcheck``'s; the differences are its five-point ones, with a
@@ -55,8 +55,8 @@ def _derivative(copy, batch, move, step=STEP):
 def _moving_output(module, offset_for):
     """A ``move`` that adds ``offset_for(step)`` to the module's heads' output O."""
     def move(step):
-        module.offset = offset_for(step)
-        return lambda: setattr(module, "offset", None)
+        module.probe.offset = offset_for(step)
+        return lambda: setattr(module.probe, "offset", None)
     return move
 
 

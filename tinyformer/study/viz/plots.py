@@ -16,6 +16,7 @@ import numpy
 
 from ...engine import backend
 from ...model.nn import MultiHeadAttention, inference
+from ...model.nn.probe import AttentionProbe
 from ...common.validation import check_int, is_real
 from .sentence import sentence_pair, special_ids
 
@@ -77,17 +78,17 @@ HEADS_PER_ROW = 4
 
 @contextlib.contextmanager
 def _attention_kept(model):
-    """``keep_attention`` on in every MultiHeadAttention of ``model``; on leaving, each module's
-    own switch, ``attention_probs`` and ``attention_inputs`` are put back."""
+    """A recording probe (``nn.probe.AttentionProbe``) in every MultiHeadAttention of ``model``; on
+    leaving, each module's own probe, with its switch and records, is put back."""
     modules = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    before = [(m.keep_attention, m.attention_probs, m.attention_inputs) for m in modules]
+    before = [m.probe for m in modules]
     for module in modules:
-        module.keep_attention = True
+        module.probe = AttentionProbe(keep=True)
     try:
         yield
     finally:
-        for module, (switch, probs, inputs) in zip(modules, before):
-            module.keep_attention, module.attention_probs, module.attention_inputs = switch, probs, inputs
+        for module, probe in zip(modules, before):
+            module.probe = probe
 
 
 def _weights(attention):

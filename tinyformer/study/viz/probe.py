@@ -1,10 +1,11 @@
 """A float64 NumPy copy of a Transformer that keeps what the explain page shows, and the passes
 over one sentence pair that read it.
 
-The copy's attention modules have ``keep_attention`` on (the hook point: P is a graph tensor,
-so ``retain_grad`` gives dL/dP) and also keep the heads' output O = Dropout(P)·V before W_O,
-to which an offset can be added: moving O by ε·V_j is moving P_ij by ε, which is how the
-gradient check differentiates the loss along P and S entries. Its embeddings keep their
+The copy's attention modules record through the model's probe API (``nn.probe.AttentionProbe``,
+each module's ``probe``, switched on): P is a graph tensor (the hook point: ``retain_grad`` gives
+dL/dP), and so are Q, K, V and the heads' output O = Dropout(P)·V before W_O, to which the probe's
+``offset`` adds: moving O by ε·V_j is moving P_ij by ε, which is how the gradient check
+differentiates the loss along P and S entries. Its embeddings keep their
 outputs (the looked-up rows), for the saliency of each token. The user's model is not touched.
 """
 
@@ -14,7 +15,7 @@ from ...engine import functional as F
 from ...model.nn import Embedding, MultiHeadAttention, Transformer, TransformerConfig
 from ...engine.tensor import Tensor, no_grad
 
-__all__ = ["KINDS", "ProbedAttention", "ProbedEmbedding", "probed_copy", "attention_modules", "run_pass",
+__all__ = ["KINDS", "ProbedEmbedding", "probed_copy", "attention_modules", "run_pass",
            "sentence_loss"]
 
 KINDS = {
@@ -23,20 +24,6 @@ KINDS = {
     "cross": "decoder-encoder attention",
 }
 """The three uses of attention (§3.2.3), by the short names the page's URL uses."""
-
-
-class ProbedAttention(MultiHeadAttention):
-    """MultiHeadAttention that keeps its last call's heads' output O (batch, heads, len_q, d_k), the
-    input of ``_merge``, as ``heads_output``, after adding ``offset`` (an array of O's shape) if set."""
-
-    offset = None
-    heads_output = None
-
-    def _merge(self, x, rows=None):
-        if self.offset is not None:
-            x = x + Tensor(self.offset)
-        self.heads_output = x
-        return super()._merge(x, rows)
 
 
 class ProbedEmbedding(Embedding):
@@ -57,14 +44,13 @@ class ProbedEmbedding(Embedding):
 
 def probed_copy(model):
     """A float64 copy of the Transformer ``model`` on NumPy, in eval mode, its attention and
-    embedding modules probed (``ProbedAttention`` with ``keep_attention`` on, ``ProbedEmbedding``)."""
+    embedding modules probed (each attention's ``probe`` recording, ``ProbedEmbedding``)."""
     copy = Transformer.from_config(TransformerConfig.from_dict(model.config).replace(seed=0))
     copy.load_state_dict(model.state_dict())
     copy.double().eval()
     for module in copy.modules():
         if type(module) is MultiHeadAttention:
-            module.__class__ = ProbedAttention
-            module.keep_attention = True
+            module.probe.keep = True
         elif type(module) is Embedding:
             module.__class__ = ProbedEmbedding
     return copy
@@ -134,11 +120,10 @@ def _run_pass(copy, src, tgt_in, tgt_out, positions, probs_grad_hook, parameter_
     for kind, modules in attention_modules(copy).items():
         watched[kind] = []
         for module in modules:
-            probs = module.attention_probs
+            probs, (q, k, v) = module.probe.probs, module.probe.inputs
             if probs_grad_hook is not None:
                 probs.register_hook(probs_grad_hook)
-            q, k, v = module.attention_inputs
-            tensors = {"P": probs, "Q": q, "K": k, "V": v, "O": module.heads_output}
+            tensors = {"P": probs, "Q": q, "K": k, "V": v, "O": module.probe.heads_output}
             for tensor in tensors.values():
                 tensor.retain_grad()
             watched[kind].append(tensors)
