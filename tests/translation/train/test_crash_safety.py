@@ -89,15 +89,16 @@ elif point == "during pruning":     # the oldest checkpoint deleted, pruning not
             die()
     Path.unlink = unlink
 elif point == "metrics append":     # half a line of the first record after the checkpoint
-    real_log = train.Trainer.log
-    def log(self, record):
+    from tinyformer.translation.train.metrics_log import MetricsLog
+    real_append = MetricsLog.append
+    def append(self, record):
         if record.get("step") == kill_step + 1:
             line = json.dumps(record) + "\n"
-            with open(self.save_dir / train.LOG_FILE, "a", encoding="utf-8") as f:
+            with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line[: len(line) // 2])
             die()
-        real_log(self, record)
-    train.Trainer.log = log
+        real_append(self, record)
+    MetricsLog.append = append
 elif point == "adam":               # parameters updated in memory, the step not yet counted
     real_step = Adam.step
     def step(self, *args, **kwargs):
