@@ -1,5 +1,5 @@
 """The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
-the NumPy references in functional/optim (the cases of tinyformer/study/kernel_cases/). These
+the NumPy references in functional/optim (the cases of tinyformer/testing/kernel_cases/). These
 run in CI, where there is no GPU.
 
 The emulation runs a block's CUDA threads as fibers on one OS thread, so shapes are small. Most
@@ -18,13 +18,13 @@ import pytest
 import tinyformer
 from tinyformer import Tensor
 from tinyformer.engine import backend, functional as F, kernels
-from tinyformer.study import kernel_cases as cases
-from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.testing import kernel_cases as cases
+from tinyformer.testing.kernel_cases import Device, rand
 from tinyformer.engine.kernels import adam as adam_kernel, attention as attention_kernel, dropout as dropout_kernel
 from tinyformer.engine.kernels import launch, registry
 from tinyformer.engine.kernels.philox import philox4x32_10, philox_uniform
 from tinyformer.model.optim import Adam
-from tinyformer.model.optim.adam import device_update_reference
+from tinyformer.model.optim.adam import fused_update
 
 pytestmark = pytest.mark.usefixtures("cxx_compiler")  # skipped without g++ or clang++; failed in CI (compilers.py)
 
@@ -159,7 +159,7 @@ def test_fused_adam_kernel_without_the_skip_flag_applies_a_non_finite_update():
     expected = [[a.copy() for a in arrays] for arrays in (params, m, v)]
     expected_result = np.zeros(2, np.float32)
     with np.errstate(invalid="ignore"):
-        device_update_reference(expected[0], grads, expected[1], expected[2], _hyper(skip_nonfinite=0.0),
+        fused_update(expected[0], grads, expected[1], expected[2], _hyper(skip_nonfinite=0.0),
                                 expected_result, (0.9, 0.98), 1e-9, 0.0)
     result = np.zeros(2, np.float32)
     adam_kernel.grad_norm_adam_update(adam_kernel.AdamPlan(params, grads, m, v, chunk_size=64),

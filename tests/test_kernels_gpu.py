@@ -1,8 +1,8 @@
 """The CUDA kernels on a GPU against their NumPy references (skipped without a usable GPU).
 
-The same cases (tinyformer/study/kernel_cases/) run on the CPU through the emulation in
+The same cases (tinyformer/testing/kernel_cases/) run on the CPU through the emulation in
 test_kernels_emulation.py; here they run on the real device, in float32, float16 and bfloat16
-(tolerances in tinyformer/study/kernel_cases/harness.py), at the lengths where tiling goes wrong
+(tolerances in tinyformer/testing/kernel_cases/harness.py), at the lengths where tiling goes wrong
 first: 1, 7, 64, 129, 1000.
 """
 
@@ -13,8 +13,8 @@ import pytest
 import tinyformer
 from tinyformer import Tensor
 from tinyformer.engine import backend, functional as F
-from tinyformer.study import kernel_cases as cases
-from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.testing import kernel_cases as cases
+from tinyformer.testing.kernel_cases import Device, rand
 from tinyformer.engine.kernels import arguments, attention as attention_kernel, cublas, registry
 from tinyformer.engine.kernels import dropout as dropout_kernel
 from tinyformer.engine.kernels.philox import philox_uniform
