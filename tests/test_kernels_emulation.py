@@ -1,4 +1,4 @@
-"""The CUDA kernels' own source, run on the CPU through kernels/cpu_emulation.h, against
+"""The CUDA kernels' own source, run on the CPU through testing/emulation/cpu_emulation.h, against
 the NumPy references in functional/optim (the cases of tinyformer/testing/kernel_cases/). These
 run in CI, where there is no GPU.
 
