@@ -6,7 +6,7 @@
 #
 # Stages, each under `timeout` and clipped to what is left of an overall budget, the open questions first
 # (issue 63: CUDA graphs proven on hardware, no device minute spent compiling). No NVRTC compile check runs
-# here: `python -m tinyformer.engine.kernels.compile_check` is a CPU job, and CI runs it.
+# here: `python -m tinyformer.testing.compile_check` is a CPU job, and CI runs it.
 #   nvidia-smi          GPU name, driver, memory, compute capability
 #   python env          Python, NumPy, CuPy (runtime, driver, device), PyTorch, the C++ compiler; fails
 #                       without a usable GPU

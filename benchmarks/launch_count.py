@@ -62,13 +62,17 @@ def on_the_kernel_path(device):
         return
     from emulated_capture import EmulatedCapture
     from tinyformer.engine import kernels
+    from tinyformer.engine.kernels import launch
+    from tinyformer.testing import emulation
 
     on_gpu = kernels.on_gpu
     kernels.on_gpu = lambda *arrays: True
+    previous = emulation.install()  # kernels on NumPy arrays run through the CPU emulation
     try:
         yield EmulatedCapture()
     finally:
         kernels.on_gpu = on_gpu
+        launch.install_host_loader(previous)
 
 
 def count(preset, precision, args, batch):

@@ -22,7 +22,7 @@ definition: no NaN), so its whole row of dS is 0.
 This script
   1. implements those five lines in NumPy,
   2. compares them with tinyformer's autograd (F.scaled_dot_product_attention),
-  3. compares both with central differences (tinyformer.study.gradcheck, float64, random
+  3. compares both with central differences (tinyformer.engine.gradcheck, float64, random
      upstream gradient), for a padding mask and for causal + padding,
   4. and goes inside nn.MultiHeadAttention: with ``keep_attention`` on, the attention
      probabilities are a graph tensor (``mha.attention_probs``) whose hook prints
@@ -207,7 +207,7 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     tf.manual_seed(args.seed)  # the projections' initialisation
     print(__doc__.split("This script")[0].rstrip())
-    print("\nmax abs differences (the finite-difference columns come from tinyformer.study.gradcheck, "
+    print("\nmax abs differences (the finite-difference columns come from tinyformer.engine.gradcheck, "
           "float64, central differences, random upstream gradient):")
     with np.printoptions(linewidth=120):
         ok = check_attention("Cross-attention with padding", rng, batch=2, heads=2, len_q=3, len_k=5,

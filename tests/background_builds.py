@@ -64,7 +64,8 @@ def _compiler():
 
 
 def _nvrtc(reverse=False):
-    from tinyformer.engine.kernels import compile_check, registry, toolchain
+    from tinyformer.engine.kernels import registry, toolchain
+    from tinyformer.testing import compile_check
     if toolchain.find_nvrtc() is not None and toolchain.cuda_include_dirs():
         sources = list(registry.KERNELS)
         compile_check.compile_all(sources=sources[::-1] if reverse else sources, failures=[])
@@ -73,7 +74,7 @@ def _nvrtc(reverse=False):
 def kernels(shared):
     import mma_probes
     import pytest
-    from tinyformer.engine.kernels import emulation
+    from tinyformer.testing import emulation
 
     cxx = _compiler()
     if cxx:

@@ -1,5 +1,5 @@
 """The C++ compiler that the CPU emulation's tests build with, found as
-tinyformer/engine/kernels/emulation.py finds it: ``$CXX`` when set, else g++, else clang++.
+tinyformer/testing/emulation/ finds it: ``$CXX`` when set, else g++, else clang++.
 
 Without one those tests (the PTX layouts, the kernels through the emulation) are skipped on a
 developer's machine, and FAIL in CI: .ci/run installs g++ and exports ``TINYFORMER_CI=1``, so that

@@ -22,6 +22,7 @@ import trained_models
 from ci import in_ci
 from hypothesis import is_hypothesis_test, settings
 
+import tinyformer.testing  # noqa: F401  installs the kernels' CPU emulation: kernels launch on NumPy arrays
 from tinyformer.engine import backend
 
 settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -3,7 +3,7 @@
 - ``numpy``: NumPy arrays, the reference path of every op;
 - ``emulated``: NumPy arrays on the GPU's kernel path (``kernels.on_gpu`` made to answer yes), so
   that each fused op and Adam run the CUDA kernels' own source through their CPU emulation
-  (kernels/cpu_emulation.h; conftest's ``emulated_kernels`` fixture);
+  (testing/emulation/cpu_emulation.h; conftest's ``emulated_kernels`` fixture);
 - ``cuda``: CuPy arrays on a GPU, the compiled kernels; marked ``gpu`` and skipped without a
   usable CuPy device.
 

@@ -21,8 +21,9 @@ import numpy
 
 import ptx_layouts
 from tinyformer.engine import backend
-from tinyformer.engine.kernels import compile_check, emulation, registry, toolchain
-from tinyformer.study.kernel_cases import KernelRun, compared, rand
+from tinyformer.engine.kernels import registry, toolchain
+from tinyformer.testing import compile_check, emulation
+from tinyformer.testing.kernel_cases import KernelRun, compared, rand
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "mma_probe.cu"
 KERNELS = ("ldmatrix_probe", "mma_probe", "mma_fragment_probe", "cp_async_probe", "cp_async_drain_probe",

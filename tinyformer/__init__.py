@@ -10,7 +10,7 @@ from .common import filecache, validation
 from .engine import amp, backend, functional, kernels, ops, random
 from .model import nn, optim
 from .engine.random import manual_seed
-from .study.gradcheck import GradcheckError, GradcheckReport, gradcheck
+from .engine.gradcheck import GradcheckError, GradcheckReport, gradcheck
 from .engine.ops import (
     abs,
     broadcast_to,

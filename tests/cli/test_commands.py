@@ -11,7 +11,7 @@ from scripts import load_script
 
 from tinyformer.engine import backend, functional as F
 from tinyformer import cli
-from tinyformer.study import gradcheck_suite
+from tinyformer.testing import gradcheck_suite
 from tinyformer.model import nn
 
 

@@ -9,7 +9,7 @@ import pytest
 import tinyformer as tf
 from tinyformer.engine import amp, backend, functional as F
 from tinyformer.model import nn
-from tinyformer.study.kernel_cases import GRAD_FACTOR, TOLERANCE
+from tinyformer.testing.kernel_cases import GRAD_FACTOR, TOLERANCE
 from tinyformer.model.optim import Adam, GradScaler, LossScaleTooSmall
 
 HALF = {"float16": np.dtype(np.float16), "bfloat16": backend.bfloat16}

@@ -193,7 +193,7 @@ def test_an_output_that_stays_minus_infinity_adds_nothing_to_the_difference(mode
 
 
 def test_central_differences_project_each_output_on_its_upstream_gradient():
-    from tinyformer.study.gradcheck import central_differences
+    from tinyformer.engine.gradcheck import central_differences
 
     base = np.array([0.5, -1.0, 2.0])
     upstream = [np.array([1.0, 2.0, -1.0]), np.array([3.0])]
@@ -237,7 +237,7 @@ def assert_exact_on_quartics(difference):
 
 
 def test_five_point_difference_is_exact_on_quartics():
-    from tinyformer.study.gradcheck import five_point_difference
+    from tinyformer.engine.gradcheck import five_point_difference
 
     assert_exact_on_quartics(five_point_difference)
 
@@ -250,7 +250,7 @@ def test_the_quartic_check_rejects_a_wrong_difference(wrong):
 
 def test_five_point_difference_errs_by_h_to_the_fourth_on_a_quintic():
     """On x⁵ the error is exactly −h⁴/30·f⁽⁵⁾ = −4h⁴ wherever x is: halving h divides it by 16."""
-    from tinyformer.study.gradcheck import five_point_difference
+    from tinyformer.engine.gradcheck import five_point_difference
 
     x = 0.7
     for step in (0.2, 0.1, 0.05):

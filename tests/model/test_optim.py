@@ -280,7 +280,7 @@ def _grads(rng, params, scale=1.0):
 
 
 @pytest.mark.parametrize("max_grad_norm, grad_scale", [(None, 1.0), (0.5, 1.0), (None, 8.0), (0.5, 8.0)])
-def test_device_update_reference_is_the_eager_step(max_grad_norm, grad_scale):
+def test_fused_update_is_the_eager_step(max_grad_norm, grad_scale):
     """From the same state and gradients: the same parameters, moments and norm as ``Adam.step``,
     exactly without clipping and loss scale, else to float32 rounding (the norm is summed in
     float64 there, in float32 by the eager step)."""
@@ -295,7 +295,7 @@ def test_device_update_reference_is_the_eager_step(max_grad_norm, grad_scale):
         m = [np.zeros_like(p.data) if a is None else a for a, p in zip(reference.m, reference.params)]
         v = [np.zeros_like(p.data) if a is None else a for a, p in zip(reference.v, reference.params)]
         reference.m, reference.v = m, v
-        optim.adam.device_update_reference([p.data for p in reference.params], grads, m, v, reference.hyper,
+        optim.adam.fused_update([p.data for p in reference.params], grads, m, v, reference.hyper,
                                            reference.result, reference.betas, reference.eps, reference.weight_decay)
         assert reference.finish_device_step() == (pytest.approx(norm, rel=1e-6), True)
         exact = max_grad_norm is None and grad_scale == 1.0

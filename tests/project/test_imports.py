@@ -218,6 +218,14 @@ def test_no_import_cycle_counting_imports_inside_functions(package_edges):
 # reaches into every layer, and no layer asks it for anything.
 LAYERS = ("common", "engine", "model", "translation", "study", "cli")
 
+# The verification room (``tinyformer.testing``, as numpy.testing): it may import every layer, and no module
+# of the library imports it, but for the two that run its machinery on a user's request (each with why).
+VERIFICATION = "testing"
+USERS_OF_VERIFICATION = {
+    "tinyformer.cli.gradcheck": "`tinyformer gradcheck` runs the gradcheck suite and the kernels' cases",
+    "tinyformer.study.course.flash_kernel": "`tinyformer study trace` runs attention.cu through the CPU emulation",
+}
+
 
 def _layer(module):
     """The layer a module belongs to: ``tinyformer.model.nn.layers`` → ``model``; the root → None."""
@@ -226,8 +234,9 @@ def _layer(module):
 
 
 def test_every_module_lives_in_a_layer_and_the_root_holds_at_most_three():
-    stray = [name for name in package_modules(PACKAGE_DIR) if name != "tinyformer" and _layer(name) not in LAYERS]
-    assert stray == [], f"modules outside the layer folders {LAYERS}: {stray}"
+    stray = [name for name in package_modules(PACKAGE_DIR)
+             if name != "tinyformer" and _layer(name) not in (*LAYERS, VERIFICATION)]
+    assert stray == [], f"modules outside the layer folders {LAYERS} and {VERIFICATION}/: {stray}"
     assert len(list(PACKAGE_DIR.glob("*.py"))) <= 3
 
 
@@ -254,8 +263,32 @@ def test_a_long_file_is_found(toy):
 
 def test_each_layer_imports_only_itself_and_the_layers_below(package_edges):
     upward = [f"{a} (line {line}{', in a function' if late else ''}) -> {b}" for a, b, line, late in package_edges
-              if _layer(a) and (_layer(b) is None or LAYERS.index(_layer(b)) > LAYERS.index(_layer(a)))]
+              if _layer(a) in LAYERS and _layer(b) != VERIFICATION
+              and (_layer(b) is None or LAYERS.index(_layer(b)) > LAYERS.index(_layer(a)))]
     assert upward == [], "imports against the layers " + " < ".join(LAYERS) + ": " + "; ".join(upward)
+
+
+def test_nothing_in_the_library_imports_the_verification_room_but_its_two_users(package_edges):
+    """tinyformer.testing imports the library; the library (its root included) does not import it, inside
+    functions neither, except ``USERS_OF_VERIFICATION``. It is no layer: nothing may build on it."""
+    found = [f"{a} (line {line}{', in a function' if late else ''}) -> {b}" for a, b, line, late in package_edges
+             if _layer(b) == VERIFICATION and _layer(a) != VERIFICATION and a not in USERS_OF_VERIFICATION]
+    assert found == [], f"imports of tinyformer.{VERIFICATION} from the library: " + "; ".join(found)
+    users = {a for a, b, _, _ in package_edges if _layer(b) == VERIFICATION and _layer(a) != VERIFICATION}
+    assert users == set(USERS_OF_VERIFICATION), f"the allowed users of tinyformer.{VERIFICATION}: {sorted(users)}"
+    assert any(_layer(a) == VERIFICATION and _layer(b) == "model" for a, b, _, _ in package_edges)
+
+
+def test_the_verification_rule_finds_an_import_of_it_from_the_engine(toy):
+    root = toy({"engine/__init__.py": "", "engine/tensor.py": "def f():\n    from ..testing import cases\n",
+                "testing/__init__.py": "", "testing/cases.py": "from ..engine import tensor\n",
+                "cli/__init__.py": "", "cli/gradcheck.py": "from ..testing import cases\n"})
+    edges = [(a.replace("toy", "tinyformer", 1), b.replace("toy", "tinyformer", 1), line, late)
+             for a, b, line, late in import_edges(root)]
+    with pytest.raises(AssertionError, match=r"from the library: tinyformer.engine.tensor \(line 2, in a function\) "
+                                             r"-> tinyformer.testing; "):
+        test_nothing_in_the_library_imports_the_verification_room_but_its_two_users(edges)
+    test_each_layer_imports_only_itself_and_the_layers_below(edges)  # testing -> engine is no upward import
 
 
 def _part(module):
@@ -289,13 +322,20 @@ def test_the_layer_rule_finds_an_upward_import(toy):
 # The CUDA graph capture emulated on NumPy arrays and its device memory are test machinery
 # (tests/emulated_capture.py): they reach the library through one seam, the capture that
 # ``translation.train.graphs.open_capture`` returns and its ``backend.capturing(memory=...)``, and
-# no op, optimiser or backend function looks for them. (The C++ emulation of the CUDA kernels,
-# ``engine/kernels/emulation.py``, is the kernels' CPU build, not test machinery.)
-TEST_MACHINERY = re.compile(r"EmulatedCapture|emulated_capture|DeviceArray|emulated[ _-]?(device|capture)", re.I)
+# no op, optimiser or backend function looks for them. The C++ emulation of the CUDA kernels
+# (``tinyformer.testing.emulation``: cpu_emulation.h and its parts, its ctypes functions) reaches the
+# engine through one seam too, ``kernels.launch.install_host_loader``: the engine and the model
+# name none of its machinery (the kernels' sources keep their ``TF_CPU_EMULATION`` branches, and
+# the word "emulation" may describe it).
+TEST_MACHINERY = re.compile(
+    r"EmulatedCapture|emulated_capture|DeviceArray|emulated[ _-]?(device|capture)"
+    r"|cpu_emulation\w*\.h|EmulatedFunction|EmulationError|testing[./]emulation|import[^\n]*\bemulation\b"
+    r"|\bemulation\.(function|build|library|install|symbol|translation_unit|header_files)\b", re.I)
 
 
 def names_of_test_machinery(directory):
-    """['path:line: text'] of every line under ``directory`` naming the emulated capture or its memory."""
+    """['path:line: text'] of every line under ``directory`` naming the emulated capture or its memory,
+    or the kernels' CPU emulation's machinery."""
     return [f"{path.relative_to(directory.parent)}:{number}: {line.strip()}"
             for path in sorted(directory.rglob("*")) if path.is_file() and "__pycache__" not in path.parts
             for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
@@ -311,10 +351,16 @@ def test_the_check_for_test_machinery_finds_its_names(tmp_path):
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "a.py").write_text("x = 1\nkind = type(first)  # the emulated device memory\n")
     (tmp_path / "b.py").write_text("from tests.emulated_capture import DeviceArray\n")
+    (tmp_path / "c.cuh").write_text("// builds against cpu_emulation_warp.h on the CPU\n")
+    (tmp_path / "d.py").write_text("from . import emulation, paths\nf = emulation.function(e)\n")
     assert names_of_test_machinery(tmp_path) == [
         f"{tmp_path.name}/b.py:1: from tests.emulated_capture import DeviceArray",
+        f"{tmp_path.name}/c.cuh:1: // builds against cpu_emulation_warp.h on the CPU",
+        f"{tmp_path.name}/d.py:1: from . import emulation, paths",
+        f"{tmp_path.name}/d.py:2: f = emulation.function(e)",
         f"{tmp_path.name}/ops/a.py:2: kind = type(first)  # the emulated device memory"]
     assert not TEST_MACHINERY.search("registry.emulated_instantiations(): the kernels' CPU emulation")
+    assert not TEST_MACHINERY.search("#ifdef TF_CPU_EMULATION  // the CPU emulation's header defines it")
 
 
 # ---------------------------------------------------------------------------- the walk itself

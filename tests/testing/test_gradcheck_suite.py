@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tinyformer.engine import functional as F
-from tinyformer.study import gradcheck_suite as suite
+from tinyformer.testing import gradcheck_suite as suite
 from tinyformer.engine.kernels import softmax as softmax_kernel
 
 

@@ -1,4 +1,4 @@
-"""The kernel harness itself (tinyformer/study/kernel_cases/): a comparison fails where it should and
+"""The kernel harness itself (tinyformer/testing/kernel_cases/): a comparison fails where it should and
 says where; no compiler needed (the cases run the kernels in engine/kernels/test_emulation.py)."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tinyformer.study import kernel_cases as cases
+from tinyformer.testing import kernel_cases as cases
 
 
 def test_a_comparison_within_tolerance_passes_and_reports_its_errors():

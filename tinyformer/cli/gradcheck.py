@@ -25,7 +25,7 @@ def register(commands):
 
 
 def run(args):
-    from ..study import gradcheck_suite as suite
+    from ..testing import gradcheck_suite as suite  # the one command whose work is the verification room's
 
     if args.device == "cuda" and not backend.is_gpu_available():
         raise UsageError("--device cuda: no usable GPU (cupy.is_available() is false); install the 'gpu' "

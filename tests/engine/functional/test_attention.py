@@ -2,7 +2,7 @@
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.study.gradcheck`` (a random upstream gradient per output), over generated
+``tinyformer.engine.gradcheck`` (a random upstream gradient per output), over generated
 masks (padding, full, broadcast, rows with no key), causal alignment, dropout and the
 batch-block threads; fully masked rows give zeros and no NaN.
 """

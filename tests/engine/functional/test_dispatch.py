@@ -19,7 +19,7 @@ from tinyformer import Tensor
 from tinyformer.engine import functional as F, kernels
 from tinyformer.engine.kernels.philox import philox_uniform
 from tinyformer.model.optim import Adam
-from tinyformer.model.optim.adam import device_update_reference
+from tinyformer.model.optim.adam import fused_update
 
 GENERATOR_SEED = 7
 KERNEL_SEED = int(np.random.default_rng(GENERATOR_SEED).integers(2 ** 63))  # what the kernel path draws
@@ -226,7 +226,7 @@ def attention_heads_backward(q, k, v, o, lse, grad_o, key_lengths=None, causal=F
 
 def grad_norm_adam_update(plan, hyper, result, beta1, beta2, eps, weight_decay=0.0, loss=None, dtype=None):
     params, grads, m, v, copies = plan.keep_alive
-    device_update_reference(params, grads, m, v, hyper, result, (beta1, beta2), eps, weight_decay, loss, copies)
+    fused_update(params, grads, m, v, hyper, result, (beta1, beta2), eps, weight_decay, loss, copies)
 
 
 STAND_INS = {  # launcher module (tinyformer.engine.kernels.<name>): the stand-ins of its launchers

@@ -1,5 +1,5 @@
 """dropout (``tinyformer/engine/functional/dropout.py``): the mask and its scale, seeded repeatability,
-the default generator, the gradient (checked in float64 by ``tinyformer.study.gradcheck``) and the
+the default generator, the gradient (checked in float64 by ``tinyformer.engine.gradcheck``) and the
 block-threaded draw.
 """
 

@@ -2,7 +2,7 @@
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.study.gradcheck`` (a random upstream gradient per output); repeated ids
+``tinyformer.engine.gradcheck`` (a random upstream gradient per output); repeated ids
 accumulate and bad ids are named.
 """
 

@@ -2,7 +2,7 @@
 
 Every forward is compared with a NumPy reference written here from the formula
 (not from the implementation), every gradient is checked in float64 by
-``tinyformer.study.gradcheck`` (a random upstream gradient per output); linear_relu
+``tinyformer.engine.gradcheck`` (a random upstream gradient per output); linear_relu
 equals linear followed by relu bit for bit.
 """
 
@@ -78,7 +78,7 @@ def test_linear_relu_dropout_equals_dropout_of_linear_relu_bit_for_bit(p, traini
 
 
 def test_linear_relu_dropout_gradients_pass_central_differences():
-    from tinyformer.study.gradcheck import gradcheck
+    from tinyformer.engine.gradcheck import gradcheck
 
     rng = np.random.default_rng(5)
     x, w, b = (Tensor(rng.standard_normal(s), requires_grad=True) for s in ((3, 6), (5, 6), (5,)))

@@ -7,7 +7,7 @@ import pytest
 import tinyformer as tf
 from tinyformer import Tensor
 from tinyformer.engine import functional as F
-from tinyformer.study.gradcheck import gradcheck
+from tinyformer.engine.gradcheck import gradcheck
 
 
 def _inputs(dtype=np.float32, shape=(2, 5, 16), seed=0):

@@ -12,7 +12,7 @@ from tinyformer.engine import functional as F
 from tinyformer.engine.kernels import launch
 from tinyformer.engine.kernels import residual_layer_norm as residual_kernel
 from tinyformer.model.nn.output_bias import LeavesOutputBias, call_leaving_output_bias
-from tinyformer.study.gradcheck import gradcheck
+from tinyformer.engine.gradcheck import gradcheck
 
 HALF = {"bfloat16": backend.bfloat16, "float16": np.dtype(np.float16)}
 

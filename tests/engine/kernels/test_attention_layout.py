@@ -8,7 +8,7 @@ import pytest
 from tinyformer import Tensor
 from tinyformer.engine import backend, functional as F, kernels
 from tinyformer.engine.kernels import attention as attention_kernel
-from tinyformer.study.kernel_cases import rand
+from tinyformer.testing.kernel_cases import rand
 
 pytestmark = pytest.mark.usefixtures("cxx_compiler")  # skipped without g++ or clang++; failed in CI (compilers.py)
 

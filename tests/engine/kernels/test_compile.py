@@ -7,7 +7,8 @@ import mma_probes
 import pytest
 from ci import in_ci
 
-from tinyformer.engine.kernels import compile_check, emulation, paths, registry, toolchain
+from tinyformer.engine.kernels import nvrtc as nvrtc_compiler, paths, registry, toolchain
+from tinyformer.testing import compile_check, emulation
 
 
 def _nvrtc_or_skip():
@@ -17,7 +18,7 @@ def _nvrtc_or_skip():
             pytest.fail("NVRTC or the CUDA headers are missing: install the 'test' extra "
                         "(nvidia-cuda-nvrtc, nvidia-cuda-runtime)")
         pytest.skip("NVRTC not installed (pip install -e '.[test]')")
-    return compile_check.Nvrtc()
+    return nvrtc_compiler.Nvrtc()
 
 
 def _cuda12_nvrtc_or_skip():
@@ -67,7 +68,7 @@ def test_every_failure_is_reported_and_the_other_sources_still_compile(tmp_path,
 
         def compile_cubin(self, text, name, expressions, options):
             if name in ("softmax.cu", "dropout.cu"):
-                raise compile_check.NvrtcError(f"{name} failed:\nline 1: error: broken\nline 2: error: again")
+                raise nvrtc_compiler.NvrtcError(f"{name} failed:\nline 1: error: broken\nline 2: error: again")
             return "", {e: e for e in expressions}, b""
 
     monkeypatch.setattr(toolchain, "build_cache", lambda: tmp_path)
@@ -78,19 +79,19 @@ def test_every_failure_is_reported_and_the_other_sources_still_compile(tmp_path,
                                                       ("dropout.cu", "sm_70"), ("dropout.cu", "sm_80")]
     assert failures[0].message == "line 1: error: broken; line 2: error: again"
     assert {(r.source, r.arch) for r in reports} == {("embedding.cu", "sm_70"), ("embedding.cu", "sm_80")}
-    with pytest.raises(compile_check.NvrtcError, match="softmax.cu"):  # without the list: the first one raises
+    with pytest.raises(nvrtc_compiler.NvrtcError, match="softmax.cu"):  # without the list: the first one raises
         compile_check.compile_all(("sm_70",), sources=["softmax.cu"], nvrtc=HalfBroken())
-    with pytest.raises(compile_check.NvrtcError, match="does not target sm_90.*nvidia-cuda-nvrtc-cu12"):
+    with pytest.raises(nvrtc_compiler.NvrtcError, match="does not target sm_90.*nvidia-cuda-nvrtc-cu12"):
         monkeypatch.setattr(toolchain, "find_nvrtc", lambda cuda_major=None: None)
-        compile_check.nvrtc_for("sm_90", HalfBroken())
+        nvrtc_compiler.nvrtc_for("sm_90", HalfBroken())
 
 
 def test_sm70_is_compiled_by_cuda12s_nvrtc():
     nvrtc = _nvrtc_or_skip()
     _cuda12_nvrtc_or_skip()
-    compiler = compile_check.nvrtc_for("sm_70", nvrtc)
+    compiler = nvrtc_compiler.nvrtc_for("sm_70", nvrtc)
     assert compiler.version[0] == 12 and compiler.targets("sm_70")
-    assert compile_check.nvrtc_for("sm_75", nvrtc) is nvrtc
+    assert nvrtc_compiler.nvrtc_for("sm_75", nvrtc) is nvrtc
     assert nvrtc.version[0] < 13 or not nvrtc.targets("sm_70")  # CUDA 13 dropped Volta
 
 
@@ -192,7 +193,7 @@ def test_compile_check_for_a_t4_leaves_out_what_it_cannot_run(capsys):
 
 def test_a_compile_error_names_the_source_and_shows_the_log():
     nvrtc = _nvrtc_or_skip()
-    with pytest.raises(compile_check.NvrtcError, match=r"broken\.cu[\s\S]*undefined_name"):
+    with pytest.raises(nvrtc_compiler.NvrtcError, match=r"broken\.cu[\s\S]*undefined_name"):
         nvrtc.compile("__global__ void k() { undefined_name(); }", "broken.cu", [], ["-arch=sm_80"])
 
 
@@ -201,7 +202,7 @@ def test_nvrtc_compiles_in_a_process_that_never_imported_torch():
     only once a library of that name is loaded (importing torch does that): Nvrtc loads it itself."""
     _nvrtc_or_skip()
     code = ("import sys\n"
-            "from tinyformer.engine.kernels.compile_check import Nvrtc\n"
+            "from tinyformer.engine.kernels.nvrtc import Nvrtc\n"
             "Nvrtc().compile('extern \"C\" __global__ void k(float* x) { x[0] = 1; }', 'k.cu', [], ['-arch=sm_80'])\n"
             "assert 'torch' not in sys.modules\n"
             "print('compiled')\n")

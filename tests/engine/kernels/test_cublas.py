@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from tinyformer.engine import backend
 from tinyformer.engine.kernels import cublas
-from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.testing.kernel_cases import Device, rand
 
 
 def element_strides(x):

@@ -11,7 +11,7 @@ import pytest
 from tinyformer import Tensor
 from tinyformer.engine import functional as F
 from tinyformer.engine import random as tf_random
-from tinyformer.study.kernel_cases import rand
+from tinyformer.testing.kernel_cases import rand
 from tinyformer.engine.kernels import arguments, attention as attention_kernel, dropout as dropout_kernel
 from tinyformer.engine.kernels import bias_relu_dropout as bias_relu_dropout_kernel
 from tinyformer.engine.kernels import residual_layer_norm as residual_layer_norm_kernel

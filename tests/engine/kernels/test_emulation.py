@@ -1,6 +1,6 @@
 """The CUDA kernels against the NumPy references in functional/optim (the cases of
-tinyformer/study/kernel_cases/), on two devices (``devices``): ``emulated``, the kernels' own source
-run on the CPU through kernels/cpu_emulation.h (in CI, where there is no GPU), and ``cuda``, the
+tinyformer/testing/kernel_cases/), on two devices (``devices``): ``emulated``, the kernels' own source
+run on the CPU through testing/emulation/cpu_emulation.h (in CI, where there is no GPU), and ``cuda``, the
 compiled kernels on a GPU in float32, float16 and bfloat16 (skipped without one) at the lengths
 where tiling goes wrong first: 1, 7, 64, 129, 1000.
 
@@ -23,13 +23,13 @@ import pytest
 import tinyformer
 from tinyformer import Tensor
 from tinyformer.engine import backend, functional as F
-from tinyformer.study import kernel_cases as cases
-from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.testing import kernel_cases as cases
+from tinyformer.testing.kernel_cases import Device, rand
 from tinyformer.engine.kernels import adam as adam_kernel, attention as attention_kernel, dropout as dropout_kernel
 from tinyformer.engine.kernels import launch, registry
 from tinyformer.engine.kernels.philox import philox4x32_10, philox_uniform
 from tinyformer.model.optim import Adam
-from tinyformer.model.optim.adam import device_update_reference
+from tinyformer.model.optim.adam import fused_update
 
 pytestmark = pytest.mark.usefixtures("cxx_compiler")  # skipped without g++ or clang++; failed in CI (compilers.py)
 
@@ -207,7 +207,7 @@ def test_fused_adam_kernel_without_the_skip_flag_applies_a_non_finite_update():
     expected = [[a.copy() for a in arrays] for arrays in (params, m, v)]
     expected_result = np.zeros(2, np.float32)
     with np.errstate(invalid="ignore"):
-        device_update_reference(expected[0], grads, expected[1], expected[2], _hyper(skip_nonfinite=0.0),
+        fused_update(expected[0], grads, expected[1], expected[2], _hyper(skip_nonfinite=0.0),
                                 expected_result, (0.9, 0.98), 1e-9, 0.0)
     result = np.zeros(2, np.float32)
     adam_kernel.grad_norm_adam_update(adam_kernel.AdamPlan(params, grads, m, v, chunk_size=64),

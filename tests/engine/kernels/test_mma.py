@@ -3,7 +3,7 @@
 mma/ldmatrix/cp.async against the PTX ISA's fragment layouts (through the test probes of
 tests/kernels/mma_probe.cu, tests/mma_probes.py: once through the helpers of mma.cuh, once on
 registers packed by the ISA's own formulas, tests/ptx_layouts.py), and the fp16/bf16 kernels,
-forward and backward, against the float64 reference (tinyformer/study/kernel_cases/attention.py). The same
+forward and backward, against the float64 reference (tinyformer/testing/kernel_cases/attention.py). The same
 cases run on a GPU in tests/engine/kernels/test_emulation.py. The file runs again under AddressSanitizer
 (tests/engine/kernels/test_emulation.py::test_emulation_under_address_sanitizer).
 """
@@ -20,8 +20,8 @@ import pytest
 from tests.engine.kernels.test_emulation import change_geometry, skip_where_the_sanitized_rerun_runs_it
 from tinyformer import Tensor
 from tinyformer.engine import functional as F, kernels
-from tinyformer.study import kernel_cases as cases
-from tinyformer.study.kernel_cases import Device, rand
+from tinyformer.testing import kernel_cases as cases
+from tinyformer.testing.kernel_cases import Device, rand
 from tinyformer.engine import backend
 from tinyformer.engine.kernels import attention as attention_kernel, registry
 

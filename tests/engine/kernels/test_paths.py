@@ -206,7 +206,7 @@ def test_train_bf16_on_a_faked_sm75_gpu_exits_with_one_line_before_any_work(monk
 def test_the_cuda_core_attention_in_float16_matches_the_reference(dim, shape, cxx_compiler, monkeypatch):
     """attention.cu's float16 kernels (a T4's fp16 path) through the emulation, against the reference:
     padding, a sequence with no key, causal masks, dropout, every head size."""
-    from tinyformer.study import kernel_cases as cases
+    from tinyformer.testing import kernel_cases as cases
 
     monkeypatch.setenv(backend.MAX_CAPABILITY, "sm_75")
     shape = dict(shape)

@@ -10,7 +10,7 @@ import pytest
 from ci import in_ci
 
 from tinyformer.engine import backend
-from tinyformer.engine.kernels import compile_check, cubins, launch, prebuilt, registry, toolchain
+from tinyformer.engine.kernels import cubins, launch, nvrtc as nvrtc_compiler, prebuilt, registry, toolchain
 
 
 @pytest.fixture
@@ -124,11 +124,11 @@ def _nvrtc_or_skip():
         if in_ci():
             pytest.fail("NVRTC or the CUDA headers are missing: install the 'test' extra")
         pytest.skip("NVRTC not installed (pip install -e '.[test]')")
-    return compile_check.Nvrtc()
+    return nvrtc_compiler.Nvrtc()
 
 
 def test_build_writes_a_cubin_of_every_source_holding_every_instantiation(tmp_path, fresh_modules):
-    """The build reuses compile_check's compilations (the test run's background build makes them)."""
+    """The build reuses the compile check's compilations (nvrtc.compiled) (the test run's background build makes them)."""
     nvrtc = _nvrtc_or_skip()
     manifest = cubins.build(tmp_path, ("sm_80", "sm_90"), nvrtc)
     assert len(manifest["modules"]) == 2 * len(registry.KERNELS)

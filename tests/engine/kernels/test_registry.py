@@ -8,7 +8,8 @@ import pytest
 
 import children
 import mma_probes
-from tinyformer.engine.kernels import emulation, registry
+from tinyformer.engine.kernels import registry
+from tinyformer.testing import emulation
 
 KERNEL_SOURCES = sorted(p for p in registry.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh"))
 # The tests' own probe of the tensor-core instructions follows the same rule.
@@ -112,45 +113,57 @@ def test_a_geometry_the_kernels_cannot_run_is_refused(monkeypatch, name, value, 
 def test_a_source_compiled_without_the_registry_geometry_stops_with_an_error(tmp_path, cxx_compiler):
     unit = tmp_path / "unit.cpp"
     unit.write_text('#include "cpu_emulation.h"\n#include "softmax.cu"\n')
-    result = children.run([cxx_compiler, "-std=c++20", "-fsyntax-only", f"-I{registry.KERNEL_DIR}", str(unit)], timeout=120)
+    result = children.run([cxx_compiler, "-std=c++20", "-fsyntax-only", f"-I{registry.KERNEL_DIR}",
+                           f"-I{emulation.HEADER_DIR}", str(unit)], timeout=120)
     assert result.returncode != 0 and "registry.compile_options()" in result.stderr
 
 
-def _included(header, seen=None):
-    """The files of kernels/ that ``header`` includes by name, directly or through another one."""
+def _included(folder, header, seen=None):
+    """The files of ``folder`` that ``header`` includes by name, directly or through another one."""
     seen = set() if seen is None else seen
-    for name in re.findall(r'^#include "([^"]+)"', (registry.KERNEL_DIR / header).read_text(encoding="utf-8"), re.M):
-        if name not in seen and (registry.KERNEL_DIR / name).is_file():
+    for name in re.findall(r'^#include "([^"]+)"', (folder / header).read_text(encoding="utf-8"), re.M):
+        if name not in seen and (folder / name).is_file():
             seen.add(name)
-            _included(name, seen)
+            _included(folder, name, seen)
     return seen
+
+
+def _package_data(package):
+    """The file patterns pyproject.toml ships with ``package``."""
+    found = re.search(rf'"{re.escape(package)}" = \[([^\]]*)\]',
+                      (registry.KERNEL_DIR.parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
+    return re.findall(r'"([^"]+)"', found.group(1)) if found else []
 
 
 def test_the_emulation_build_and_the_package_cover_every_header_it_includes():
     """cpu_emulation.h is split into parts it includes: each is hashed into the emulation's build
-    key (an edit rebuilds), shipped (pyproject's package-data), and within the 500-line limit."""
-    parts = _included("cpu_emulation.h")
+    key (an edit rebuilds), shipped (pyproject's package-data), and within the 500-line limit; so
+    is every source and header of kernels/, which the NVRTC and prebuilt keys hash."""
+    parts = _included(emulation.HEADER_DIR, "cpu_emulation.h")
     assert {"cpu_emulation_threads.h", "cpu_emulation_half.h", "cpu_emulation_warp.h"} <= parts
-    hashed = {p.name for p in registry.kernel_files()}
-    assert parts | {"cpu_emulation.h"} | set(registry.KERNELS) <= hashed
-    package_data = re.search(r'"tinyformer\.engine\.kernels" = \[([^\]]*)\]',
-                             (registry.KERNEL_DIR.parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
-    patterns = re.findall(r'"([^"]+)"', package_data.group(1))
-    for name in hashed:
-        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), f"{name} is not in the package data"
-        assert len((registry.KERNEL_DIR / name).read_text(encoding="utf-8").splitlines()) <= 500, name
+    headers = {p.name for p in emulation.header_files()}
+    assert parts | {"cpu_emulation.h"} <= headers
+    kernel_files = {p.name for p in registry.kernel_files()}
+    assert set(registry.KERNELS) | _included(registry.KERNEL_DIR, "attention_mma.cu") <= kernel_files
+    assert not kernel_files & headers  # the engine's kernels/ holds no part of the CPU build
+    for folder, package, names in ((registry.KERNEL_DIR, "tinyformer.engine.kernels", kernel_files),
+                                   (emulation.HEADER_DIR, "tinyformer.testing.emulation", headers)):
+        patterns = _package_data(package)
+        for name in names:
+            assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), f"{name} is not in {package}'s data"
+            assert len((folder / name).read_text(encoding="utf-8").splitlines()) <= 500, name
 
 
 def test_the_emulation_rebuilds_when_a_part_of_its_header_changes(tmp_path, monkeypatch):
-    """The build key hashes every part of cpu_emulation.h: in a copy of kernels/, a comment added
+    """The build key hashes every part of cpu_emulation.h: in a copy of its folder, a comment added
     to cpu_emulation_warp.h alone gives the library another name, and taking it out the same one."""
     names = []
     monkeypatch.setattr(emulation.toolchain, "cached_product", lambda name, make: names.append(name) or name)
-    copy = tmp_path / "kernels"
+    copy = tmp_path / "emulation"
     copy.mkdir()
-    for path in registry.kernel_files():
+    for path in emulation.header_files():
         (copy / path.name).write_bytes(path.read_bytes())
-    monkeypatch.setattr(registry, "KERNEL_DIR", copy)
+    monkeypatch.setattr(emulation, "HEADER_DIR", copy)
     header = copy / "cpu_emulation_warp.h"
     original = header.read_text(encoding="utf-8")
     for text in (original, original + "// changed\n", original):

@@ -10,13 +10,14 @@ is ``arguments.py``, and ``launch.py`` runs a kernel. The sources include ``comm
 ``philox.cuh`` (the tests probe the instructions with a source of their own,
 tests/kernels/mma_probe.cu).
 Each kernel is specified by the NumPy reference in ``functional``/``optim`` and tested
-against it by the cases of ``tinyformer.study.kernel_cases``: on a GPU directly, and in CI through
-``cpu_emulation.h`` (the fp32 kernels and the tensor-core attention built as C++ and run on the
-CPU, mma/ldmatrix/cp.async emulated warp by warp). Which kernels exist, their element types
-and the block sizes live in ``registry.py``, which passes the sizes to the sources at compile
-time, with what each family needs of the device (``registry.REQUIREMENTS``); ``paths.py`` picks
-each op's path from the device's capability. ``python -m tinyformer.engine.kernels.compile_check``
-compiles all of them with NVRTC, per architecture, no GPU needed.
+against it by the cases of ``tinyformer.testing.kernel_cases``: on a GPU directly, and in CI through
+the CPU emulation of the verification package (the same sources built as C++ and run on the CPU,
+mma/ldmatrix/cp.async emulated warp by warp), which ``launch.install_host_loader`` lets launch
+on NumPy arrays. Which kernels exist, their element types and the block sizes live in
+``registry.py``, which passes the sizes to the sources at compile time, with what each family needs of the device (``registry.REQUIREMENTS``); ``paths.py`` picks
+each op's path from the device's capability. ``nvrtc.py`` compiles a source for an architecture
+(``cubins.py`` builds them ahead); ``python -m tinyformer.testing.compile_check`` compiles all of
+them with NVRTC, per architecture, no GPU needed.
 """
 
 from .. import backend

@@ -1,6 +1,6 @@
 // Adam over all parameters, with the global gradient norm, clipping and the non-finite skip
 // decided on the device: two launches, no host read, no per-step value in the arguments (a CUDA
-// graph can hold them). Reference: optim.adam.device_update_reference (its NumPy twin) and
+// graph can hold them). Reference: optim.adam.fused_update (its NumPy twin) and
 // optim.Adam.step.
 //
 // The parameters are a table of pointers; the work is cut into chunks of `chunk_size`

@@ -1,7 +1,7 @@
 """The launchers of adam.cu: the global gradient norm, clipping, the non-finite skip and Adam's
 update of many arrays in two launches, every per-step value read from device memory.
 
-Reference: ``optim.adam.device_update_reference``. An ``AdamPlan`` holds the pointer tables and
+Reference: ``optim.adam.fused_update``. An ``AdamPlan`` holds the pointer tables and
 chunk lists of one fixed list of arrays (chunks of ``registry.ADAM_CHUNK`` elements, blocks of
 ``registry.ADAM_BLOCK`` threads); ``ADAM_HYPER`` names the entries of the per-step scalar buffer
 and ``AdamPlan.COPY_TYPES`` the codes adam.cu gives the compute copies' element types: both are
@@ -92,7 +92,7 @@ def grad_norm_adam_update(plan, hyper, result, beta1, beta2, eps, weight_decay=0
     from device memory: ``hyper`` (float32, ``ADAM_HYPER``), ``loss`` (a float32 device scalar, or
     None: not checked) and the plan's ``partials``; they write ``result`` (float32: the unscaled
     norm, 1.0 if the update was applied else 0.0). No host synchronisation and no host-to-device
-    copy, so a CUDA graph can capture it. Semantics: kernels/adam.cu, optim.adam.device_update_reference."""
+    copy, so a CUDA graph can capture it. Semantics: kernels/adam.cu, optim.adam.fused_update."""
     like = plan.sizes
     hyper = _device_buffer("hyper", hyper, numpy.float32, len(ADAM_HYPER), like)
     result = _device_buffer("result", result, numpy.float32, 2, like)

@@ -1,7 +1,7 @@
 // Shared helpers of tinyformer's CUDA kernels: element types, warp and block reductions.
 //
 // Every kernel reads its inputs as T (float, __half or __nv_bfloat16), computes in float
-// and writes T. The same source also builds as plain C++ against cpu_emulation.h (where
+// and writes T. The same source also builds as plain C++ against the CPU emulation's header (where
 // TF_CPU_EMULATION is defined and __half/__nv_bfloat16 are its host structs), so nothing here
 // may rely on a GPU-only feature outside the #ifndef below.
 //

@@ -4,9 +4,10 @@ instead of compiling there.
 
     python -m tinyformer.engine.kernels.cubins FOLDER [--arch sm_80 --arch sm_90]   (no GPU needed)
 
-The compilation is ``compile_check``'s (the same NVRTC options, from its build cache): CI's compile
-check and the cubins are one compilation. Each cubin is checked to hold every instantiation's symbol
-(``cubin_symbols`` reads its ELF symbol table) before the manifest names it.
+The compilation is ``nvrtc.compiled_module`` (the same NVRTC options and build cache as CI's
+compile check, ``tinyformer.testing.compile_check``): the check and the cubins are one compilation.
+Each cubin is checked to hold every instantiation's symbol (``cubin_symbols`` reads its ELF symbol
+table) before the manifest names it.
 """
 
 import argparse
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from ...common import atomic
-from . import compile_check, registry
+from . import nvrtc as nvrtc_compiler, registry
 from .prebuilt import DEFAULT_ARCHS, FORMAT, MANIFEST, module_key
 
 
@@ -51,11 +52,11 @@ def build(folder, archs=DEFAULT_ARCHS, nvrtc=None):
     Returns the manifest."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    nvrtc = nvrtc or compile_check.Nvrtc()
+    nvrtc = nvrtc or nvrtc_compiler.Nvrtc()
     modules = {}
     for source in registry.KERNELS:
         for arch in archs:
-            module = compile_check.compiled_module(source, arch, nvrtc)  # what arch runs of it (None: nothing)
+            module = nvrtc_compiler.compiled_module(source, arch, nvrtc)  # what arch runs of it (None: nothing)
             if module is None:
                 continue
             lowered, cubin = module
@@ -79,7 +80,7 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         manifest = build(args.folder, tuple(args.arch or DEFAULT_ARCHS))
-    except compile_check.NvrtcError as error:
+    except nvrtc_compiler.NvrtcError as error:
         print(f"cubins: {error}", file=sys.stderr)
         return 1
     print(f"cubins: {len(manifest['modules'])} cubins (NVRTC {manifest['nvrtc']}) in {args.folder}, "

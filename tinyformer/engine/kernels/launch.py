@@ -1,6 +1,10 @@
-"""Launching a kernel: on CuPy arrays through ``cupy.RawModule``, on NumPy arrays through
-the CPU emulation. The launchers beside the sources (``softmax.py``, ...) are therefore the same
-code on both, and CI exercises them (and the kernels) without a GPU.
+"""Launching a kernel: on CuPy arrays through ``cupy.RawModule`` (or a prebuilt cubin), on NumPy
+arrays through the host loader installed with ``install_host_loader``.
+
+The host loader is the one seam through which a CPU build of the same sources reaches the engine:
+the engine ships none and names none; the verification package installs the kernels' CPU
+emulation through it (docs/architecture.md). The launchers beside the sources (``softmax.py``,
+...) are therefore the same code on both, and CI exercises them (and the kernels) without a GPU.
 """
 
 import functools
@@ -9,7 +13,7 @@ import time
 import numpy
 
 from .. import backend
-from . import emulation, paths, prebuilt, registry, toolchain
+from . import paths, prebuilt, registry, toolchain
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,10 +41,26 @@ def module_of(source):
     return _module(source, registry.geometry())
 
 
-@functools.lru_cache(maxsize=None)
-def _emulated(geometry):
-    """The name expressions the CPU emulation builds, once per geometry (not rebuilt at each launch)."""
-    return frozenset(registry.emulated_instantiations())
+_host_loader = None
+"""``loader(expression) -> f(grid, block, args, shared_mem=0)``: what runs a kernel on NumPy arrays."""
+
+
+def install_host_loader(loader):
+    """Install ``loader``, a callable from a name expression (``"softmax_forward<float>"``) to a
+    callable ``f(grid, block, args, shared_mem=0)`` (as ``cupy.RawModule.get_function`` gives) that
+    runs the kernel on NumPy arrays, or None to have none; returns the loader installed before, so
+    that a caller can put it back. The loader is asked at every launch on NumPy arrays (it keeps
+    its own cache) and raises for a kernel it does not build."""
+    global _host_loader
+    if loader is not None and not callable(loader):
+        raise TypeError(f"install_host_loader: loader must be callable or None, got {type(loader).__name__}")
+    previous, _host_loader = _host_loader, loader
+    return previous
+
+
+def host_loader():
+    """The loader ``install_host_loader`` installed (None: kernels run on CuPy arrays only)."""
+    return _host_loader
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,10 +87,10 @@ def function(kernel, dtype, head_dim=None, gpu=True, shared_mem=0):
         if shared_mem > STATIC_SHARED_LIMIT and compiled.max_dynamic_shared_size_bytes < shared_mem:
             compiled.max_dynamic_shared_size_bytes = shared_mem
         return compiled
-    if expression not in _emulated(registry.geometry()):
-        raise TypeError(f"{expression}: the CPU emulation does not build this kernel (it builds "
-                        "registry.emulated_instantiations(): no bfloat16 CUDA-core attention)")
-    return emulation.function(expression)
+    if _host_loader is None:
+        raise RuntimeError(f"{expression}: launched on NumPy arrays, and no host loader is installed to run it "
+                           "there (kernels.launch.install_host_loader)")
+    return _host_loader(expression)
 
 
 def launch(kernel, dtype, grid, block, args, head_dim=None, shared_mem=0, cost=None):

@@ -1,5 +1,5 @@
 // Tensor-core matrix products and their data movement for the kernels, one helper per PTX
-// instruction: inline PTX on the GPU, the warp-collective emulation of cpu_emulation.h on the CPU
+// instruction: inline PTX on the GPU, the CPU emulation's warp-collective instructions on the CPU
 // (which follows the same fragment layouts; tests/engine/kernels/test_mma.py checks both against a
 // plain matrix product).
 //

@@ -22,7 +22,7 @@ from . import registry
 
 EMULATION_CAPABILITY = "sm_80"
 """What the CPU emulation implements: the sm_80 instructions of the tensor-core attention
-(mma.m16n8k16 in f16 and bf16, ldmatrix, cp.async), emulated warp by warp (cpu_emulation.h)."""
+(mma.m16n8k16 in f16 and bf16, ldmatrix, cp.async), emulated warp by warp."""
 
 Path = namedtuple("Path", "name source kernels reason")
 """``name``: "tensor cores", "CUDA cores", "reference" or "refused"; ``source``: the kernel file (or

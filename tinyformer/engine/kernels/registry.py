@@ -18,7 +18,7 @@ shared memory from the same names, read at launch time. No kernel source restate
 
 It is also the one home of the element types (``CUDA_TYPES``, narrowed per source by
 ``SOURCE_DTYPES``) and of the table of kernels and their template parameters (``KERNELS``):
-NVRTC, the emulation, compile_check and the launchers all read the same table; a table split
+NVRTC, the CPU emulation, the compile check and the launchers all read the same table; a table split
 among the launchers would leave the tools that need every kernel to gather it back. What is one
 kernel's alone (Adam's scalar buffer, the attention kernels' shape rules) sits with its launcher.
 """
@@ -304,6 +304,6 @@ def read_source(source):
 
 
 def kernel_files():
-    """Every file of kernels/ a build reads: the .cu sources, the .cuh headers, and the emulation's
-    .h headers (cpu_emulation.h and the parts it includes); what a built product's key hashes."""
-    return sorted(p for p in KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h"))
+    """Every file of kernels/ a build reads: the .cu sources and the .cuh headers; what a built
+    product's key hashes (a CPU build adds its own headers)."""
+    return sorted(p for p in KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh"))

@@ -9,7 +9,7 @@ from ...engine.kernels import adam as adam_kernel
 from ...engine.kernels.arguments import pointer
 from ...engine.tensor import Tensor
 
-__all__ = ["Adam", "clip_grad_norm", "device_update_reference"]
+__all__ = ["Adam", "clip_grad_norm", "fused_update"]
 
 
 def clip_grad_norm(params, max_norm):
@@ -58,7 +58,7 @@ def _total_squared_norm(grads):
 def _update_flat(theta, g, m, v, tmp, betas, bias2, eps, step_size):
     """One Adam update of the flat contiguous arrays θ, m, v in place from the gradient g (its
     multiplier and weight decay applied); ``tmp`` a scratch of θ's size. Large arrays in blocks
-    on several threads. The eager loop and ``device_update_reference`` both run this."""
+    on several threads. The eager loop and ``fused_update`` both run this."""
     beta1, beta2 = betas
     xp = backend.get_array_module(theta)
 
@@ -101,12 +101,14 @@ def _plain(array):
     return array if backend.is_cupy_array(array) else numpy.asarray(array)
 
 
-def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weight_decay, loss=None, copies=None):
-    """What ``kernels.adam.grad_norm_adam_update`` does, on arrays (NumPy; CuPy works too, reading
-    the scalars back): the device-side step's specification, and its path where the kernels do not
-    run. ``hyper`` holds ``kernels.adam.ADAM_HYPER`` (step_size, bias2, loss scale s, max_grad_norm
-    with ≤ 0 for none, skip_nonfinite); ``params``, ``m``, ``v`` (and the ``copies``, None or
-    per parameter a half copy or None) are updated in place, ``result`` gets [norm, applied].
+def fused_update(params, grads, m, v, hyper, result, betas, eps, weight_decay, loss=None, copies=None):
+    """The fused device step (``kernels.adam.grad_norm_adam_update``: global norm, clipping, the
+    non-finite skip and the update in one call, its scalars read from the buffer ``hyper``) as
+    array operations: ``Adam.step_on_device``'s path where the kernel does not run (NumPy arrays;
+    CuPy works too, reading the scalars back), and so the kernel's specification. ``hyper`` holds
+    ``kernels.adam.ADAM_HYPER`` (step_size, bias2, loss scale s, max_grad_norm with ≤ 0 for none,
+    skip_nonfinite); ``params``, ``m``, ``v`` (and the ``copies``, None or per parameter a half
+    copy or None) are updated in place, ``result`` gets [norm, applied].
 
     norm = √(Σ g², accumulated in float64) / s, reported in float32; applied = not skip_nonfinite,
     or that norm and ``loss`` (a one-element array, or None) are finite. Not applied: nothing but
@@ -130,7 +132,7 @@ def device_update_reference(params, grads, m, v, hyper, result, betas, eps, weig
     for i, (theta, g, m_i, v_i) in enumerate(zip(params, grads, m, v)):
         for name, a in (("params", theta), ("m", m_i), ("v", v_i)):
             if not a.flags.c_contiguous:
-                raise ValueError(f"device_update_reference: {name}[{i}] must be C-contiguous (updated in place)")
+                raise ValueError(f"fused_update: {name}[{i}] must be C-contiguous (updated in place)")
         g = _effective_gradient(g, theta, multiplier, weight_decay)
         flat = [a.reshape(-1) for a in (theta, g, m_i, v_i)]
         _update_flat(*flat, backend.get_array_module(theta).empty_like(flat[0]), betas, bias2, eps, step_size)
@@ -303,7 +305,7 @@ class Adam:
         global norm, clipping, the skip of a non-finite norm or ``loss`` (a float32 one-element
         device array or Tensor, or None) and the update, on the device: kernels/adam.cu where
         ``kernels.use_kernels`` holds for the parameters and gradients (no host read, capturable),
-        else ``device_update_reference``. Writes ``result``; ``finish_device_step`` reads it."""
+        else ``fused_update``. Writes ``result``; ``finish_device_step`` reads it."""
         if self.hyper is None:
             raise RuntimeError("Adam.step_on_device: no step scalars on the device; call write_step_scalars() first")
         loss = loss.data if isinstance(loss, Tensor) else loss
@@ -311,7 +313,7 @@ class Adam:
         copies = amp.compute_copies(self.params)
         if not self._kernel_applies(active, copies):
             self._ready_arrays(active)
-            device_update_reference([self.params[i].data for i in active], [self.params[i].grad for i in active],
+            fused_update([self.params[i].data for i in active], [self.params[i].grad for i in active],
                                     [self.m[i] for i in active], [self.v[i] for i in active], self.hyper, self.result,
                                     self.betas, self.eps, self.weight_decay, loss=loss,
                                     copies=[copies[i] for i in active])

@@ -2,7 +2,7 @@
 
 Each attention exercise is an ``Attention`` (``nn.probe``) that ``nn.probe.attention_swapped`` puts
 into every ``MultiHeadAttention`` of a model; nothing of the module or of the engine's ops is
-patched, and the contract it implements is the one the module calls (tests/test_study.py checks
+patched, and the contract it implements is the one the module calls (tests/study/test_course.py checks
 the signatures against ``nn.probe.Attention``'s):
 
 ==============  =====================================================================================

@@ -13,7 +13,7 @@ factors, e.g. √d_k, that a typical mistake multiplies a gradient by).
   nn.MultiHeadAttention), and ``output``, the op's forward;
 * ``numeric``: float64 central differences of the exercise's given forward,
   (f(x + εe) − f(x − εe)) / 2ε element by element, projected on the upstream gradient: the
-  gradient checker's (``tinyformer.study.gradcheck.central_differences``, its step ``EPS``).
+  gradient checker's (``tinyformer.engine.gradcheck.central_differences``, its step ``EPS``).
 
 The two must agree (else the checker itself is wrong, and says so).
 """
@@ -27,7 +27,7 @@ import numpy
 from ...engine import functional as F
 from ...model import nn
 from ...engine.tensor import Tensor
-from ..gradcheck import central_differences, compare
+from ...engine.gradcheck import central_differences, compare
 from .exercises import exercise, template_module
 
 __all__ = ["Case", "prepared", "differentiated", "numeric_gradients", "agrees", "TOLERANCE"]

@@ -9,14 +9,16 @@ dV, dK, dQ, the first query tile), found in the source by their text, with their
 every key tile of ``KEY_TILE`` keys, three times: from the emulated kernel (attention.cu's forward
 built for the CPU, where TF_ATTENTION_TRACE records into a buffer; kernels/attention.cuh), from the
 reader's forward (its ``record`` calls, with ``block = KEY_TILE``) and from the reference recurrence
-(``flash_reference.tiled_forward``); plus each one's lse.
+(``flash_reference.tiled_forward``); plus each one's lse. The CPU build of the kernel is
+``tinyformer.testing.emulation``: the one use of the verification package in the study layer
+(tests/project/test_imports.py allows it here and in ``cli/gradcheck.py`` only).
 """
 
 import ctypes
 
 import numpy
 
-from ...engine.kernels import attention as attention_kernel, emulation, registry
+from ...engine.kernels import attention as attention_kernel, launch, registry
 from .flash_reference import running_state, tiled_forward
 
 __all__ = ["KEY_TILE", "STEPS", "kernel_lines", "step_lines", "trace", "trace_lines", "Trace"]
@@ -72,12 +74,15 @@ class Trace:
 
 
 def _kernel(q, k, v, key_lengths, causal, tiles):
+    from ...testing import emulation  # study's one use of the verification room: the kernels' CPU build
+
     batch, len_q = q.shape[0], q.shape[1]
     library = emulation.library()
     library.tf_attention_trace.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
     library.tf_attention_traced.restype = ctypes.c_longlong
     capacity = batch * (len_q + 64) * tiles
     buffer = numpy.zeros((capacity, 5), dtype=numpy.float32)
+    previous = emulation.install()  # attention_forward on NumPy arrays runs through this library
     library.tf_attention_trace(buffer.ctypes.data, capacity)
     try:
         lengths = None if key_lengths is None else numpy.asarray(key_lengths, dtype=numpy.int32)
@@ -86,6 +91,7 @@ def _kernel(q, k, v, key_lengths, causal, tiles):
         count = library.tf_attention_traced()
     finally:
         library.tf_attention_trace(None, 0)
+        launch.install_host_loader(previous)
     if count > capacity:
         raise RuntimeError(f"the kernel's trace has {count} entries, more than the {capacity} kept")
     entries = [(int(b), int(r), int(t), float(m), float(s)) for b, r, t, m, s in buffer[:count]]

@@ -7,13 +7,13 @@ P_ij by h is moving row i of O by h·V_j, and moving S_ij by h is moving row i o
 (softmax(S_i + h e_j) − P_i)·V; the probed copy adds such offsets to O (the attention probe's ``offset``).
 A head's gate ξ scales its output (O → ξ·O): dL/dξ at ξ = 1 is Σ P∘dL/dP, the head's
 sensitivity. Parameters are moved in place and put back. The pass rule and its relative
-tolerance are ``tinyformer.study.gradcheck``'s; the differences are its five-point ones, with a
+tolerance are ``tinyformer.engine.gradcheck``'s; the differences are its five-point ones, with a
 step and an absolute tolerance of their own (``STEP``, ``check_atol``).
 """
 
 import numpy
 
-from ..gradcheck import ATOL, RTOL, compare, five_point_difference
+from ...engine.gradcheck import ATOL, RTOL, compare, five_point_difference
 from .probe import attention_modules, sentence_loss
 
 STEP = 1e-5

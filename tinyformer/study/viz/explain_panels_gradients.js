@@ -172,7 +172,7 @@
       data.kinds[c.head.kind].name + ", layer " + c.head.layer + ", head " + c.head.head + ") and two elements of " +
       "each of its W_Q, W_K and W_V rows. Moving P_ij by h moves row i of the head's output O = P·V by h·V_j; moving " +
       "S_ij by h moves it by (softmax(S_i + h e_j) − P_i)·V. Pass when |analytic − numeric| ≤ " + c.atol + " + " +
-      c.rtol + "·|numeric| (tinyformer.study.gradcheck's rule).";
+      c.rtol + "·|numeric| (tinyformer.engine.gradcheck's rule).";
     const table = document.createElement("table");
     table.id = "check-table";
     table.innerHTML = "<thead><tr><th class=\"text\">what</th><th class=\"text\">attention</th><th>layer</th>" +

@@ -1,5 +1,5 @@
 """The probe API (nn.probe): every attention call of a model goes through its ``attention`` and
-records into its ``probe``; the study layer (tests/test_study.py) swaps through the same door."""
+records into its ``probe``; the study layer (tests/study/test_course.py) swaps through the same door."""
 
 import inspect
 

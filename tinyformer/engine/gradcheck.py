@@ -24,8 +24,8 @@ that a zero upstream gradient gives zero gradients.
 
 import numpy
 
-from ..engine import backend
-from ..engine.tensor import Tensor, grad, no_grad
+from . import backend
+from .tensor import Tensor, grad, no_grad
 
 __all__ = ["gradcheck", "GradcheckError", "GradcheckReport", "InputResult", "compare", "central_difference",
            "central_differences", "five_point_difference", "EPS", "ATOL", "RTOL"]

@@ -1,10 +1,13 @@
-"""The kernels built as C++ against ``cpu_emulation.h`` and called through ctypes: every kernel in
-every element type but the CUDA-core attention in bfloat16 (``registry.emulated_instantiations()``).
+"""The CUDA kernels built as C++ against ``cpu_emulation.h`` (beside this file) and called through
+ctypes: every kernel in every element type but the CUDA-core attention in bfloat16
+(``registry.emulated_instantiations()``).
 
-CI has no GPU; this runs the very kernel source on the CPU so that tests can compare its
-results with the NumPy references. A block's CUDA threads are fibers on the calling thread,
-switched at barriers (cpu_emulation.h): much slower than a GPU, meant for small shapes.
-``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer (the process must then preload
+CI has no GPU; this runs the very kernel source (engine/kernels/*.cu, unchanged) on the CPU so that
+tests can compare its results with the NumPy references. A block's CUDA threads are fibers on the
+calling thread, switched at barriers (cpu_emulation.h): much slower than a GPU, meant for small
+shapes. ``install()`` makes the engine launch kernels on NumPy arrays through it
+(``kernels.launch.install_host_loader``, the engine's seam); importing ``tinyformer.testing`` calls
+it. ``TINYFORMER_EMULATION_SANITIZE=1`` builds with AddressSanitizer (the process must then preload
 libasan, as ``tests/engine/kernels/test_emulation.py`` does). The test run builds the library in the
 background (tests/background_builds.py).
 """
@@ -20,7 +23,10 @@ from pathlib import Path
 
 import numpy
 
-from . import registry, toolchain
+from ...engine.kernels import launch, registry, toolchain
+
+HEADER_DIR = Path(__file__).resolve().parent
+"""cpu_emulation.h and the parts it includes: on the build's include path after engine/kernels/."""
 
 _CTYPES = {
     numpy.dtype(numpy.int32): ctypes.c_int32,
@@ -42,8 +48,8 @@ def symbol(expression):
 
 def translation_unit(sources=None, expressions=None):
     """The C++ source: the emulation header, the kernel ``sources`` (default: every source of the
-    registry; a path outside kernels/ may be given, such as a test's own probe, which includes the
-    headers here by name), one extern "C" launcher per name expression of ``expressions``
+    registry; a path outside engine/kernels/ may be given, such as a test's own probe, which includes
+    the kernels' headers by name), one extern "C" launcher per name expression of ``expressions``
     (default: ``registry.emulated_instantiations()``)."""
     sources = list(registry.KERNELS) if sources is None else [str(s) for s in sources]
     expressions = registry.emulated_instantiations() if expressions is None else list(expressions)
@@ -62,6 +68,11 @@ def sanitize_requested():
     return os.environ.get("TINYFORMER_EMULATION_SANITIZE", "") not in ("", "0")
 
 
+def header_files():
+    """The emulation's headers (cpu_emulation.h and the parts it includes), hashed into the build's key."""
+    return sorted(HEADER_DIR.glob("*.h"))
+
+
 def _compiler():
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
@@ -72,7 +83,7 @@ def _compiler():
 def compile_flags(sanitize):
     """g++ flags: the registry's geometry as defines, as NVRTC gets them. Under AddressSanitizer,
     line tables only (``-g1``: a report still names file and line; a quarter less build time)."""
-    flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}",
+    flags = ["-std=c++20", "-shared", "-fPIC", "-pthread", "-w", f"-I{registry.KERNEL_DIR}", f"-I{HEADER_DIR}",
              *registry.compile_options()]
     return flags + (["-O1", "-g1", "-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else ["-O2"])
 
@@ -87,7 +98,7 @@ def build(sanitize=None, sources=None, expressions=None):
     for part in [cxx, " ".join(flags), unit]:
         digest.update(part.encode())
     outside = [Path(s) for s in sources or () if Path(s).is_absolute()]
-    for path in registry.kernel_files() + outside:
+    for path in registry.kernel_files() + header_files() + outside:
         digest.update(path.read_bytes())
     suffix = "-asan" if sanitize else ""
 
@@ -138,8 +149,24 @@ def library():
 
 
 def function(expression):
-    """The emulated ``expression``, from the library built for the registry's geometry as it is now."""
+    """The emulated ``expression``, from the library built for the registry's geometry as it is now;
+    a TypeError for a name expression the emulation does not build."""
+    if expression not in _emulated(registry.geometry()):
+        raise TypeError(f"{expression}: the CPU emulation does not build this kernel (it builds "
+                        "registry.emulated_instantiations(): no bfloat16 CUDA-core attention)")
     return _function(expression, registry.geometry(), sanitize_requested())
+
+
+def install():
+    """Make the engine run kernels on NumPy arrays through this emulation (``function``, installed
+    with ``kernels.launch.install_host_loader``); returns the loader installed before."""
+    return launch.install_host_loader(function)
+
+
+@functools.lru_cache(maxsize=None)
+def _emulated(geometry):
+    """The name expressions the emulation builds, once per geometry (not rebuilt at each launch)."""
+    return frozenset(registry.emulated_instantiations())
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,21 +2,21 @@
 
 A case draws float32 inputs, rounds them to the element type under test, runs the kernel's
 launcher (``tinyformer.engine.kernels.softmax`` for softmax.cu, ...) on the device (CuPy arrays:
-the compiled kernel; NumPy arrays: its very source through the C++ emulation) and returns a
-``KernelRun``: one ``Comparison`` per kernel result against the reference of ``functional`` (or
+the compiled kernel; NumPy arrays: its very source through the C++ emulation, ``testing.emulation``)
+and returns a ``KernelRun``: one ``Comparison`` per kernel result against the reference of ``functional`` (or
 ``optim.Adam``), computed in float64 from the same rounded values for a random upstream
 gradient. ``tinyformer gradcheck`` shows its verdicts as the ``kernel_*`` rows
 (gradcheck_suite.KERNEL_CASES); tests/engine/kernels/test_emulation.py (the CPU's emulation and a GPU)
 calls the same cases over more shapes and element types.
 
 One module per kernel's case (``softmax.py`` checks softmax.cu, ``attention.py`` attention.cu
-and attention_mma.cu, ``mma_probe.py`` the tensor-core instructions, ...), and ``harness.py``,
-what they share: the element types' tolerances, ``Device``, ``Comparison`` and ``KernelRun``.
+and attention_mma.cu, ...; the tensor-core instructions' probes are the tests', tests/mma_probes.py),
+and ``harness.py``, what they share: the element types' tolerances, ``Device``, ``Comparison`` and ``KernelRun``.
 The package binds the case functions after importing their modules, as ``functional`` does, so
 ``kernel_cases.softmax`` is the case.
 
-It sits above both ``kernels/`` and the references it checks (functional, optim), so that
-``kernels/`` imports nothing of the ops that call it.
+It sits in ``tinyformer.testing``, above both ``kernels/`` and the references it checks
+(functional, optim), so that ``kernels/`` imports nothing of the ops that call it.
 """
 
 from .harness import GRAD_FACTOR, TOLERANCE, Comparison, Device, KernelRun, compared, rand, reference

@@ -1,4 +1,4 @@
-"""The cases of adam.cu: its fused step against ``optim.adam.device_update_reference`` and
+"""The cases of adam.cu: its fused step against ``optim.adam.fused_update`` and
 ``optim.Adam``'s eager loop, and its skip of a non-finite step."""
 
 import math
@@ -9,7 +9,7 @@ from ...engine import backend
 from ...engine.kernels import adam as adam_kernel
 from ...engine.tensor import Tensor
 from ...model.optim import Adam
-from ...model.optim.adam import device_update_reference
+from ...model.optim.adam import fused_update
 from .harness import KernelRun, compared, rand
 
 
@@ -20,7 +20,7 @@ ADAM = dict(lr=0.01, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01)
 class _AdamOnDevice:
     """Float32 parameters, moments and (mixed precision) compute copies on ``dev`` with an
     ``adam_kernel.AdamPlan`` over them, beside the same values on the host updated by
-    ``device_update_reference`` (the kernel's specification) with the step scalars of an
+    ``fused_update`` (the kernel's specification) with the step scalars of an
     ``optim.Adam`` (``write_step_scalars``, ``finish_device_step``)."""
 
     def __init__(self, dev, start, chunk_size, copy_dtype=None, max_grad_norm=None):
@@ -46,7 +46,7 @@ class _AdamOnDevice:
             target[...] = self.dev.put(g)
         self.host_adam.write_step_scalars(grad_scale, skip_nonfinite)
         host_loss = None if loss is None else numpy.array([loss], numpy.float32)
-        device_update_reference([p.data for p in self.host], grads, self.host_m, self.host_v, self.host_adam.hyper,
+        fused_update([p.data for p in self.host], grads, self.host_m, self.host_v, self.host_adam.hyper,
                                 self.host_adam.result, ADAM["betas"], ADAM["eps"], ADAM["weight_decay"],
                                 loss=host_loss)
         self.host_adam.finish_device_step()
@@ -81,7 +81,7 @@ class _AdamOnDevice:
 
 def adam(dev, shapes, chunk_size, steps=3, seed=0, copy_dtype=None, grad_scale=None, max_grad_norm=None):
     """adam.cu, the gradient-norm pass and the update (``adam_kernel.grad_norm_adam_update``), after every
-    step against ``device_update_reference`` (``_AdamOnDevice.comparisons``) and against optim.Adam's
+    step against ``fused_update`` (``_AdamOnDevice.comparisons``) and against optim.Adam's
     eager loop in float64 (lr 0.01, betas (0.9, 0.98), eps 1e-9, weight decay 0.01): parameters
     rtol 1e-6, atol 1e-7, the norm rtol 1e-6. Mixed precision: ``copy_dtype`` ("float16",
     "bfloat16") gives every parameter but the last a compute copy; ``grad_scale`` s: the gradients
@@ -115,7 +115,7 @@ ADAM_POISONS = ("grad nan", "grad inf", "loss nan", "loss inf")
 def adam_skip(dev, shapes, chunk_size, poison, copy_dtype=None, seed=0):
     """A step whose gradient or loss is not finite (``ADAM_POISONS``) after a normal one: the
     kernel writes nothing (parameters, moments and copies bit for bit as before), result =
-    [the norm: NaN, Inf or the finite one, 0], as ``device_update_reference``."""
+    [the norm: NaN, Inf or the finite one, 0], as ``fused_update``."""
     if poison not in ADAM_POISONS:
         raise ValueError(f"poison must be one of {', '.join(ADAM_POISONS)}, got {poison!r}")
     rng = numpy.random.default_rng(seed)

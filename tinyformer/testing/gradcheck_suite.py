@@ -3,7 +3,7 @@
 ``tinyformer gradcheck`` runs this. A *case* builds, on random float64 inputs, a
 callable and the tensors whose gradients are checked: ``build(mode, device) -> (fn,
 inputs)``, registered under a name in ``CASES``. ``run`` hands each to
-``tinyformer.study.gradcheck.gradcheck`` (a random upstream gradient per output; ``full``
+``tinyformer.engine.gradcheck.gradcheck`` (a random upstream gradient per output; ``full``
 compares every element with central differences, ``fast`` one random direction per
 input) and returns one ``Row`` per case; ``format_table`` prints them.
 
@@ -12,12 +12,12 @@ biases 0) are moved off it first: with a gain of exactly 1 a backward that forge
 the gain would pass.
 
 The ``kernel_*`` cases (``KERNEL_CASES``) run cases of the kernel harness,
-``tinyformer.study.kernel_cases``, in float32 (the tensor-core attention in bfloat16, the type it
+``tinyformer.testing.kernel_cases``, in float32 (the tensor-core attention in bfloat16, the type it
 exists for): a CUDA kernel through its launcher (``tinyformer.engine.kernels.softmax``, ...)
 against the NumPy reference of ``functional`` (or ``optim.Adam``) in float64 on the
 same values, outputs and gradients for a random upstream gradient. On "cuda" the
 compiled kernel runs; on "cpu" its very source runs through the C++ emulation
-(``kernels/emulation.py``, needs g++).
+(``tinyformer.testing.emulation``, needs g++).
 """
 
 import math
@@ -28,7 +28,7 @@ import numpy
 
 from ..engine import backend, functional as F
 from ..model import nn
-from .gradcheck import gradcheck
+from ..engine.gradcheck import gradcheck
 from . import kernel_cases
 from ..engine.random import make_generator
 from ..engine.tensor import Tensor
@@ -393,6 +393,6 @@ def _kernel_dropout(device):
 
 
 @_register(KERNEL_CASES, "kernel_adam", "adam.cu: three steps on the device (the global norm, clipping to 2, the "
-           "update) against optim.adam.device_update_reference and optim.Adam's NumPy loop")
+           "update) against optim.adam.fused_update and optim.Adam's NumPy loop")
 def _kernel_adam(device):
     return kernel_cases.adam(_float32(device), [(3, 5), (7,), (300,)], 128, seed=46, max_grad_norm=2.0)
