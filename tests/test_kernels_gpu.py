@@ -405,7 +405,8 @@ def test_functional_dropout_on_the_gpu_repeats_after_manual_seed():
 
 
 def _training_step(device):
-    model = tinyformer.model.nn.Transformer(60, d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
+    model = tinyformer.model.nn.Transformer(src_vocab_size=60,
+                                            d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
     model = model.to(device)
     adam = Adam(model.parameters(), lr=1e-3)
     src = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 12, 13, 3]])

@@ -155,7 +155,7 @@ def test_the_shapes_are_few_and_logged(tmp_path):
     trainer = run(graph_config(tmp_path, max_steps=30, log_every=5), CountingCapture())
     g = trainer.graphs
     lengths = {length for shape in g.entries for _, src_len, tgt_len in shape for length in (src_len, tgt_len)}
-    assert all(length % 8 == 0 or length == trainer.model.config["max_len"] for length in lengths)
+    assert all(length % 8 == 0 or length == trainer.model.config.max_len for length in lengths)
     assert 1 <= g.num_shapes <= len(lengths) ** 2
     logged = [r for r in records(tmp_path) if "graph_shapes" in r]
     assert logged and logged[-1]["graph_shapes"] == g.num_shapes and logged[-1]["graphs"] == g.num_graphs

@@ -137,6 +137,7 @@ class Trainer:
             self._take(build_parts(self.config, self.resume, self.echo, self.comm))
 
     def _take(self, parts):
+        self.config = parts.found_in(self.config)  # with what building found, which checkpoints save
         self.tokenizer, self.model, self.adam = parts.tokenizer, parts.model, parts.adam
         self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
         self.position = parts.position
@@ -156,7 +157,7 @@ class Trainer:
             warnings.warn(f"--cuda-graphs on: {reason}; the steps run eagerly", RuntimeWarning, stacklevel=3)
             return None
         return graphs.GraphedStep(self.model, self.adam, self.precision, c.label_smoothing, c.max_tokens,
-                                  self.model.config["max_len"], capture, shape_multiple=c.shape_multiple,
+                                  self.model.config.max_len, capture, shape_multiple=c.shape_multiple,
                                   quietly=self._overflow_quietly)
 
     # ------------------------------------------------------------------ the loop
