@@ -85,7 +85,7 @@ def train_steps(args, comm, threads):
             times.append(time.perf_counter() - start)
     params = model.num_parameters()
     result = {"step_s": statistics.median(times[args.warmup:]), "tokens": tokens, "parameters": params,
-              "flops": model_flops(model.config, params, whole), "rows": len(whole["src"])}
+              "flops": model_flops(model.config.to_dict(), params, whole), "rows": len(whole["src"])}
     if buckets is not None:
         hidden, seconds = buckets.take_timings()
         result.update(hidden=hidden, allreduce_ms=1000 * seconds, buckets=len(buckets.buckets))

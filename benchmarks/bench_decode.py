@@ -176,12 +176,12 @@ def torch_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1, max_len_b
 def torch_supported(model):
     """None if ``torch_transformer.build_torch_model`` builds this model exactly, else the reason it does not."""
     c = model.config
-    if c.get("tgt_vocab_size") is not None:
+    if c.tgt_vocab_size is not None:
         return "two vocabularies (build_torch_model ties one shared embedding)"
-    if c.get("norm_first"):
+    if c.norm_first:
         return "pre-LN model (build_torch_model builds post-LN)"
-    if c.get("positional", "sinusoid") != "sinusoid":
-        return f"positional={c['positional']!r} (build_torch_model uses sinusoids)"
+    if c.positional != "sinusoid":
+        return f"positional={c.positional!r} (build_torch_model uses sinusoids)"
     return None
 
 
@@ -198,7 +198,7 @@ def searchers(model, torch_model, beam_size, alpha, max_len_a, max_len_b):
     run = {"cached": lambda src: tinyformer_search(model, src, True, **common),
            "uncached": lambda src: tinyformer_search(model, src, False, **common)}
     if torch_model is not None:
-        positions = model.config["max_len"]
+        positions = model.config.max_len
         run["torch"] = lambda src: torch_beam_search(torch_model, src, pad_id=model.pad_id,
                                                      max_positions=positions, **common)
     return run

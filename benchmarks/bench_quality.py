@@ -439,7 +439,7 @@ def run_engine(args, engine, log=print):
     parts = build_parts(config, echo=lambda *a, **k: None)
     plan = batch_plan(parts.train_data, config, args.steps)
     result = {"engine": engine, "extras": list(engine_extras(args, engine)), "equal_init": args.equal_init,
-              "model_config": parts.model.config, "params": parts.model.num_parameters(),
+              "model_config": parts.model.config.to_dict(), "params": parts.model.num_parameters(),
               "plan_digest": plan_digest(plan), "plan_batches": len(plan),
               "target_tokens": sum(b.num_tokens for b in plan), "tokenizer_sha256": parts.tokenizer.sha256,
               "versions": {"python": platform.python_version(), "numpy": numpy.__version__},

@@ -175,7 +175,7 @@ class TinyformerRunner:
         self.F, self.tf, self.amp, self.precision, self.batch_loss = F, tf, amp, precision, batch_loss
         tf.manual_seed(seed)
         self.model = Transformer.from_preset(preset, vocab_size=vocab, pad_id=PAD, seed=seed)
-        self.config = self.model.config
+        self.config = self.model.config.to_dict()
         if device == "cuda":
             self.model.to("cuda")
         else:  # as Trainer does on the CPU: each step's large arrays reuse the last step's memory
@@ -577,9 +577,9 @@ def measure(preset, args, batch, lines):
     tiny = TinyformerRunner(preset, args.vocab, batch, args.device, args.seed, args.precision)
     torch_runner = None
     result = {"preset": preset, "params": tiny.num_parameters()}
-    result["flops"] = model_flops(tiny.config, result["params"], batch)
+    result["flops"] = model_flops(tiny.config.to_dict(), result["params"], batch)
     if args.vs_torch:
-        torch_runner = TorchRunner(tiny.config, batch, args.device, args.seed, args.precision)
+        torch_runner = TorchRunner(tiny.config.to_dict(), batch, args.device, args.seed, args.precision)
         same_model_check(preset, tiny, torch_runner, batch, result, lines)
 
     runners = [("tf", tiny)] + ([("torch", torch_runner)] if torch_runner else [])
@@ -635,12 +635,12 @@ def measure_graphs(preset, args, batch, lines, make_capture=None):
     runners.append(("tf", tiny))
     torch_eager = None
     if args.vs_torch:
-        torch_eager = TorchRunner(tiny.config, batch, args.device, args.seed, args.precision)
+        torch_eager = TorchRunner(tiny.config.to_dict(), batch, args.device, args.seed, args.precision)
         same_model_check(preset, tiny, torch_eager, batch, result, lines)
         runners.append(("torch", torch_eager))
 
         def torch_graphed():
-            runner = TorchGraphedRunner(tiny.config, batch, args.device, args.seed, args.precision)
+            runner = TorchGraphedRunner(tiny.config.to_dict(), batch, args.device, args.seed, args.precision)
             copy_weights(tiny.model, runner.model)
             return runner
 

@@ -3,7 +3,7 @@
 Shared by the benchmarks that run PyTorch beside tinyformer (``bench_step.py``, ``bench_decode.py``,
 ``bench_quality.py``); PyTorch comes from the ``bench`` extra and is imported only when called.
 
-``build_torch_model(config)`` reads tinyformer's ``model.config`` (a ``TransformerConfig.to_dict()``):
+``build_torch_model(config)`` reads tinyformer's ``model.config`` (or its ``TransformerConfig.to_dict()``):
 post-LN, one shared vocabulary tied to the output projection, embeddings x sqrt(d_model) (unless
 ``scale_embedding`` is false) plus tinyformer's sinusoids, dropout on the embedding sums and on every
 sub-layer output (``dropout``), the config's depths and activation (relu, gelu, silu). Its state dict
@@ -46,7 +46,8 @@ def has_final_norm(config):
 
 
 def build_torch_model(config, device="cpu"):
-    """The post-LN Transformer of ``config`` (tinyformer's ``model.config``) in PyTorch; see the module's text.
+    """The post-LN Transformer of ``config`` (tinyformer's ``model.config``, or its ``to_dict()``) in PyTorch;
+    see the module's text.
 
     Its weights are drawn from PyTorch's default generator as ``config["init"]`` says; a caller
     that wants tinyformer's weights copies them in with ``copy_weights``.
@@ -58,6 +59,7 @@ def build_torch_model(config, device="cpu"):
     from tinyformer.engine import functional as F
     from tinyformer.translation.interop.torch_transformer import torch_config
 
+    config = config.to_dict() if hasattr(config, "to_dict") else config
     if config.get("norm_first"):
         raise ValueError("build_torch_model builds post-LN models (norm_first=False)")
     torch_config(config, "build_torch_model")  # a model the layout holds

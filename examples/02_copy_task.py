@@ -51,7 +51,7 @@ def main(argv=None):
 
     tf.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    model = nn.Transformer(args.vocab, d_model=32, d_ff=64, heads=2, num_layers=2, dropout=0.0,
+    model = nn.Transformer(src_vocab_size=args.vocab, d_model=32, d_ff=64, heads=2, num_layers=2, dropout=0.0,
                            max_len=64, seed=args.seed)
     schedule = optim.NoamSchedule(model.d_model, warmup_steps=args.warmup, factor=args.lr_factor)
     adam = optim.Adam(model.parameters(), lr=schedule, betas=(0.9, 0.98), eps=1e-9)

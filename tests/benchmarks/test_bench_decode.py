@@ -111,7 +111,7 @@ def test_torch_search_keeps_the_same_finished_hypotheses(model, sources, beam_si
     src = bench.make_batches(sources, 64, PAD_ID)[0][1]
     common = dict(beam_size=beam_size, alpha=alpha, max_len_b=MAX_LEN_B)
     ours = beam_search(model, src, return_scores=True, **common)
-    theirs = bench.torch_beam_search(torch_model, src, pad_id=PAD_ID, max_positions=model.config["max_len"],
+    theirs = bench.torch_beam_search(torch_model, src, pad_id=PAD_ID, max_positions=model.config.max_len,
                                      return_scores=True, **common)
     assert_same_hypotheses(theirs, ours)
     assert bench.torch_beam_search(torch_model, src, pad_id=PAD_ID, **common) == [h[0].tokens for h in ours]
@@ -174,7 +174,7 @@ def test_torch_search_bans_pad_and_bos_and_agrees_up_to_tied_words(model, source
     pytest.importorskip("torch")
     from tinyformer.translation.decode import beam_search
 
-    tweaked = nn.Transformer(**model.config)
+    tweaked = nn.Transformer(model.config)
     tweaked.load_state_dict(model.state_dict())
     tweaked.eval()
     weight = tweaked.tgt_embed.weight.data
@@ -209,5 +209,6 @@ def test_torch_supported_names_what_build_torch_model_cannot_build():
     pre_ln = nn.Transformer.from_preset("tiny", vocab_size=VOCAB, d_model=16, d_ff=32, heads=2, num_layers=1,
                                         norm_first=True, seed=0)
     assert "pre-LN" in bench.torch_supported(pre_ln)
-    two = nn.Transformer(VOCAB, VOCAB + 1, d_model=16, d_ff=32, heads=2, num_layers=1, seed=0)
+    two = nn.Transformer(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB + 1, d_model=16, d_ff=32, heads=2, num_layers=1,
+                         seed=0)
     assert "vocabularies" in bench.torch_supported(two)

@@ -109,7 +109,7 @@ def test_both_engines_get_the_same_batches_in_the_trainers_order(prepared, monke
     assert len(plan) == steps
     # deterministic, and the same for the other engine's config (its model overrides change no batch)
     torch_parts = build_parts(torch_config, **QUIET)
-    assert torch_parts.model.config["final_norm"] is True
+    assert torch_parts.model.config.final_norm is True
     again = bench.batch_plan(torch_parts.train_data, torch_config, steps)
     assert bench.plan_digest(again) == bench.plan_digest(plan)
     for a, b in zip(plan, again):
@@ -482,7 +482,7 @@ def test_with_the_same_dropout_masks_both_engines_give_the_same_loss_and_gradien
     assert len(masks) == 22  # 2 embeddings; per encoder layer 4, per decoder layer 6
     assert sorted({p for p, _ in masks}) == [0.1, 0.2, 0.3]
     # PyTorch embeds the target before it runs the encoder: tinyformer's mask after the encoder's is its 2nd
-    target_embedding = 1 + 4 * tiny.config["num_layers"]
+    target_embedding = 1 + 4 * tiny.config.num_layers
     in_pytorchs_order = [masks[0], masks[target_embedding], *masks[1:target_embedding], *masks[target_embedding + 1:]]
     with monkeypatch.context() as patch:
         remaining = _pytorch_dropping_these_masks(patch, torch, in_pytorchs_order)

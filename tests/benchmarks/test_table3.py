@@ -184,7 +184,7 @@ def test_model_overrides_reach_the_model_and_round_trip_through_the_checkpoint(s
     overrides = {"heads": 2, "num_layers": 1, "positional": "learned"}
     trainer = Trainer(small_config(tmp_path, model_overrides=overrides), **QUIET)
     trainer.run()
-    assert trainer.model.config["heads"] == 2 and len(trainer.model.encoder.layers) == 1
+    assert trainer.model.config.heads == 2 and len(trainer.model.encoder.layers) == 1
     assert isinstance(trainer.model.positional, nn.LearnedPositionalEmbedding)
     path = checkpoint.checkpoint_path(tmp_path, 2)
     _, meta, _ = checkpoint.load_checkpoint(path)
@@ -221,7 +221,7 @@ def test_pytorchs_extras_reach_the_model_through_model_overrides_and_the_checkpo
     meta["model_config"] = {k: v for k, v in meta["model_config"].items() if k not in ("final_norm", "init")}
     checkpoint.save_checkpoint(path, state, meta, adam)
     model, _, _ = load_model(path)
-    assert (model.config["final_norm"], model.config["init"], model.encoder.final_norm) == (None, "xavier", None)
+    assert (model.config.final_norm, model.config.init, model.encoder.final_norm) == (None, "xavier", None)
     resumed = Trainer(small_config(older, max_steps=3), resume=True, **QUIET)
     resumed.run()  # not refused as another model
     assert resumed.step == 3

@@ -80,7 +80,7 @@ SITES = {
     "MultiHeadAttention": lambda n: nn.MultiHeadAttention(8, heads=n),
     "PositionwiseFeedForward": lambda n: nn.PositionwiseFeedForward(4, n),
     "PositionalEncoding": lambda n: nn.PositionalEncoding(4, max_len=n),
-    "Transformer.num_layers": lambda n: nn.Transformer(11, d_model=8, d_ff=8, heads=2, num_layers=n),
+    "Transformer.num_layers": lambda n: nn.Transformer(src_vocab_size=11, d_model=8, d_ff=8, heads=2, num_layers=n),
     "sinusoid_table": lambda n: F.sinusoid_table(n, 4),
     "set_num_threads": lambda n: backend.set_num_threads(backend.set_num_threads(n)),
     "number_to_german": number_to_german,
@@ -101,7 +101,7 @@ def test_every_site_takes_numpy_integers_and_refuses_bools(site):
 
 
 def test_decoding_takes_numpy_integers_and_refuses_bools():
-    model = nn.Transformer(11, d_model=8, d_ff=8, heads=2, num_layers=1, dropout=0.0)
+    model = nn.Transformer(src_vocab_size=11, d_model=8, d_ff=8, heads=2, num_layers=1, dropout=0.0)
     src = np.array([[4, 5, 6]])
     hyps = decode.beam_search(model, src, beam_size=np.int64(2), max_len=np.int32(4))
     assert len(hyps) == 1

@@ -41,7 +41,7 @@ def ids(*shape, value=1):
 def tiny_transformer(**overrides):
     config = dict(d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.0, max_len=16, seed=0)
     config.update(overrides)
-    return nn.Transformer(11, **config)
+    return nn.Transformer(src_vocab_size=11, **config)
 
 
 MODEL = tiny_transformer()
@@ -159,8 +159,8 @@ API_CASES = [
     # the Transformer
     ("Transformer-pad-id-beyond-vocab", lambda: tiny_transformer(pad_id=11), ValueError, ["pad_id", "11", "< 11"]),
     ("Transformer-pad-id-negative", lambda: tiny_transformer(pad_id=-1), ValueError, ["pad_id", "-1"]),
-    ("Transformer-pad-id-beyond-target-vocab", lambda: nn.Transformer(11, 5, d_model=8, d_ff=8, heads=2, num_layers=1,
-                                                                      pad_id=7),
+    ("Transformer-pad-id-beyond-target-vocab", lambda: nn.Transformer(src_vocab_size=11, tgt_vocab_size=5, d_model=8,
+                                                                      d_ff=8, heads=2, num_layers=1, pad_id=7),
      ValueError, ["pad_id", "7", "< 5"]),
     ("Transformer-label-smoothing", lambda: tiny_transformer(label_smoothing=0.1), TypeError,
      ["label_smoothing", "the loss", "F.cross_entropy(..., label_smoothing=)", "TrainConfig.label_smoothing"]),
@@ -402,10 +402,11 @@ def make_tiny_run(directory, max_len=24, seed=0):
 
     english, german = synthetic_pairs("val")
     tok = Tokenizer.train(english + german, directory, vocab_size=150)
-    model = nn.Transformer(len(tok), d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, max_len=max_len,
+    model = nn.Transformer(src_vocab_size=len(tok),
+                           d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, max_len=max_len,
                            seed=seed)
     meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(directory)).to_dict(),
-            "model_config": model.config, "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
+            "model_config": model.config.to_dict(), "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
             "rng_state": tf.random.get_rng_state(), "tokenizer_sha256": tok.sha256, "tokenizer_file": "spm.model",
             "saved_at": "2026-01-01T00:00:00"}
     path = directory / "checkpoint_0000001.npz"

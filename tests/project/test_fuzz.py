@@ -89,7 +89,8 @@ def test_tokenizer_round_trips_text_over_its_training_alphabet(tokenizer, corpus
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer):
     """A random 1-layer model whose positional table holds 12 positions (so long lines get cut)."""
-    return nn.Transformer(len(tokenizer), d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, max_len=12,
+    return nn.Transformer(src_vocab_size=len(tokenizer),
+                          d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, max_len=12,
                           seed=0)
 
 

@@ -52,15 +52,15 @@ def files(tmp_path_factory):
     tokenizer = Tokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], root / "run", vocab_size=60)
     model = Transformer(src_vocab_size=len(tokenizer), **TINY)
     state = model.state_dict()
-    meta = {"format": FORMAT, "model_config": model.config, "step": 0, "tokenizer_sha256": tokenizer.sha256,
+    meta = {"format": FORMAT, "model_config": model.config.to_dict(), "step": 0, "tokenizer_sha256": tokenizer.sha256,
             "tokenizer_file": "spm.model"}
     save_checkpoint(root / "run" / "checkpoint_0000000.npz", state, meta)
     torch_folder = root / "torch"
     torch_folder.mkdir()
-    config = TransformerConfig.from_dict(model.config)
+    config = model.config
     save_file({k: np.ascontiguousarray(v) for k, v in to_torch_state(state, config).items()},
               str(torch_folder / "model.safetensors"))
-    (torch_folder / "model.json").write_text(json.dumps(model.config), encoding="utf-8")
+    (torch_folder / "model.json").write_text(json.dumps(model.config.to_dict()), encoding="utf-8")
     marian = root / "marian"
     vocab = write_tokenizer(marian, pairs, vocab_size=60)
     marian_config = TransformerConfig(src_vocab_size=len(vocab), pad_id=vocab["<pad>"], positional="sinusoid_split",

@@ -153,7 +153,7 @@ def batch_of(data):
 
 # ------------------------------------------ a reference: the manual's way (docs/attention.md), no probes
 def float64_copy(model):
-    copy = nn.Transformer(**{**model.config, "seed": 0})
+    copy = nn.Transformer(model.config.replace(seed=0))
     copy.load_state_dict(model.state_dict())
     return copy.double().eval()
 
@@ -368,7 +368,7 @@ def test_the_gradient_check_fails_on_a_wrong_backward(model_and_tokenizer, hook,
 
 def test_without_a_reference_the_target_is_the_translation(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    short = nn.Transformer(**{**model.config, "max_len": 12, "seed": 0})  # short translations, small pages
+    short = nn.Transformer(model.config.replace(max_len=12, seed=0))  # short translations, small pages
     short.load_state_dict(model.state_dict())
     short.eval()
     for beam in (1, 2):
@@ -960,7 +960,7 @@ def test_a_run_across_checkpoints_holds_each_step_and_shares_the_rest(steps_page
 
 def test_models_of_another_architecture_are_not_one_run(trained_synthetic):
     model, tokenizer, _ = load_model(trained_synthetic.checkpoint)
-    other = nn.Transformer(**{**model.config, "d_ff": 128, "seed": 0})
+    other = nn.Transformer(model.config.replace(d_ff=128, seed=0))
     with pytest.raises(ValueError, match=r"^explain: second has another model than first \(d_ff 128, not 256\)"):
         viz.explain_steps_data([(1, "first", model), (2, "second", other)], tokenizer, STEPS_SOURCE)
 

@@ -67,7 +67,7 @@ def copy_model(copy_model_weights):
 @pytest.fixture(scope="module")
 def copy_model64(copy_model):
     """The trained copy model in float64, for token-exact comparisons free of float32 near-ties."""
-    model = nn.Transformer(**copy_model.config)
+    model = nn.Transformer(copy_model.config)
     model.load_state_dict(copy_model.state_dict())
     return model.double()
 
@@ -84,7 +84,7 @@ def translator(trained_synthetic):
 def translator64(translator):
     """The trained translation model in float64, and a padded batch of test sources (EOS included)."""
     model, tokenizer, sources, _ = translator
-    copy = nn.Transformer(**model.config)
+    copy = nn.Transformer(model.config)
     copy.load_state_dict(model.state_dict())
     return copy.double().eval(), padded([tokenizer.encode(s) + [EOS_ID] for s in sources[:5]])
 

@@ -116,6 +116,7 @@ def test_the_transformer_embeds_its_inputs_with_it_where_the_positions_are_fixed
     seen = []
     original = F.EmbeddingInput.apply
     monkeypatch.setattr(F.EmbeddingInput, "apply", classmethod(lambda cls, *a, **k: seen.append(1) or original(*a, **k)))
-    model = Transformer(20, d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.1, seed=1, positional=positional)
+    model = Transformer(src_vocab_size=20,
+                        d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.1, seed=1, positional=positional)
     model(np.array([[4, 5, 6, 2]]), np.array([[1, 7, 8]]))
     assert len(seen) == calls

@@ -53,7 +53,7 @@ def test_the_post_ln_transformer_uses_it_and_trains_as_before(monkeypatch):
     original = F.residual.ResidualDropoutLayerNorm.apply
     monkeypatch.setattr(F.residual.ResidualDropoutLayerNorm, "apply",
                         classmethod(lambda cls, *a, **k: calls.append(1) or original(*a, **k)))
-    model = tf.nn.Transformer(20, d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.1, seed=1)
+    model = tf.nn.Transformer(src_vocab_size=20, d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.1, seed=1)
     model(np.array([[4, 5, 6, 2]]), np.array([[1, 7, 8]]))
     assert len(calls) == 5  # encoder: attention, feed-forward; decoder: self, cross, feed-forward
 

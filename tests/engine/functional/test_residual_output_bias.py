@@ -200,7 +200,7 @@ def test_a_transformer_gives_the_values_of_its_sublayers_adding_their_own_bias(n
     src, tgt = np.array([[4, 5, 6, 2], [7, 8, 2, 0]]), np.array([[1, 7, 8], [1, 9, 0]])
 
     def run(fold):
-        model = tf.nn.Transformer(20, d_model=16, d_ff=32, heads=2, num_layers=2, dropout=0.1, seed=1,
+        model = tf.nn.Transformer(src_vocab_size=20, d_model=16, d_ff=32, heads=2, num_layers=2, dropout=0.1, seed=1,
                                   norm_first=norm_first)
         taken = []
         with monkeypatch.context() as patch:

@@ -561,7 +561,8 @@ def test_adam_step_on_device_refuses_stale_tables_while_capturing(emulated_kerne
 
 def training_step(use_kernels, monkeypatch):
     monkeypatch.setenv("TINYFORMER_KERNELS", "1" if use_kernels else "0")
-    model = tinyformer.model.nn.Transformer(40, d_model=64, d_ff=96, heads=2, num_layers=1, dropout=0.0, seed=3)
+    model = tinyformer.model.nn.Transformer(src_vocab_size=40,
+                                            d_model=64, d_ff=96, heads=2, num_layers=1, dropout=0.0, seed=3)
     adam = Adam(model.parameters(), lr=1e-3)
     src = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
     tgt_in = np.array([[2, 11, 12, 13], [2, 14, 15, 0]])
@@ -658,7 +659,8 @@ def test_unsupported_head_dim_falls_back_to_the_reference_and_ops_refuse_it():
 
 
 def _training_step_on(device):
-    model = tinyformer.model.nn.Transformer(60, d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
+    model = tinyformer.model.nn.Transformer(src_vocab_size=60,
+                                            d_model=128, d_ff=256, heads=2, num_layers=2, dropout=0.0, seed=3)
     model = model.to(device)
     adam = Adam(model.parameters(), lr=1e-3)
     src = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 12, 13, 3]])

@@ -133,7 +133,7 @@ def captured_step_launches(tokens, num_layers=1, precision="fp32", seed=0):
 
 def test_a_captured_steps_launches_follow_the_models_structure():
     model, launches = captured_step_launches(tokens=16)
-    encoder, decoder = model.config["encoder_layers"] or 1, model.config["decoder_layers"] or 1
+    encoder, decoder = model.config.encoder_layers or 1, model.config.decoder_layers or 1
     attentions = encoder + 2 * decoder
     for kernel in ("attention_forward", "attention_backward_delta", "attention_backward_kv", "attention_backward_q"):
         assert launches[kernel] == attentions, kernel

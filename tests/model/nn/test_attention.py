@@ -404,7 +404,7 @@ def test_keep_attention_with_need_weights_cache_and_switching_off():
 
 
 def test_keep_attention_in_every_layer_of_a_transformer_changes_nothing_but_exposes_p():
-    model = nn.Transformer(11, d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.1,
+    model = nn.Transformer(src_vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.1,
                            attention_dropout=0.1).double()
     rng = np.random.default_rng(14)
     src, tgt = rng.integers(1, 11, (2, 5)), rng.integers(1, 11, (2, 4))
@@ -452,7 +452,7 @@ def test_keep_attention_without_a_graph_changes_no_output_and_keeps_the_referenc
 
 
 def test_keep_attention_in_inference_gives_a_models_outputs_and_every_heads_probabilities():
-    model = nn.Transformer(11, d_model=8, d_ff=16, heads=2, num_layers=2, dropout=0.1, seed=3).double()
+    model = nn.Transformer(src_vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=2, dropout=0.1, seed=3).double()
     src, tgt = np.array([[4, 5, 6, 7, 0]]), np.array([[1, 8, 9]])
     attentions = [m for m in model.modules() if isinstance(m, nn.MultiHeadAttention)]
     with nn.inference(model):

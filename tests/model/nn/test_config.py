@@ -19,17 +19,40 @@ from tinyformer.model.nn.presets import preset_config
 SMALL = dict(src_vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=1, dropout=0.0, seed=0)
 
 
-def test_the_fields_are_the_transformers_arguments_with_the_same_defaults():
-    parameters = dict(inspect.signature(nn.Transformer.__init__).parameters)
-    del parameters["self"], parameters["unknown"]  # **unknown only turns old arguments into clear errors
-    assert list(parameters) == TransformerConfig.field_names()
+def test_the_config_is_the_one_place_of_the_fields_and_their_defaults():
+    """Transformer takes a config, or its fields as keywords: it repeats no field and no default."""
+    parameters = list(inspect.signature(nn.Transformer.__init__).parameters.values())
+    either, keywords = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_KEYWORD
+    assert [(p.name, p.kind) for p in parameters] == [("self", either), ("config", either), ("fields", keywords)]
+    model = nn.Transformer(src_vocab_size=11)  # every other field: the config's default
+    assert model.config == TransformerConfig(src_vocab_size=11)
     for field in dataclasses.fields(TransformerConfig):
-        default = parameters[field.name].default
-        if default is inspect.Parameter.empty:  # src_vocab_size: required by the model, unset in presets
-            assert field.name == "src_vocab_size" and field.default is None
-        else:
-            assert default == field.default, field.name
+        assert getattr(model.config, field.name) == (11 if field.name == "src_vocab_size" else field.default)
     assert "label_smoothing" not in TransformerConfig.field_names()
+
+
+def test_keyword_construction_is_the_config_built_from_the_keywords():
+    for fields in (SMALL, dict(SMALL, tgt_vocab_size=13, positional="learned", init="torch", final_norm=True)):
+        by_keywords, by_config = nn.Transformer(**fields), nn.Transformer(TransformerConfig(**fields))
+        assert type(by_keywords.config) is TransformerConfig and by_keywords.config == by_config.config
+        for (name, p), (_, q) in zip(by_keywords.named_parameters(), by_config.named_parameters()):
+            np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+
+
+@pytest.mark.parametrize("call, parts", [
+    (lambda: nn.Transformer(src_vocab_size=11, d_modle=8), ["unknown argument 'd_modle'", "allowed: src_vocab_size"]),
+    (lambda: nn.Transformer(11, d_model=8), ["got int", "src_vocab_size=11"]),
+    (lambda: nn.Transformer(TransformerConfig(**SMALL).to_dict()), ["got dict", "TransformerConfig.from_dict(d)"]),
+    (lambda: nn.Transformer(TransformerConfig(**SMALL), seed=1), ["not both", "seed", "config.replace(seed=...)"]),
+    (lambda: nn.Transformer(), ["src_vocab_size is unset"]),
+])
+def test_a_wrong_call_is_a_one_line_type_error_naming_what_is_wrong(call, parts):
+    with pytest.raises(TypeError) as error:
+        call()
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("Transformer")
+    for part in parts:
+        assert part in message, (part, message)
 
 
 def test_it_is_frozen_and_replace_makes_a_checked_copy():
@@ -124,23 +147,21 @@ def test_dict_round_trip_and_the_legacy_label_smoothing_key():
 # ---------------------------------------------------------------------------- the model built from it
 def test_a_model_built_from_a_config_equals_one_built_from_arguments():
     config = TransformerConfig(**SMALL)
-    a, b = nn.Transformer.from_config(config), nn.Transformer(**SMALL)
-    assert a.config == b.config == config.to_dict()
+    a, b = nn.Transformer(config), nn.Transformer.from_config(config)
+    assert a.config is config and b.config == config
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         np.testing.assert_array_equal(p.data, q.data, err_msg=name)
-    rebuilt = nn.Transformer(**a.config)  # what a checkpoint's model_config rebuilds
+    rebuilt = nn.Transformer(TransformerConfig.from_dict(a.config.to_dict()))  # what a checkpoint rebuilds
     assert rebuilt.config == a.config
     with pytest.raises(TypeError, match="TransformerConfig.from_dict"):
-        nn.Transformer.from_config(a.config)
+        nn.Transformer.from_config(a.config.to_dict())
     with pytest.raises(TypeError, match="src_vocab_size is unset"):
-        nn.Transformer.from_config(nn.PRESETS["tiny"])
-    with pytest.raises(TypeError, match=r"Transformer.from_config\(config\)"):
-        nn.Transformer(config)
+        nn.Transformer(nn.PRESETS["tiny"])
 
 
 def test_presets_are_configs_and_from_preset_applies_the_overrides():
     model = nn.Transformer.from_preset("small", vocab_size=8000, dropout=0.0, num_layers=1)
-    assert model.config == nn.PRESETS["small"].replace(src_vocab_size=8000, dropout=0.0, num_layers=1).to_dict()
+    assert model.config == nn.PRESETS["small"].replace(src_vocab_size=8000, dropout=0.0, num_layers=1)
     assert nn.PRESETS["small"].dropout == 0.1  # the preset itself is unchanged
 
 
@@ -187,13 +208,13 @@ def test_paper_true_undoes_a_presets_choices_that_the_paper_does_not_make(monkey
 
 def test_paper_true_gives_way_to_explicit_overrides():
     config = nn.Transformer.from_preset("tiny", vocab_size=11, paper=True, init="torch", final_norm=True).config
-    assert config["init"] == "torch" and config["final_norm"] is True
-    assert config["attention_dropout"] == 0.0
+    assert config.init == "torch" and config.final_norm is True
+    assert config.attention_dropout == 0.0
 
 
 def test_label_smoothing_is_the_losss_not_the_models():
     with pytest.raises(TypeError) as error:
-        nn.Transformer(11, d_model=8, d_ff=16, heads=2, num_layers=1, label_smoothing=0.1)
+        nn.Transformer(src_vocab_size=11, d_model=8, d_ff=16, heads=2, num_layers=1, label_smoothing=0.1)
     message = str(error.value)
     assert "\n" not in message and "F.cross_entropy(..., label_smoothing=)" in message
     assert "TrainConfig.label_smoothing" in message
@@ -204,11 +225,11 @@ def test_label_smoothing_is_the_losss_not_the_models():
         model.label_smoothing  # noqa: B018
 
 
-def test_the_arguments_after_the_dropouts_are_keywords():
-    # Where label_smoothing stood, a positional value would silently become max_len: refused instead.
+def test_no_field_is_positional():
+    # The old positional order (where label_smoothing once stood a value would become max_len): refused.
     with pytest.raises(TypeError):
         nn.Transformer(11, None, 8, 16, 2, 1, 0.0, 0.0, 0.0, 0.1)
-    assert nn.Transformer(11, None, 8, 16, 2, 1, 0.0, 0.0, 0.0, max_len=12).config["max_len"] == 12
+    assert nn.Transformer(TransformerConfig(11, None, 8, 16, 2, 1, max_len=12)).config.max_len == 12
 
 
 def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_path):
@@ -216,7 +237,8 @@ def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_p
 
     english, german = synthetic_pairs("val")
     tokenizer = Tokenizer.train(english + german, tmp_path, vocab_size=150)
-    model = nn.Transformer(len(tokenizer), d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, seed=0)
+    model = nn.Transformer(src_vocab_size=len(tokenizer),
+                           d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, seed=0)
     legacy = {  # the Transformer's config as checkpoints held it, in its order, label smoothing included
         "src_vocab_size": len(tokenizer), "tgt_vocab_size": None, "d_model": 16, "d_ff": 32, "heads": 2,
         "num_layers": 1, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
@@ -227,7 +249,7 @@ def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_p
     # the defaults, its model's
     assert dict({k: v for k, v in legacy.items() if k != "label_smoothing"}, final_norm=None, init="xavier",
                 activation="relu", encoder_layers=None, decoder_layers=None, scale_embedding=True,
-                logits_bias=False) == model.config
+                logits_bias=False) == model.config.to_dict()
     meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(tmp_path)).to_dict(),
             "model_config": legacy, "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
             "rng_state": tf.random.get_rng_state(), "tokenizer_sha256": tokenizer.sha256,
@@ -242,4 +264,5 @@ def test_a_checkpoint_whose_model_config_holds_label_smoothing_still_loads(tmp_p
     from tinyformer.translation.train.migration import migrate_model_config
 
     # a run may resume (restore_checkpoint reads the model_config through the migration, as here)
-    assert checkpoint.model_config_mismatch(migrate_model_config(legacy), loaded.config, ignore=TRAINING_ONLY) == []
+    assert checkpoint.model_config_mismatch(migrate_model_config(legacy), loaded.config.to_dict(),
+                                            ignore=TRAINING_ONLY) == []

@@ -388,4 +388,4 @@ def test_an_unknown_activation_is_named():
     with pytest.raises(ValueError, match="activation must be one of 'relu', 'silu', 'gelu', got 'swish'"):
         nn.PositionwiseFeedForward(4, 8, activation="swish")
     with pytest.raises(ValueError, match="Transformer: activation must be one of"):
-        nn.Transformer(10, d_model=8, d_ff=16, heads=2, num_layers=1, activation="swish")
+        nn.Transformer(src_vocab_size=10, d_model=8, d_ff=16, heads=2, num_layers=1, activation="swish")

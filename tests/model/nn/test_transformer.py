@@ -72,7 +72,7 @@ def test_paper_sizes_parameter_counts(name, low, high, monkeypatch):
         assert count == expected_parameter_count(37000, c.d_model, c.d_ff, c.num_layers)
         assert low <= count <= high
         assert model.src_embed.weight is model.tgt_embed.weight
-        assert model.config == c.replace(src_vocab_size=37000).to_dict()
+        assert model.config == c.replace(src_vocab_size=37000)
         assert len(model.encoder.layers) == len(model.decoder.layers) == 6
         assert model.decoder.layers[0].self_attn.heads == c.heads
     finally:
@@ -91,7 +91,7 @@ def test_parameter_count_formula(norm_first, tgt_vocab):
 
 def test_preset_overrides_and_errors():
     model = nn.Transformer.from_preset("tiny", vocab_size=11, d_model=16, heads=2, num_layers=1)
-    assert model.config["d_model"] == 16 and model.config["d_ff"] == 256 and len(model.encoder.layers) == 1
+    assert model.config.d_model == 16 and model.config.d_ff == 256 and len(model.encoder.layers) == 1
     with pytest.raises(ValueError) as error:
         nn.Transformer.from_preset("huge", vocab_size=11)
     message = str(error.value)
@@ -219,11 +219,11 @@ def test_silu_models_keep_relu_models_weights_and_gradcheck():
     """activation="silu" changes the feed-forward nonlinearity only: the same seed draws the same weights,
     the outputs differ, the config round-trips, and every parameter gradchecks (float64, random upstream)."""
     relu, silu = small_model(seed=5, num_layers=1), small_model(seed=5, num_layers=1, activation="silu")
-    assert relu.config["activation"] == "relu" and silu.config["activation"] == "silu"
+    assert relu.config.activation == "relu" and silu.config.activation == "silu"
     for name, value in relu.state_dict().items():
         np.testing.assert_array_equal(silu.state_dict()[name], value)
     assert not np.allclose(relu(SRC, TGT).data, silu(SRC, TGT).data)
-    rebuilt = nn.Transformer(**silu.config).double().eval()
+    rebuilt = nn.Transformer(silu.config).double().eval()
     rebuilt.load_state_dict(silu.state_dict())
     np.testing.assert_array_equal(rebuilt(SRC, TGT).data, silu(SRC, TGT).data)
     tf.gradcheck(lambda *ps: silu(SRC, TGT), silu.parameters(), mode="fast", seed=8)
@@ -238,7 +238,7 @@ def test_paper_restores_the_relu():
 # ---------------------------------------------------------------------------- positions (§3.5, Table 3 (E))
 def test_sinusoids_are_the_default_and_add_no_parameters():
     model = nn.Transformer.from_preset("tiny", vocab_size=13)
-    assert model.config["positional"] == "sinusoid" and isinstance(model.positional, nn.PositionalEncoding)
+    assert model.config.positional == "sinusoid" and isinstance(model.positional, nn.PositionalEncoding)
     assert "positional" not in {n.split(".")[0] for n, _ in model.named_parameters()}
     assert model.num_parameters() == expected_parameter_count(13, 64, 256, 2)
 
@@ -247,7 +247,7 @@ def test_learned_positions_add_one_parameter_and_keep_every_other_initial_weight
     sinusoid = small_model(seed=4, max_len=6)
     learned = small_model(seed=4, max_len=6, positional="learned")
     assert isinstance(learned.positional, nn.LearnedPositionalEmbedding)
-    assert learned.config["positional"] == "learned" and "positional=learned" in learned.extra_repr()
+    assert learned.config.positional == "learned" and "positional=learned" in learned.extra_repr()
     assert learned.num_parameters() == sinusoid.num_parameters() + 6 * 8
     own, other = learned.state_dict(), sinusoid.state_dict()
     assert set(own) - set(other) == {"positional.weight"} and own["positional.weight"].shape == (6, 8)
@@ -272,7 +272,7 @@ def test_learned_positions_gradcheck():
 def test_learned_positions_round_trip_through_state_dict_and_config():
     model = small_model(seed=1, max_len=6, positional="learned")
     model.positional.weight.data = model.positional.weight.data + 0.5  # as if trained
-    rebuilt = nn.Transformer(**model.config).double().eval()  # what load_model does with a checkpoint
+    rebuilt = nn.Transformer(model.config).double().eval()  # what load_model does with a checkpoint
     assert isinstance(rebuilt.positional, nn.LearnedPositionalEmbedding)
     assert not np.allclose(rebuilt(SRC, TGT).data, model(SRC, TGT).data)
     rebuilt.load_state_dict(model.state_dict())
@@ -401,7 +401,7 @@ def test_encoder_and_decoder_depths_can_differ():
     # one more encoder layer: self-attention, the feed-forward network, two LayerNorms
     one_layer = 4 * (8 * 8 + 8) + (8 * 16 + 16 + 16 * 8 + 8) + 2 * 2 * 8
     assert model.num_parameters() - both_one.num_parameters() == one_layer
-    rebuilt = nn.Transformer(**model.config).double().eval()
+    rebuilt = nn.Transformer(model.config).double().eval()
     rebuilt.load_state_dict(model.state_dict())
     np.testing.assert_array_equal(rebuilt(SRC, TGT).data, model(SRC, TGT).data)
     memory, mask = model.encode(SRC), model.source_mask(SRC)
@@ -446,7 +446,7 @@ def test_a_logits_bias_is_one_more_parameter_added_to_every_position_and_trained
     np.testing.assert_allclose(biased(SRC, TGT).data, plain(SRC, TGT).data + bias, rtol=1e-12, atol=1e-12)
     tf.gradcheck(lambda *ps: biased(SRC, TGT), biased.parameters(), mode="fast", seed=12)
     tf.gradcheck(lambda b: biased(SRC, TGT), [biased.logits_bias], mode="full", seed=13)
-    rebuilt = nn.Transformer(**biased.config).double().eval()
+    rebuilt = nn.Transformer(biased.config).double().eval()
     rebuilt.load_state_dict(biased.state_dict())
     np.testing.assert_array_equal(rebuilt(SRC, TGT).data, biased(SRC, TGT).data)
     with pytest.raises(nn.StateDictError, match="logits_bias"):
@@ -474,7 +474,7 @@ def test_torch_init_draws_nn_transformers_statistics():
     d, d_ff = 64, 256
     model = nn.Transformer.from_preset("tiny", vocab_size=50, init="torch", seed=3)
     xavier = nn.Transformer.from_preset("tiny", vocab_size=50, seed=3)
-    assert model.config["init"] == "torch" and "init=torch" in model.extra_repr()
+    assert model.config.init == "torch" and "init=torch" in model.extra_repr()
     attentions = [layer.self_attn for layer in model.encoder.layers] + [
         a for layer in model.decoder.layers for a in (layer.self_attn, layer.cross_attn)]
     for attention in attentions:

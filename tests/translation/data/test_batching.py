@@ -134,7 +134,8 @@ def test_a_padded_batch_has_the_unpadded_batchs_loss_and_gradients():
     import tinyformer as tf
     from tinyformer.translation.train.evaluation import batch_loss
 
-    model = tf.nn.Transformer(30, d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=4).to(dtype=np.float64)
+    model = tf.nn.Transformer(src_vocab_size=30,
+                              d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=4).to(dtype=np.float64)
     batch = make_batch([[4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17, 18, 19], [20]])
     padded = ShapeBuckets(max_tokens=80, length_multiple=8).pad(batch)
     assert padded.shape == (10, 8, 8)  # 80 // 8 = 10 rows fill the budget
@@ -158,7 +159,8 @@ def test_the_loss_runs_on_packed_rows_and_equals_the_padded_loss(monkeypatch):
     import tinyformer as tf
     from tinyformer.translation.train.evaluation import batch_loss
 
-    model = tf.nn.Transformer(30, d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=5).to(dtype=np.float64)
+    model = tf.nn.Transformer(src_vocab_size=30,
+                              d_model=16, d_ff=24, heads=2, num_layers=2, dropout=0.0, seed=5).to(dtype=np.float64)
     batch = make_batch([[4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17, 18, 19], [20]])
     calls = []
     forward = type(model).forward

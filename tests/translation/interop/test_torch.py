@@ -72,8 +72,8 @@ def corpus(tmp_path_factory):
 def build_torch(benchmarks_module, config):
     """The benchmarks' PyTorch module of tinyformer ``config`` (pre-LN: its layers switched to norm_first,
     which nn.Transformer's layers read at each call; build_torch_model builds post-LN)."""
-    pre_ln = config.get("norm_first")
-    model = benchmarks_module.build_torch_model(dict(config, norm_first=False, final_norm=True) if pre_ln else config)
+    pre_ln = config.norm_first
+    model = benchmarks_module.build_torch_model(config.replace(norm_first=False, final_norm=True) if pre_ln else config)
     if pre_ln:
         for layer in [*model.transformer.encoder.layers, *model.transformer.decoder.layers]:
             layer.norm_first = True
@@ -107,7 +107,7 @@ def run_cli(capsys, *argv):
 # ---------------------------------------------------------------------------- the mapping, NumPy only
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_parameter_has_one_place_and_comes_back_identical(variant):
-    tiny = stirred(nn.Transformer(VOCAB, seed=1, **SMALL, **VARIANTS[variant]), 1)
+    tiny = stirred(nn.Transformer(src_vocab_size=VOCAB, seed=1, **SMALL, **VARIANTS[variant]), 1)
     state = tiny.state_dict()
     names = torch_names(tiny.config)
     assert sorted(part for parts in names.values() for part in parts) == sorted(state)
@@ -125,7 +125,7 @@ def test_every_parameter_has_one_place_and_comes_back_identical(variant):
 @pytest.mark.parametrize("field, value", [("positional", "learned"), ("positional", "sinusoid_split"),
                                           ("tgt_vocab_size", VOCAB + 1), ("logits_bias", True)])
 def test_what_the_layout_has_no_tensor_for_is_refused_naming_the_field(field, value):
-    tiny = nn.Transformer(VOCAB, seed=1, **SMALL, **{field: value})
+    tiny = nn.Transformer(src_vocab_size=VOCAB, seed=1, **SMALL, **{field: value})
     for convert in (lambda: to_torch_state(tiny.state_dict(), tiny.config),
                     lambda: from_torch_state({}, tiny.config, "x.pt")):
         with pytest.raises(TorchStateError, match=f"{field}={value!r} cannot be") as caught:
@@ -151,7 +151,7 @@ LAYER = "transformer.encoder.layers.0."
     (lambda t: t.__setitem__(POSITIONS, t[POSITIONS][:10]), "tensor pe has shape \\(10, 16\\), but the model_config"),
 ])
 def test_each_wrong_tensor_is_one_line_naming_it(change, message):
-    tiny = nn.Transformer(VOCAB, seed=1, **SMALL)
+    tiny = nn.Transformer(src_vocab_size=VOCAB, seed=1, **SMALL)
     tensors = to_torch_state(tiny.state_dict(), tiny.config)
     change(tensors)
     with pytest.raises(TorchStateError, match=message) as caught:
@@ -160,7 +160,7 @@ def test_each_wrong_tensor_is_one_line_naming_it(change, message):
 
 
 def test_positions_are_optional_on_the_way_in():
-    tiny = nn.Transformer(VOCAB, seed=1, **SMALL)
+    tiny = nn.Transformer(src_vocab_size=VOCAB, seed=1, **SMALL)
     tensors = to_torch_state(tiny.state_dict(), tiny.config)
     del tensors[POSITIONS]
     assert from_torch_state(tensors, tiny.config, "x.pt").keys() == tiny.state_dict().keys()
@@ -170,7 +170,7 @@ def test_positions_are_optional_on_the_way_in():
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_the_benchmarks_module_holds_the_layout_and_computes_the_same_logits(benchmarks_module, variant):
     torch = pytest.importorskip("torch")
-    tiny = stirred(nn.Transformer(VOCAB, seed=2, **SMALL, **VARIANTS[variant]), 0)
+    tiny = stirred(nn.Transformer(src_vocab_size=VOCAB, seed=2, **SMALL, **VARIANTS[variant]), 0)
     tensors = to_torch_state(tiny.state_dict(), tiny.config)
     torch.manual_seed(0)
     model = build_torch(benchmarks_module, tiny.config)
@@ -189,7 +189,7 @@ def test_the_benchmarks_module_holds_the_layout_and_computes_the_same_logits(ben
 
 def test_the_benchmarks_module_refuses_what_the_layout_cannot_hold(benchmarks_module):
     pytest.importorskip("torch")
-    config = nn.Transformer(VOCAB, seed=2, positional="learned", **SMALL).config
+    config = nn.Transformer(src_vocab_size=VOCAB, seed=2, positional="learned", **SMALL).config
     with pytest.raises(TorchStateError, match="build_torch_model: positional='learned'"):
         benchmarks_module.build_torch_model(config)
 

@@ -1,5 +1,7 @@
 """The builders: a run's parts made from its config, handed to the Trainer finished."""
 
+import copy
+import dataclasses
 import json
 
 import pytest
@@ -22,6 +24,16 @@ def test_a_trainer_handed_finished_parts_runs_them_as_the_one_call_entry_does(tm
     assert losses(tmp_path / "parts") == losses(three_steps)
 
 
+def test_building_leaves_the_config_unchanged_and_hands_on_what_it_found(tmp_path):
+    config = small_config(tmp_path / "run", max_steps=1).resolved()
+    given = copy.deepcopy(config)
+    parts = build_parts(config, echo=lambda *a: None)
+    assert config == given and parts.config == given  # the synthetic task: nothing to find
+    found = dataclasses.replace(given, data_files={"--train": {"x": "0" * 64}})  # as a corpus run's parts hold
+    trainer = Trainer(config, parts=dataclasses.replace(parts, config=found), **QUIET)
+    assert trainer.config.data_files == {"--train": {"x": "0" * 64}} and trainer.config.max_steps == 1
+
+
 def test_label_smoothing_is_a_setting_of_the_loss_not_of_the_model(tmp_path):
     trainer = Trainer(small_config(tmp_path, max_steps=2, label_smoothing=0.0), **QUIET)
     trainer.run()
@@ -31,7 +43,7 @@ def test_label_smoothing_is_a_setting_of_the_loss_not_of_the_model(tmp_path):
     assert len(training) == 2 and all(r["loss"] == r["nll"] for r in training)  # ε = 0: the loss is the NLL
     validation = [r for r in records if r.get("split") == "val"]
     assert validation and all(r["loss"] == r["nll"] for r in validation)
-    assert trainer.model.config.get("label_smoothing") != 0.0  # the Transformer is not told
+    assert "label_smoothing" not in trainer.model.config.to_dict()  # the Transformer is not told
 
 
 def test_resumed_parts_stand_where_the_checkpoint_stood(tmp_path, three_steps):
@@ -52,9 +64,9 @@ def test_a_resumed_run_records_how_its_weights_were_first_drawn_whatever_the_pre
     run = copy_run(three_steps, tmp_path / "run")
     assert presets.PRESETS["tiny"].init == "xavier"
     monkeypatch.setattr(presets, "PRESETS", {**presets.PRESETS, "tiny": presets.PRESETS["tiny"].replace(init="torch")})
-    assert build_parts(small_config(tmp_path / "fresh").resolved(), echo=lambda *a: None).model.config["init"] == "torch"
+    assert build_parts(small_config(tmp_path / "fresh").resolved(), echo=lambda *a: None).model.config.init == "torch"
     parts = build_parts(small_config(run).resolved(), resume=True, echo=lambda *a: None)
-    assert parts.model.config["init"] == "xavier" and parts.position.step == 3
+    assert parts.model.config.init == "xavier" and parts.position.step == 3
 
 
 def test_the_corpus_refuses_a_language_the_data_lacks():

@@ -5,6 +5,7 @@ command line), the model_overrides refusals and the settings that shape no param
 import argparse
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pytest
@@ -20,8 +21,10 @@ from tinyformer.translation.train.config import (
     TRAINING_ONLY,
     ConfigError,
     default_save_dir,
+    default_value,
     flag_of,
 )
+from tinyformer.translation.train.recipes import RECIPES
 
 CLI_ONLY = {"resume", "no_progress", "no_test"}  # train options that are no field of the config
 
@@ -92,6 +95,44 @@ def test_defaults_follow_the_data_and_none_means_the_default():
     given_none = TrainConfig(lr_factor=None, accum=None, label_smoothing=None).resolved()  # as examples/ pass them
     assert (given_none.lr_factor, given_none.accum, given_none.label_smoothing) == (1.0, 1, 0.1)
     assert TrainConfig().label_smoothing == 0.1  # the paper's (§5.4), a setting of the loss
+
+
+def test_one_rule_says_where_a_default_comes_from_recipe_then_init_from_then_data_then_own():
+    multi30k = {"data": "multi30k", "preset": "small", "init_from": None}
+    assert default_value("max_steps", TrainConfig(), multi30k) == 3000  # the data's
+    assert default_value("lr_factor", TrainConfig(), multi30k) == 1.0  # the field's own
+    hour = TrainConfig(recipe="hour")
+    assert default_value("max_steps", hour, multi30k) == RECIPES["hour"]["max_steps"]  # the recipe's, over the data's
+    assert default_value("lr_factor", hour, multi30k) == RECIPES["hour"]["lr_factor"]  # and over the field's own
+    assert default_value("save_dir", hour, multi30k) == "runs/multi30k-small"
+    start = TrainConfig(init_from="runs/before", recipe="hour")
+    for name in ("preset", "vocab_size", "model_overrides"):  # the --init-from run's model, not the data's
+        assert default_value(name, start, multi30k) is None, name
+    assert default_value("save_dir", start, dict(multi30k, preset=None, init_from="/x/runs/before")) == \
+        "runs/multi30k-from-before"
+
+
+@pytest.mark.parametrize("given", [dict(), dict(data="multi30k", recipe="hour"), dict(train_data="corpus", seed=3),
+                                   dict(init_from="runs/before", recipe="hour", max_steps=7, dropout=0.2)])
+def test_resolved_gives_each_field_not_given_its_default_value_and_keeps_each_given_one(given):
+    config = TrainConfig(**given)
+    resolved = config.resolved()
+    values = resolved.to_dict()
+    for name in OPTIONS:
+        if name in given:
+            assert values[name] == (os.path.abspath(given[name]) if name in ("train_data", "init_from")
+                                    else given[name]), name
+        elif name != "data" and getattr(config, name) is None:
+            assert values[name] == default_value(name, config, values), name
+
+
+def test_every_field_a_recipe_sets_is_none_until_resolved():
+    """Else a recipe could not tell a value given from the field's default, and would never apply."""
+    for recipe in RECIPES.values():
+        for name in recipe:
+            assert OPTIONS[name].recipe and getattr(TrainConfig(), name) is None, name
+    given = TrainConfig(recipe="hour", lr_factor=1.0, schedule="noam", time_limit=5.0).resolved()
+    assert (given.lr_factor, given.schedule, given.time_limit, given.average_last) == (1.0, "noam", 5.0, 5)
 
 
 def test_every_field_that_may_stay_none_says_what_none_means():
@@ -186,7 +227,7 @@ def saved_run(tmp_path):
     config = TrainConfig(save_dir=str(tmp_path), vocab_size=120, max_steps=6).resolved()
     model = Transformer.from_preset(config.preset, vocab_size=120, seed=0)
     checkpoint.save_checkpoint(checkpoint.checkpoint_path(tmp_path, 3), model.state_dict(),
-                               {"config": config.to_dict(), "model_config": model.config})
+                               {"config": config.to_dict(), "model_config": model.config.to_dict()})
     return tmp_path, config
 
 

@@ -116,6 +116,8 @@ def test_without_valid_the_validation_pairs_are_held_out_of_the_training_pairs_b
         return build_parts(config, echo=lambda *a: None)
 
     a, b, c = parts(0), parts(0), parts(1)
+    assert configs[0].data_files is None and list(a.config.data_files) == ["--train"]  # found, the config untouched
+    assert a.found_in(configs[0]) == a.config
     assert load_corpus(configs[0], "val") == a.val_text  # as `tinyformer eval --split val` reads it
     assert len(a.val_data) == 50 and len(a.train_data) == 1450
     assert np.array_equal(a.val_data.original_index, b.val_data.original_index)

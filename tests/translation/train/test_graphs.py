@@ -145,7 +145,7 @@ def test_the_shapes_are_few_and_logged(tmp_path):
     trainer = run(graph_config(tmp_path, max_steps=30, log_every=5), CountingCapture())
     g = trainer.graphs
     lengths = {length for shape in g.entries for _, src_len, tgt_len in shape for length in (src_len, tgt_len)}
-    assert all(length % 8 == 0 or length == trainer.model.config["max_len"] for length in lengths)
+    assert all(length % 8 == 0 or length == trainer.model.config.max_len for length in lengths)
     assert 1 <= g.num_shapes <= len(lengths) ** 2
     logged = [r for r in records(tmp_path) if "graph_shapes" in r]
     assert logged and logged[-1]["graph_shapes"] == g.num_shapes and logged[-1]["graphs"] == g.num_graphs
@@ -439,7 +439,7 @@ def shared_tokenizer(tmp_path_factory):
 def bucketed(trainer):
     """Make ``trainer``'s eager steps see the batches its graphs would: padded to their buckets."""
     c = trainer.config
-    buckets = ShapeBuckets(c.max_tokens, c.shape_multiple, trainer.model.config["max_len"])
+    buckets = ShapeBuckets(c.max_tokens, c.shape_multiple, trainer.model.config.max_len)
     epoch_batches = trainer.train_data.batches
     trainer.train_data.batches = lambda *args, **kwargs: [buckets.pad(b) for b in epoch_batches(*args, **kwargs)]
 
@@ -548,7 +548,7 @@ def test_the_run_reports_few_shapes_its_graphs_and_their_pool(tmp_path_factory):
     step = trainer.graphs
     c = trainer.config
     visited = trainer.train_data.batches(c.max_tokens, seed=c.seed, epoch=0)[:STEPS]  # 100 steps of epoch 1
-    buckets = ShapeBuckets(c.max_tokens, c.shape_multiple, trainer.model.config["max_len"])
+    buckets = ShapeBuckets(c.max_tokens, c.shape_multiple, trainer.model.config.max_len)
     expected = {buckets.shape(b) for b in visited}
     assert step.num_shapes == len(expected) < len({b.shape for b in visited})  # bucketing bounds the shapes
     assert 1 <= step.num_graphs <= step.num_shapes

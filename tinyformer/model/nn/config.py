@@ -1,10 +1,11 @@
 """The model's whole shape as one small frozen dataclass (§3, Table 3): what a Transformer is built from.
 
-Every value is checked once, here, and kept as a plain Python value, so ``to_dict()`` is what a
-checkpoint's ``model_config`` holds and ``from_dict`` reads it back (also the model_config of a
-checkpoint written before label smoothing left the model, or before ``final_norm`` and ``init``,
-which take their defaults; checkpoints themselves are brought to today's fields by
-``tinyformer.translation.train.migration``).
+The one place each field and its default is declared: ``Transformer(config)`` builds the model it
+describes and keeps it as ``model.config``. Every value is checked once, here, and kept as a plain
+Python value, so ``to_dict()`` is what a checkpoint's ``model_config`` holds and ``from_dict``
+reads it back (also the model_config of a checkpoint written before label smoothing left the
+model, or before ``final_norm`` and ``init``, which take their defaults; checkpoints themselves are
+brought to today's fields by ``tinyformer.translation.train.migration``).
 """
 
 import dataclasses
@@ -24,7 +25,8 @@ _LEGACY_KEYS = ("label_smoothing",)  # in the model_config of checkpoints writte
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """The arguments of ``nn.Transformer``; ``None`` vocabularies are left to be set (as presets do)."""
+    """The shape of an ``nn.Transformer`` (``Transformer(config)``); ``None`` vocabularies are left to be set
+    (as presets do)."""
 
     src_vocab_size: int = None  # source token ids; the one shared vocabulary unless tgt_vocab_size is set (§3.4)
     tgt_vocab_size: int = None  # a separate target vocabulary, whose embedding is then the output projection
@@ -134,7 +136,7 @@ class TransformerConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self):
-        """The fields as a plain dict: a checkpoint's ``model_config``, and ``Transformer(**d)``'s arguments."""
+        """The fields as a plain dict: what a checkpoint stores as ``model_config`` (``from_dict`` reads it back)."""
         return dataclasses.asdict(self)
 
     @classmethod

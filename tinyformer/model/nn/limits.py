@@ -38,7 +38,7 @@ def _vocabularies(config):
 
 
 def parameter_count(config):
-    """The number of parameters ``Transformer.from_config(config)`` would have, by arithmetic alone."""
+    """The number of parameters ``Transformer(config)`` would have, by arithmetic alone."""
     d, f = config.d_model, config.d_ff
     encoder, decoder = config.depths
     attention = 4 * (d * d + d)
@@ -119,7 +119,7 @@ def parameter_dims(config):
 
 
 def parameter_shapes(config):
-    """{parameter name: shape} of ``Transformer.from_config(config)``, without building it."""
+    """{parameter name: shape} of ``Transformer(config)``, without building it."""
     return {name: tuple(getattr(config, field) for field in dims) for name, dims in parameter_dims(config).items()}
 
 

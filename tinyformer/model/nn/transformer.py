@@ -155,37 +155,22 @@ class Transformer(Module):
     ``positional`` is "sinusoid" (the fixed encodings of §3.5), "learned" (one
     learned vector per position, shared by encoder and decoder: Table 3 row (E)) or
     "sinusoid_split" (§3.5's sinusoids in Marian's layout).
-    The whole shape is a ``TransformerConfig`` (``from_config``); ``model.config`` is
-    its ``to_dict()``, what checkpoints store and ``Transformer(**model.config)`` rebuilds.
+    The whole shape is one ``TransformerConfig``: ``Transformer(config)`` builds it, and
+    ``model.config`` is that config (a checkpoint stores its ``to_dict()`` as ``model_config``).
+    ``Transformer(src_vocab_size=..., d_model=..., ...)`` is a convenience for
+    ``Transformer(TransformerConfig(src_vocab_size=..., d_model=..., ...))``: the keywords are the
+    config's fields, with the config's defaults.
     """
 
-    def __init__(self, src_vocab_size, tgt_vocab_size=None, d_model=512, d_ff=2048, heads=8,
-                 num_layers=6, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, *,
-                 max_len=1024, pad_id=0, norm_first=False, eps=1e-5, seed=None, positional="sinusoid",
-                 final_norm=None, init="xavier", activation="relu", encoder_layers=None, decoder_layers=None,
-                 scale_embedding=True, logits_bias=False, **unknown):
-        """The arguments are ``TransformerConfig``'s fields (see there for each one's meaning).
+    def __init__(self, config=None, **fields):
+        """``config``: a ``TransformerConfig`` with its vocabulary set; or, instead, its fields as
+        keywords (an unknown one is a one-line TypeError naming it).
 
         ``seed`` gives the initialisation a generator of its own; dropout always draws
         from the default generator, which ``tinyformer.manual_seed`` resets.
         """
         super().__init__()
-        if isinstance(src_vocab_size, TransformerConfig):
-            raise TypeError("Transformer: got a TransformerConfig as src_vocab_size; build it with "
-                            "Transformer.from_config(config)")
-        TransformerConfig.check_names(unknown)
-        c = TransformerConfig(
-            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model, d_ff=d_ff,
-            heads=heads, num_layers=num_layers, dropout=dropout, attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id, norm_first=norm_first,
-            eps=eps, seed=seed, positional=positional, final_norm=final_norm, init=init, activation=activation,
-            encoder_layers=encoder_layers, decoder_layers=decoder_layers, scale_embedding=scale_embedding,
-            logits_bias=logits_bias,
-        )
-        if c.src_vocab_size is None:
-            raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
-                            "from_preset(name, vocab_size=...))")
-        self.config = c.to_dict()
+        c = self.config = _config_of(config, fields)
         generator = None if c.seed is None else make_generator(c.seed)
         self.d_model, self.pad_id = c.d_model, c.pad_id
         self.shared_vocab = c.tgt_vocab_size is None
@@ -209,17 +194,17 @@ class Transformer(Module):
 
     @classmethod
     def from_config(cls, config):
-        """The model a ``TransformerConfig`` describes (its vocabulary set)."""
+        """``Transformer(config)``, by name."""
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"Transformer.from_config: expected a TransformerConfig, got {type(config).__name__}"
                             + (" (a dict: use TransformerConfig.from_dict)" if isinstance(config, dict) else ""))
-        return cls(**config.to_dict())
+        return cls(config)
 
     @classmethod
     def from_preset(cls, name, vocab_size=None, *, paper=False, **overrides):
         """A model of a named size (``nn.PRESETS``), e.g. ``from_preset("base", vocab_size=37000)``;
         ``paper=True``: the paper's exact model of that size (``nn.PAPER_CHOICES``)."""
-        return cls.from_config(preset_config(name, vocab_size, paper=paper, **overrides))
+        return cls(preset_config(name, vocab_size, paper=paper, **overrides))
 
     @property
     def label_smoothing(self):
@@ -327,14 +312,34 @@ class Transformer(Module):
         c = self.config
         encoder_layers, decoder_layers = len(self.encoder.layers), len(self.decoder.layers)
         depth = encoder_layers if encoder_layers == decoder_layers else f"{encoder_layers}+{decoder_layers}"
-        return (f"N={depth}, d_model={c['d_model']}, d_ff={c['d_ff']}, heads={c['heads']}, "
+        return (f"N={depth}, d_model={c.d_model}, d_ff={c.d_ff}, heads={c.heads}, "
                 f"vocab={self.src_vocab_size}" + ("" if self.shared_vocab else f"/{self.tgt_vocab_size}")
-                + ("" if c["positional"] == "sinusoid" else f", positional={c['positional']}")
-                + ("" if c["final_norm"] is None else f", final_norm={c['final_norm']}")
-                + ("" if c["init"] == "xavier" else f", init={c['init']}")
-                + ("" if c["activation"] == "relu" else f", activation={c['activation']}")
-                + ("" if c["scale_embedding"] else ", scale_embedding=False")
-                + (", logits_bias=True" if c["logits_bias"] else ""))
+                + ("" if c.positional == "sinusoid" else f", positional={c.positional}")
+                + ("" if c.final_norm is None else f", final_norm={c.final_norm}")
+                + ("" if c.init == "xavier" else f", init={c.init}")
+                + ("" if c.activation == "relu" else f", activation={c.activation}")
+                + ("" if c.scale_embedding else ", scale_embedding=False")
+                + (", logits_bias=True" if c.logits_bias else ""))
+
+
+def _config_of(config, fields):
+    """The TransformerConfig ``Transformer(config, **fields)`` builds: ``config`` itself, or one made of
+    ``fields`` (the convenience); its vocabulary must be set."""
+    if config is None:
+        TransformerConfig.check_names(fields)
+        config = TransformerConfig(**fields)
+    elif not isinstance(config, TransformerConfig):
+        hint = ("TransformerConfig.from_dict(d)" if isinstance(config, dict) else
+                f"src_vocab_size={config!r}" if isinstance(config, (int, numpy.integer)) else "TransformerConfig(...)")
+        raise TypeError(f"Transformer: expected a TransformerConfig or its fields as keywords, got "
+                        f"{type(config).__name__}; give {hint}")
+    elif fields:
+        raise TypeError(f"Transformer: give a TransformerConfig or its fields as keywords, not both (got "
+                        f"{', '.join(fields)}); config.replace({next(iter(fields))}=...) changes a config")
+    if config.src_vocab_size is None:
+        raise TypeError("Transformer: src_vocab_size is unset (a preset leaves the vocabulary to you: "
+                        "from_preset(name, vocab_size=...))")
+    return config
 
 
 def _torch_init(*stacks, generator=None):

@@ -14,7 +14,6 @@ formulas dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K/√d_k, dK = dSᵀ·Q/√d_k a
 import numpy
 
 from ...common.version import __version__
-from ...model.nn import TransformerConfig
 from .explain_check import check_gradients
 from .explain_codec import (
     backward_formulas,
@@ -52,24 +51,20 @@ def rollout(maps):
 
 
 def token_values(config, len_src, len_tgt, position):
-    """How many numbers the page stores for the target position ``position`` (from 0): its dℓₜ/dP of
-    every head, the encoder's whole, the decoder's and the cross-attention's rows up to itself."""
-    encoder_layers, decoder_layers = _depths(config)
-    return config["heads"] * (encoder_layers * len_src ** 2 + decoder_layers * (position + 1) * (len_tgt + len_src))
-
-
-def _depths(config):
-    """(encoder layers, decoder layers) of a model's config dict (``TransformerConfig.depths``)."""
-    return TransformerConfig.from_dict(config).depths
+    """How many numbers the page of a model of ``config`` (its TransformerConfig) stores for the target
+    position ``position`` (from 0): its dℓₜ/dP of every head, the encoder's whole, the decoder's and
+    the cross-attention's rows up to itself."""
+    encoder_layers, decoder_layers = config.depths
+    return config.heads * (encoder_layers * len_src ** 2 + decoder_layers * (position + 1) * (len_tgt + len_src))
 
 
 def _chunk_rows(copy, len_src, len_tgt):
     """How many per-token rows one batched pass takes: its attention maps, activations and logits
     stay near ``CHUNK_VALUES`` float64 numbers."""
     c = copy.config
-    encoder_layers, decoder_layers = _depths(c)
-    maps = c["heads"] * (encoder_layers * len_src ** 2 + decoder_layers * 2 * (len_tgt ** 2 + len_tgt * len_src))
-    activations = (encoder_layers * len_src + decoder_layers * 2 * len_tgt) * (6 * c["d_model"] + c["d_ff"])
+    encoder_layers, decoder_layers = c.depths
+    maps = c.heads * (encoder_layers * len_src ** 2 + decoder_layers * 2 * (len_tgt ** 2 + len_tgt * len_src))
+    activations = (encoder_layers * len_src + decoder_layers * 2 * len_tgt) * (6 * c.d_model + c.d_ff)
     row = 6 * maps + 4 * activations + 3 * len_tgt * copy.tgt_vocab_size
     return max(1, min(len_tgt, CHUNK_VALUES // row))
 
@@ -254,11 +249,11 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
     sides = {"enc": ("source", "source"), "dec": ("target", "target"), "cross": ("target", "source")}
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "generator": f"tinyformer {__version__}",
-        "model": {"layers": depths["enc"], "decoder_layers": depths["dec"], "heads": config["heads"],
-                  "d_model": config["d_model"],
-                  "d_k": config["d_model"] // config["heads"], "d_ff": config["d_ff"],
-                  "max_len": config["max_len"], "vocabulary": copy.tgt_vocab_size,
-                  "parameters": int(model.num_parameters()), "norm_first": config["norm_first"]},
+        "model": {"layers": depths["enc"], "decoder_layers": depths["dec"], "heads": config.heads,
+                  "d_model": config.d_model,
+                  "d_k": config.d_model // config.heads, "d_ff": config.d_ff,
+                  "max_len": config.max_len, "vocabulary": copy.tgt_vocab_size,
+                  "parameters": int(model.num_parameters()), "norm_first": config.norm_first},
         "source": {"text": source.strip(), "ids": source_ids, "pieces": _pieces(tokenizer, source_ids)},
         "target": {"text": reference.strip() if reference is not None else tokenizer.decode(target_ids),
                    "given": "reference" if reference is not None else "translation",
@@ -268,7 +263,7 @@ def _explain_data(model, tokenizer, source, reference, source_ids, target_ids, b
                    "inputs": _pieces(tokenizer, batch[1][0])},
         "loss": {"total": total["loss"], "tokens": per_token["nll"],
                  "what": "L = sum over t of -log p(y_t | y_<t, x), teacher-forced, no label smoothing"},
-        "kinds": {kind: {"name": KINDS[kind], "layers": depths[kind], "heads": config["heads"],
+        "kinds": {kind: {"name": KINDS[kind], "layers": depths[kind], "heads": config.heads,
                          "rows": lengths[kind][0], "cols": lengths[kind][1], "queries": sides[kind][0],
                          "keys": sides[kind][1], "causal": kind == "dec"} for kind in KINDS},
         "token_gradients": {"positions": [t + 1 for t in embedded], "complete": len(embedded) == count,
@@ -309,12 +304,13 @@ def explain_steps_data(steps, tokenizer, source, reference=None, *, beam_size=1,
     steps = list(steps)
     if not steps:
         raise ValueError("explain: no checkpoints to explain")
-    first = steps[0][2].config
+    first = steps[0][2].config.to_dict()
     for _, label, model in steps[1:]:
-        if model.config != first:
-            differs = next(k for k in sorted(set(first) | set(model.config)) if first.get(k) != model.config.get(k))
+        other = model.config.to_dict()
+        if other != first:
+            differs = next(k for k in sorted(first) if first[k] != other[k])
             raise ValueError(f"explain: {label} has another model than {steps[0][1]} ({differs} "
-                             f"{model.config.get(differs)}, not {first.get(differs)}): not one run")
+                             f"{other[differs]}, not {first[differs]}): not one run")
     source_ids, target_ids = sentence_pair(steps[-1][2], tokenizer, source, reference, beam_size, alpha, names)
     limit = token_values_limit // max(2, len(steps))
     with blas_threads(threads):

@@ -12,7 +12,7 @@ outputs (the looked-up rows), for the saliency of each token. The user's model i
 import numpy
 
 from ...engine import functional as F
-from ...model.nn import Embedding, MultiHeadAttention, Transformer, TransformerConfig
+from ...model.nn import Embedding, MultiHeadAttention, Transformer
 from ...engine.tensor import Tensor, no_grad
 
 __all__ = ["KINDS", "ProbedEmbedding", "probed_copy", "attention_modules", "run_pass",
@@ -45,7 +45,7 @@ class ProbedEmbedding(Embedding):
 def probed_copy(model):
     """A float64 copy of the Transformer ``model`` on NumPy, in eval mode, its attention and
     embedding modules probed (each attention's ``probe`` recording, ``ProbedEmbedding``)."""
-    copy = Transformer.from_config(TransformerConfig.from_dict(model.config).replace(seed=0))
+    copy = Transformer(model.config.replace(seed=0))
     copy.load_state_dict(model.state_dict())
     copy.double().eval()
     for module in copy.modules():

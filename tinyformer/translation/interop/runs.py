@@ -13,7 +13,6 @@ import json
 import shutil
 from pathlib import Path
 
-from ...model.nn import TransformerConfig
 from ..checkpoint import non_finite, save_checkpoint
 from .marian import MarianError, config_to_marian, read_marian_folder, state_to_marian
 from .staging import IMPORTED_CHECKPOINT, build_beside, check_output, imported_metadata, newest_checkpoint
@@ -72,8 +71,8 @@ def export_marian(source, output, tokenizer_path=None):
     generation.update({"decoder_start_token_id": tokenizer.pad_id, "pad_token_id": tokenizer.pad_id,
                        "eos_token_id": tokenizer.eos_id, "forced_eos_token_id": tokenizer.eos_id,
                        "bad_words_ids": [[tokenizer.pad_id]]})
-    generation.setdefault("max_length", config["max_len"])  # transformers' default, 20, would cut translations
-    tensors = state_to_marian(model.state_dict(), TransformerConfig.from_dict(config))
+    generation.setdefault("max_length", config.max_len)  # transformers' default, 20, would cut translations
+    tensors = state_to_marian(model.state_dict(), config)
 
     def fill(staging):
         # written by open(), 0o666 less the umask (safetensors' save_file makes its file 0o600)

@@ -4,6 +4,12 @@ and, on resume, all of them as the newest checkpoint left them. ``Trainer`` runs
 ``build_parts`` returns; it assembles nothing itself. A run ``--init-from`` another takes that run's
 model, weights and tokenizer instead of a preset's and a new BPE (``init_from``).
 
+``build_parts`` runs one step per concern: ``open_run`` (the run directory, the ``--init-from``
+checkpoint), ``run_config`` (a new config holding what was found: the given one is not changed),
+``build_run_data`` (tokenizer and batches, from the corpus of ``--train`` or the built-in data),
+the model and optimiser (``build_model``, ``build_optimizer``, ``build_scaler``), and on resume
+``restore_run``.
+
 The special ids (padding, the decoder's start, EOS) are the tokenizer's: tinyformer's joint BPE has
 0, 2 and 3, an imported Marian tokenizer its own.
 
@@ -32,8 +38,14 @@ from .config import check_languages, flag_of
 from .metrics_log import LOG_FILE, MetricsLog
 from .state import Position, restore_checkpoint, run_tokenizer_path
 
-__all__ = ["Parts", "build_parts", "prepare_save_dir", "load_corpus", "build_tokenizer", "build_data",
-           "build_model", "build_optimizer", "build_scaler"]
+__all__ = ["Parts", "BUILT_FIELDS", "build_parts", "open_run", "run_config", "build_run_data", "restore_run",
+           "prepare_save_dir", "load_corpus", "corpus_files", "build_tokenizer", "build_data", "build_model",
+           "build_optimizer", "build_scaler"]
+
+
+# The fields of a run's config that building fills in: the name of the --init-from run's tokenizer,
+# and the SHA-256 of the corpus files of --train when the run starts.
+BUILT_FIELDS = ("tokenizer_file", "data_files")
 
 
 @dataclasses.dataclass
@@ -48,66 +60,121 @@ class Parts:
     adam: Adam                 # with the run's schedule (NoamSchedule or TimeBudgetSchedule) as its lr
     position: Position         # step 0, or where the resumed checkpoint stood
     scaler: GradScaler  # fp16's dynamic loss scale (disabled in fp32 and bf16), resumed
+    config: object             # the run's TrainConfig as built: the one given, with BUILT_FIELDS filled in
+
+    def found_in(self, config):
+        """``config`` with what building found (``BUILT_FIELDS``) taken from the parts' config."""
+        return dataclasses.replace(config, **{name: getattr(self.config, name) for name in BUILT_FIELDS})
 
 
 def build_parts(config, resume=False, echo=print, comm=None):
     """The parts of the run ``config`` (resolved) describes; with ``resume``, restored from the
     newest checkpoint in its save_dir, and its metrics log cut back to that step. ``comm`` (a
     ``distributed.Communicator``; default the group of one): the ranks that train together, which
-    must have been started alike (``StartupMismatch`` names what differs)."""
+    must have been started alike (``StartupMismatch`` names what differs). ``config`` is not
+    changed: the parts' ``config`` is the run's, with what building found (``BUILT_FIELDS``)."""
     comm = comm if comm is not None else distributed.SingleProcess()
-    lead = comm.rank == 0
-    save_dir = Path(config.save_dir)
     if comm.size > 1:
         distributed.check_agreement(comm, _run_facts(config, resume))
-    start = init_from.read_start(config) if lead and config.init_from and not resume else None  # before any write
-    newest = prepare_save_dir(save_dir, resume, echo) if lead else None
-    handed, max_len = None, config.max_len
+    start, newest = open_run(config, resume, comm, echo)
+    corpus = corpus_files(config) if config.data == "files" else None
+    config = run_config(config, start, corpus)
+    tokenizer, train_data, val_data, val_text = build_run_data(config, start, corpus, resume, comm, echo)
+    if start is None:
+        model = build_model(config, tokenizer, comm.rank)
+    else:
+        model = init_from.build_model(config, start, comm.rank)
+    adam, scaler = build_optimizer(config, model), build_scaler(config)
+    position, rng_states = Position(), None
+    if resume and comm.rank == 0:
+        position, rng_states = restore_run(newest, model, adam, scaler, tokenizer, start, comm.size, echo)
+    if comm.size > 1:
+        position = _synchronise(comm, model, adam, position, rng_states)
+        scaler.load_state_dict(comm.broadcast_object(scaler.state_dict()))
+    _report(config, start, resume, model, train_data, comm, echo)
+    return Parts(tokenizer, train_data, val_data, val_text, model, adam, position, scaler, config)
+
+
+def open_run(config, resume, comm, echo=print):
+    """(the Start of a run ``--init-from`` another, or None; the newest checkpoint to resume from, on
+    rank 0). Rank 0 reads the ``--init-from`` checkpoint (before any write) and prepares save_dir;
+    every rank receives the Start."""
+    lead = comm.rank == 0
+    start = init_from.read_start(config) if lead and config.init_from and not resume else None
+    newest = prepare_save_dir(Path(config.save_dir), resume, echo) if lead else None
     if config.init_from:
         start = init_from.share(comm, init_from.resumed_start(newest) if lead and resume else start)
-        config.tokenizer_file = start.tokenizer_file
+    return start, newest
+
+
+def run_config(config, start, corpus=None):
+    """A copy of ``config`` with ``BUILT_FIELDS`` filled in: the ``--init-from`` run's tokenizer name
+    (``start``), and on a run's first start the SHA-256 of its corpus files (``corpus``, from
+    ``corpus_files``)."""
+    changes = {}
+    if start is not None:
+        changes["tokenizer_file"] = start.tokenizer_file
+    if corpus is not None and config.data_files is None:
+        changes["data_files"] = {files.option: fingerprints for files, fingerprints in corpus.values()}
+    return dataclasses.replace(config, **changes)
+
+
+def build_run_data(config, start, corpus, resume, comm, echo=print):
+    """(tokenizer, training data, validation data, validation text) of the run: the ``--init-from``
+    run's tokenizer (``start``) or the run's own, and the corpus (``corpus``: ``--train``'s files) or
+    the built-in data, cut to the pairs the model can hold."""
+    handed, max_len = None, config.max_len
+    if start is not None:
         handed = _shared_tokenizer(comm, lambda: init_from.adopt_tokenizer(config, start, resume, echo))
         max_len = init_from.data_max_len(config, start, echo)
-    if config.data == "files":
-        tokenizer, train_data, val_data, val_text = build_corpus_data(config, comm, echo, handed, max_len)
+    if corpus is not None:
+        data = build_corpus_data(config, corpus, comm, echo, handed, max_len)
     else:
-        # Only rank 0 may download Multi30k; the others read it once rank 0 has it.
-        early = lead or config.data == "synthetic"
-        train_text, val_text = (load_corpus(config, "train"), load_corpus(config, "val")) if early else (None, None)
-        tokenizer = handed if handed is not None else \
-            _shared_tokenizer(comm, lambda: build_tokenizer(config, train_text, echo))
-        if not early:
-            train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
-        train_data = build_data(config, tokenizer, train_text, config.max_ratio, max_len)
-        val_data = build_data(config, tokenizer, val_text, max_len=max_len)
+        data = _built_in_data(config, comm, echo, handed, max_len)
+    train_data = data[1]
     if train_data.num_dropped:
         reasons = {"too long": f"longer than {max_len} tokens",
                    "length ratio": f"with a length ratio over {config.max_ratio:g}" if config.max_ratio else ""}
         echo("dropped " + ", ".join(f"{n:,} training pairs {reasons[why]}"
                                     for why, n in train_data.dropped.items() if n))
-    if start is None:
-        model = build_model(config, tokenizer, comm.rank)
-    else:
-        model = init_from.build_model(config, start, comm.rank)
-    adam = build_optimizer(config, model)
-    scaler = build_scaler(config)
-    position, rng_states = Position(), None
-    if resume and lead:
-        position, meta = restore_checkpoint(newest, model, adam, tokenizer, start.loaded if start else None)
-        if scaler.enabled and "grad_scaler" in meta:
-            scaler.load_state_dict(meta["grad_scaler"])
-        rng_states = meta.get("rng_states", [meta["rng_state"]])
-        if len(rng_states) != comm.size:
-            raise checkpoint.CheckpointError(f"{newest} holds the dropout state of {len(rng_states)} rank(s), but "
-                                             f"{comm.size} were started: resume with the run's --nproc")
-        dropped = MetricsLog(save_dir / LOG_FILE).truncate_after(position.step)
-        if dropped:
-            echo(f"{LOG_FILE}: dropped {dropped} record(s) logged after step {position.step} by the interrupted run")
-        echo(f"resumed from {newest.name} at step {position.step} (epoch {position.epoch + 1}, "
-             f"batch {position.batch_in_epoch})")
-    if comm.size > 1:
-        position = _synchronise(comm, model, adam, position, rng_states)
-        scaler.load_state_dict(comm.broadcast_object(scaler.state_dict()))
+    return data
+
+
+def _built_in_data(config, comm, echo, handed, max_len):
+    """(tokenizer, training data, validation data, validation text) of the synthetic task or Multi30k.
+    Only rank 0 may download Multi30k; the others read it once rank 0 has it."""
+    early = comm.rank == 0 or config.data == "synthetic"
+    train_text, val_text = (load_corpus(config, "train"), load_corpus(config, "val")) if early else (None, None)
+    tokenizer = handed if handed is not None else \
+        _shared_tokenizer(comm, lambda: build_tokenizer(config, train_text, echo))
+    if not early:
+        train_text, val_text = load_corpus(config, "train"), load_corpus(config, "val")
+    train_data = build_data(config, tokenizer, train_text, config.max_ratio, max_len)
+    val_data = build_data(config, tokenizer, val_text, max_len=max_len)
+    return tokenizer, train_data, val_data, val_text
+
+
+def restore_run(newest, model, adam, scaler, tokenizer, start, ranks, echo=print):
+    """Rank 0 of a resumed run: ``model``, ``adam`` and the loss ``scaler`` as checkpoint ``newest`` left
+    them, the metrics log cut back to its step; returns (its Position, each rank's dropout generator
+    state). Refuses a checkpoint of another number of ``ranks``. The metrics log is the one beside ``newest``."""
+    position, meta = restore_checkpoint(newest, model, adam, tokenizer, start.loaded if start else None)
+    if scaler.enabled and "grad_scaler" in meta:
+        scaler.load_state_dict(meta["grad_scaler"])
+    rng_states = meta.get("rng_states", [meta["rng_state"]])
+    if len(rng_states) != ranks:
+        raise checkpoint.CheckpointError(f"{newest} holds the dropout state of {len(rng_states)} rank(s), but "
+                                         f"{ranks} were started: resume with the run's --nproc")
+    dropped = MetricsLog(Path(newest).parent / LOG_FILE).truncate_after(position.step)
+    if dropped:
+        echo(f"{LOG_FILE}: dropped {dropped} record(s) logged after step {position.step} by the interrupted run")
+    echo(f"resumed from {newest.name} at step {position.step} (epoch {position.epoch + 1}, "
+         f"batch {position.batch_in_epoch})")
+    return position, rng_states
+
+
+def _report(config, start, resume, model, train_data, comm, echo):
+    """The lines a run starts with: where its model comes from, its size and data, the training path."""
     paper = " (the paper's)" if config.paper else ""
     origin = f"{config.preset}{paper}" if start is None else f"--init-from {config.init_from}"
     if start is not None and not resume:
@@ -115,8 +182,7 @@ def build_parts(config, resume=False, echo=print, comm=None):
     echo(f"model: {origin} ({model.extra_repr()}), {model.num_parameters():,} parameters; "
          f"{len(train_data):,} training pairs, {train_data.num_target_tokens:,} target tokens per epoch"
          + (f"; {comm.size} ranks over {comm.name}" if comm.size > 1 else ""))
-    echo(paths.training_line(config.device, config.precision, model.d_model // model.config["heads"]))
-    return Parts(tokenizer, train_data, val_data, val_text, model, adam, position, scaler)
+    echo(paths.training_line(config.device, config.precision, model.d_model // model.config.heads))
 
 
 def _run_facts(config, resume):
@@ -284,22 +350,25 @@ def _cache_dir(config):
     return Path(config.corpus_cache) if config.corpus_cache else default_cache_dir(config.save_dir)
 
 
-def build_corpus_data(config, comm, echo=print, tokenizer=None, max_len=None):
+def corpus_files(config):
+    """{split: (CorpusFiles, their SHA-256 by path)} of each split a run on its own corpus names
+    (``--train``, ``--valid``, ``--test``), each checked against what the run recorded (``_corpus_files``)."""
+    return {split: _corpus_files(config, split) for split, (field, _) in CORPUS_OPTIONS.items()
+            if getattr(config, field)}
+
+
+def build_corpus_data(config, found, comm, echo=print, tokenizer=None, max_len=None):
     """(tokenizer, training data, validation data, validation text) of a run on its own corpus
-    (``--train``): the prepared corpus from the cache (made there by the first process that asks,
-    ``data.prepared``), its tokenizer copied into the run, and the validation pairs from ``--valid``
-    or held out of the training pairs. Records the files' SHA-256 in ``config.data_files``.
-    ``tokenizer``: the run's, handed over (``--init-from``'s: no BPE is trained); ``max_len``: the
-    longest pair kept (``config.max_len`` by default)."""
+    (``--train``; ``found``: its ``corpus_files``): the prepared corpus from the cache (made there by
+    the first process that asks, ``data.prepared``), its tokenizer copied into the run, and the
+    validation pairs from ``--valid`` or held out of the training pairs. ``tokenizer``: the run's,
+    handed over (``--init-from``'s: no BPE is trained); ``max_len``: the longest pair kept
+    (``config.max_len`` by default)."""
     from ..data.prepared import heldout_text, prepare_corpus, read_text
     from ...common.atomic import write_atomically
     from ..data.tokenizer import Tokenizer, load_tokenizer
 
-    found = {split: _corpus_files(config, split) for split, (field, _) in CORPUS_OPTIONS.items()
-             if getattr(config, field)}
     files = {split: corpus for split, (corpus, _) in found.items()}
-    if config.data_files is None:
-        config.data_files = {corpus.option: fingerprints for corpus, fingerprints in found.values()}
     own = run_tokenizer_path(config)
     handed = tokenizer if tokenizer is not None else load_tokenizer(own) if own.exists() else None
     max_len = config.max_len if max_len is None else max_len
@@ -338,7 +407,7 @@ def build_model(config, tokenizer, rank=0):
     # sizes from flags, or a resumed checkpoint's config: within nn.limits' bounds before anything is built
     limits.check_buildable(shape, f"train: the model of preset {config.preset!r} with model_overrides "
                                   f"{config.model_overrides or {}}")
-    return Transformer.from_config(shape).to(config.device)
+    return Transformer(shape).to(config.device)
 
 
 def build_optimizer(config, model):

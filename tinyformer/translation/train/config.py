@@ -4,7 +4,9 @@ A field's ``Option`` holds its default (or one per data set), its help text, its
 flag, whether ``--resume`` may change it, its check, and the Transformer argument it stands for.
 The command line (its flags, types, help texts and the ``--resume`` rule), ``resolved()``'s
 checks, the refusals of ``model_overrides`` and the settings ignored when two models' architectures
-are compared are all derived from these declarations.
+are compared are all derived from these declarations. Where the value of a field that was not
+given comes from (a recipe, the model of ``--init-from``, the data set, the field's own default)
+is ``default_value``'s one rule.
 """
 
 import dataclasses
@@ -25,7 +27,7 @@ from .recipes import RECIPES
 from ...common.validation import check_int, check_probability, check_real
 from ..length_penalties import ALPHA_LIMIT
 
-__all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
+__all__ = ["TrainConfig", "Option", "ConfigError", "OPTIONS", "DEFAULTS", "default_value", "RESUMABLE", "RUN_SET", "TRAINING_ONLY",
            "DATASETS", "LANGUAGES", "MODEL_DEFINING", "flag_of", "default_save_dir", "check_languages",
            "check_model_overrides", "SCHEDULES"]
 
@@ -54,9 +56,10 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """What is known of one TrainConfig field (its default is the dataclass field's)."""
+    """What is known of one TrainConfig field; ``default_value`` says which of its defaults applies."""
 
     help: str
+    default: object = None    # the field's own default (where per_data does not give one)
     kind: type = str          # what the command line parses its text as
     check: object = None      # check(name, value) -> value; a ValueError names ``name``
     per_data: dict = None     # {data set: default} where the default depends on the data
@@ -66,13 +69,14 @@ class Option:
     resumable: bool = False   # --resume may change it: it does not change what is trained
     model_argument: tuple = ()  # the Transformer arguments it stands for: the run's, never model_overrides'
     training_only: bool = False  # they shape no parameter: models differing in them share an architecture
-    # The default resolved() fills in for None, for a field whose dataclass default is None so that a
-    # value given (or a recipe's) can be told from the default.
-    resolves_to: object = None
+    recipe: bool = False      # a recipe (recipes.RECIPES) may set it: None in the dataclass until resolved()
 
 
 def option(default=None, **facts):
-    return dataclasses.field(default=default, metadata={"option": Option(**facts)})
+    """A TrainConfig field and its Option. The dataclass holds ``default`` itself, but None for a field
+    a recipe may set, so that ``resolved()`` can tell a value given (which wins) from none."""
+    facts = Option(default=default, **facts)
+    return dataclasses.field(default=None if facts.recipe else default, metadata={"option": facts})
 
 
 def _one_of(choices):
@@ -198,22 +202,23 @@ class TrainConfig:
                         "nproc × accum batches)", kind=int, check=positive_int)
     max_steps: int = option(help="optimiser steps to train for",
                             per_data={"synthetic": 1000, "multi30k": 3000, "files": 3000},
-                            kind=int, check=positive_int, resumable=True)
+                            kind=int, check=positive_int, resumable=True, recipe=True)
     max_epochs: int = option(help="stop after this many epochs as well", unset="no limit", kind=int,
                              check=positive_int, resumable=True)
     # §5.3 warms up over 4,000 of 100,000 steps; these short runs over their first 20-27 %.
     warmup_steps: int = option(help="warm-up steps of the learning-rate schedule, §5.3",
                                per_data={"synthetic": 200, "multi30k": 800, "files": 800},
-                               kind=int, check=positive_int)
+                               kind=int, check=positive_int, recipe=True)
     lr_factor: float = option(help="Noam factor: lr = factor * d_model^-0.5 * min(...) (the peak of --schedule "
-                              "time is Noam's: factor * d_model^-0.5 * warmup^-0.5)", resolves_to=1.0, kind=float,
-                              check=positive_real)
+                              "time is Noam's: factor * d_model^-0.5 * warmup^-0.5)", default=1.0, kind=float,
+                              check=positive_real, recipe=True)
     schedule: str = option(help="the learning-rate schedule: noam (§5.3: warm-up, then 1/sqrt(step)) or time "
                            "(warm-up to Noam's peak, then linear decay to 0 at the end of --time-limit; needs "
-                           "--time-limit)", resolves_to="noam", choices=SCHEDULES, check=_check_schedule)
+                           "--time-limit)", default="noam", choices=SCHEDULES, check=_check_schedule,
+                           recipe=True)
     decay_fraction: float = option(help="--schedule time: the last fraction of --time-limit over which the learning "
-                                   "rate falls linearly to 0 (constant at the peak before it)", resolves_to=1.0,
-                                   kind=float, check=decay_interval)
+                                   "rate falls linearly to 0 (constant at the peak before it)", default=1.0,
+                                   kind=float, check=decay_interval, recipe=True)
     recipe: str = option(help="a named set of defaults for the options not given: hour (one hour of a CPU; see "
                          "docs/training.md)", unset="none", choices=tuple(RECIPES), check=_check_recipe)
     # §5.4: label smoothing of 0.1 hurts perplexity but improves accuracy and BLEU. A property of the
@@ -277,24 +282,24 @@ class TrainConfig:
     time_limit: float = option(help="stop training after this many minutes (then save and evaluate as at "
                                "max_steps): with --schedule noam, minutes of this invocation; with --schedule time, "
                                "of the whole run, the parts before a --resume included", unset="no limit",
-                               kind=float, check=positive_real, resumable=True)
+                               kind=float, check=positive_real, resumable=True, recipe=True)
     save_dir: str = option(help="checkpoints, tokenizer and metrics.jsonl go here", unset="runs/<data>-<preset>",
                            resumable=True)
     save_every: int = option(500, help="checkpoint every N steps and at the end", kind=int, check=positive_int,
                              resumable=True)
     save_every_minutes: float = option(help="also checkpoint when this many minutes of training have passed since "
                                        "the last checkpoint", unset="off", kind=float, check=positive_real,
-                                       resumable=True)
+                                       resumable=True, recipe=True)
     keep_last: int = option(5, help="keep the newest K checkpoints (at least --average-last)", kind=int,
                             check=positive_int, resumable=True)
     average_last: int = option(help="when training ends, average the last N checkpoints into averaged.npz in "
                                "--save-dir, validate it and test it", unset="no averaging", kind=int,
-                               check=positive_int, resumable=True)
-    eval_every: int = option(help="validate every N steps: loss, perplexity, greedy BLEU", resolves_to=500,
-                             kind=int, check=positive_int, resumable=True)
+                               check=positive_int, resumable=True, recipe=True)
+    eval_every: int = option(help="validate every N steps: loss, perplexity, greedy BLEU", default=500,
+                             kind=int, check=positive_int, resumable=True, recipe=True)
     eval_every_minutes: float = option(help="also validate when this many minutes of training have passed since "
                                        "the last validation", unset="off", kind=float, check=positive_real,
-                                       resumable=True)
+                                       resumable=True, recipe=True)
     log_every: int = option(10, help="append training metrics to metrics.jsonl every N steps", kind=int,
                             check=positive_int, resumable=True)
     bleu_samples: int = option(500, help="validation sentences translated for BLEU", kind=int, check=positive_int,
@@ -306,7 +311,8 @@ class TrainConfig:
                           resumable=True)
 
     def resolved(self):
-        """A copy with every default filled in and every field checked (ConfigError names the field)."""
+        """A copy with every field not given set to its default (``default_value``) and every field
+        checked (ConfigError names the field)."""
         values = {}
         data = self.data
         if self.train_data is not None and data in (None, "synthetic"):
@@ -316,16 +322,13 @@ class TrainConfig:
         elif self.tokenizer_file is not None:
             raise ConfigError("tokenizer_file", "tokenizer_file is set by --init-from (the name its run gave its "
                               "tokenizer), not given alone")
-        recipe = {} if self.recipe is None else RECIPES[_checked("recipe", OPTIONS["recipe"], self.recipe)]
-        for name, opt in OPTIONS.items():
+        if self.recipe is not None:
+            _checked("recipe", OPTIONS["recipe"], self.recipe)
+        for name, opt in OPTIONS.items():  # in declaration order: data, preset and init_from before save_dir
             value = data if name == "data" else getattr(self, name)
-            if value is None and name in recipe:
-                value = recipe[name]  # before the data's defaults; a value given wins
-            if value is None and not (self.init_from is not None and name in MODEL_DEFINING):
-                value = opt.per_data[values["data"]] if opt.per_data else DEFAULTS[name]
+            if value is None:
+                value = default_value(name, self, values)
             values[name] = value if value is None or opt.check is None else _checked(name, opt, value)
-        if values["save_dir"] is None:
-            values["save_dir"] = default_save_dir(values["data"], values["preset"], values["init_from"])
         check_languages(values["data"], values["src_lang"], values["tgt_lang"])
         if values["data"] == "files" and values["train_data"] is None:
             raise ConfigError("data", "data 'files' needs the corpus: give --train PREFIX")
@@ -358,6 +361,28 @@ class TrainConfig:
         return cls(**{k: v for k, v in migrate_config(values, model_config).items() if k in known})
 
 
+def default_value(name, config, resolved):
+    """The value field ``name`` of ``config`` (a TrainConfig) takes when it was not given: the one place
+    that says where a default comes from. ``resolved``: the fields resolved so far. The first that applies:
+
+    1. the recipe's (``--recipe``: ``recipes.RECIPES``);
+    2. none, for a field that would define a new model (``MODEL_DEFINING``) of a run ``--init-from``
+       another: that run's checkpoint is the model (``init_from.py``);
+    3. the data set's: ``Option.per_data``, and save_dir's ``runs/<data>-<preset>`` (``default_save_dir``);
+    4. the field's own, ``Option.default``.
+
+    A value that stays None means what its ``Option.unset`` says (dropout: the preset's, or the
+    ``--init-from`` model's)."""
+    if config.recipe is not None and name in RECIPES[config.recipe]:
+        return RECIPES[config.recipe][name]
+    if config.init_from is not None and name in MODEL_DEFINING:
+        return None
+    if name == "save_dir":
+        return default_save_dir(resolved["data"], resolved["preset"], resolved["init_from"])
+    option = OPTIONS[name]
+    return option.per_data[resolved["data"]] if option.per_data else option.default
+
+
 def _check_init_from(config):
     """The model of a run --init-from another is that run's: the fields that would define another are refused,
     naming the first given."""
@@ -368,9 +393,8 @@ def _check_init_from(config):
 
 
 OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}
-# per_data's where None
-DEFAULTS = {f.name: f.default if OPTIONS[f.name].resolves_to is None else OPTIONS[f.name].resolves_to
-            for f in dataclasses.fields(TrainConfig)}
+# Each field's own default (per_data's where None; see default_value)
+DEFAULTS = {name: opt.default for name, opt in OPTIONS.items()}
 RESUMABLE = frozenset(name for name, opt in OPTIONS.items() if opt.resumable)
 # The fields that define a new model, which a run --init-from another takes from its checkpoint instead.
 MODEL_DEFINING = ("preset", "paper", "vocab_size", "model_overrides")

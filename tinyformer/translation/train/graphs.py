@@ -74,7 +74,7 @@ def graphed_step(config, comm_size, model, adam, precision, quietly, stacklevel=
     except backend.CaptureUnavailable as reason:
         warnings.warn(f"--cuda-graphs on: {reason}; the steps run eagerly", RuntimeWarning, stacklevel=stacklevel + 1)
         return None
-    return GraphedStep(model, adam, precision, config.label_smoothing, config.max_tokens, model.config["max_len"],
+    return GraphedStep(model, adam, precision, config.label_smoothing, config.max_tokens, model.config.max_len,
                        capture, shape_multiple=config.shape_multiple, quietly=quietly)
 
 

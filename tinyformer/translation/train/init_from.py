@@ -148,7 +148,7 @@ def build_model(config, start, rank=0):
     if config.dropout is not None:
         values["dropout"] = config.dropout
     tf_random.manual_seed(distributed.rank_seed(config.seed, rank))
-    model = Transformer.from_config(checked_model_config(values, start.source))
+    model = Transformer(checked_model_config(values, start.source))
     if start.state is not None:
         _load_state(model, start.state, f"--init-from {start.source}: its parameters do not fit its model_config")
     return model.to(config.device)

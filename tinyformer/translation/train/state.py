@@ -59,7 +59,7 @@ def run_metadata(config, model, tokenizer, position, rng_states=None, scaler=Non
     return {
         "format": FORMAT,
         "config": config.to_dict(),
-        "model_config": model.config,
+        "model_config": model.config.to_dict(),
         **dataclasses.asdict(position),
         "rng_state": tf_random.get_rng_state(),
         "tokenizer_sha256": tokenizer.sha256,
@@ -89,7 +89,7 @@ def restore_checkpoint(path, model, adam, tokenizer, loaded=None):
                                          f"(sha256 {str(meta.get('tokenizer_sha256'))[:12]}... there, "
                                          f"{tokenizer.sha256[:12]}... here)")
     saved_model = meta.get("model_config") or {}
-    differences = checkpoint.model_config_mismatch(saved_model, model.config, TRAINING_ONLY)
+    differences = checkpoint.model_config_mismatch(saved_model, model.config.to_dict(), TRAINING_ONLY)
     if differences:
         raise checkpoint.CheckpointError(
             f"{path} holds another model than this run builds ({'; '.join(differences)}; checkpoint vs "
@@ -99,7 +99,7 @@ def restore_checkpoint(path, model, adam, tokenizer, loaded=None):
         raise checkpoint.CheckpointError(f"{path} holds no optimiser state (an averaged checkpoint?): "
                                          "cannot resume from it")
     if "init" in saved_model:  # how these weights were first drawn, whatever the preset says now
-        model.config["init"] = saved_model["init"]
+        model.config = model.config.replace(init=saved_model["init"])
     schedule = adam.lr
     adam.load_state_dict(adam_state)
     adam.lr = schedule
@@ -185,7 +185,7 @@ def load_model(path, device="cpu", tokenizer_path=None):
         if size is not None and size != len(tokenizer):
             raise checkpoint.CheckpointError(f"checkpoint {path}: its model's {key} is {size}, but tokenizer "
                                              f"{tokenizer_path} has {len(tokenizer)} pieces")
-    model = Transformer.from_config(checked_model_config(model_config, path))
+    model = Transformer(checked_model_config(model_config, path))
     _load_state(model, state, f"checkpoint {path}: its parameters do not fit its model_config "
                 f"({_summary(model_config)})")
     return model.to(device).eval(), tokenizer, meta

@@ -127,6 +127,7 @@ class Trainer:
             self._take(build_parts(self.config, self.resume, self.echo, self.comm))
 
     def _take(self, parts):
+        self.config = parts.found_in(self.config)  # with what building found, which checkpoints save
         self.tokenizer, self.model, self.adam = parts.tokenizer, parts.model, parts.adam
         self.train_data, self.val_data, self.val_text = parts.train_data, parts.val_data, parts.val_text
         self.position = parts.position
