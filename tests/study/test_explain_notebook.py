@@ -152,10 +152,9 @@ def test_a_notebook_shows_the_page_and_saves_it(notebook_tools, trained_syntheti
     folder = tmp_path / "notebook"
     folder.mkdir()
     cells = [
-        ("import sys\nimport tinyformer\nfrom tinyformer.study import viz\nfrom tinyformer.translation.train import load_model\n"
-         "print(sys.executable)\nprint(tinyformer.__file__)"),
-        f"model, tokenizer, _ = load_model({str(trained_synthetic.checkpoint)!r})",
-        f"page = viz.explain(model, tokenizer, {SOURCE!r})\npage",
+        "import sys\nimport tinyformer\nprint(sys.executable)\nprint(tinyformer.__file__)",
+        f"model, tokenizer, _ = tinyformer.load_model({str(trained_synthetic.checkpoint)!r})",  # the short paths
+        f"page = tinyformer.explain(model, tokenizer, {SOURCE!r})\npage",
         'saved = page.save("page.html")\nprint(saved.resolve())',
     ]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells])

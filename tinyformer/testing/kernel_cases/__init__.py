@@ -10,8 +10,9 @@ gradient. ``tinyformer gradcheck`` shows its verdicts as the ``kernel_*`` rows
 calls the same cases over more shapes and element types.
 
 One module per kernel's case (``softmax.py`` checks softmax.cu, ``attention.py`` attention.cu
-and attention_mma.cu, ...; the tensor-core instructions' probes are the tests', tests/mma_probes.py),
-and ``harness.py``, what they share: the element types' tolerances, ``Device``, ``Comparison`` and ``KernelRun``.
+and attention_mma.cu, ...), and ``harness.py``, what they share: the element types' tolerances,
+``Device``, ``Comparison`` and ``KernelRun``. The tensor-core instructions themselves are checked
+by the tests (tests/mma_probes.py, against the PTX ISA's layouts in tests/ptx_layouts.py).
 The package binds the case functions after importing their modules, as ``functional`` does, so
 ``kernel_cases.softmax`` is the case.
 

@@ -5,7 +5,7 @@ started it (``mpiexec -n N ...``, told by the environment, see ``launch.launched
 the group of one (``SingleProcess``), for which nothing is imported. ``world_size()``, ``rank()``,
 ``all_reduce``, ``broadcast`` and ``barrier`` then act on it; the trainer uses the same calls.
 
-    from tinyformer import distributed
+    from tinyformer.translation import distributed
     comm = distributed.init()                       # under mpiexec: MPI; else the group of one
     total = distributed.all_reduce(numpy.array([count]))  # every rank's count, summed
 """
