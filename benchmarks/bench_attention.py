@@ -30,17 +30,18 @@ import contextlib
 import datetime
 import os
 import platform
-import shlex
 import statistics
 import sys
 from dataclasses import dataclass
 
 import numpy
 
-from tinyformer.engine import backend
-from tinyformer.engine.kernels import adam as adam_kernel, attention as attention_kernel
-from tinyformer.engine.kernels import cross_entropy as cross_entropy_kernel, dropout as dropout_kernel
-from tinyformer.engine.kernels import layer_norm as layer_norm_kernel, softmax as softmax_kernel
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402  (benchmarks/ is not a package)
+from tinyformer.engine import backend  # noqa: E402
+from tinyformer.engine.kernels import adam as adam_kernel, attention as attention_kernel  # noqa: E402
+from tinyformer.engine.kernels import cross_entropy as cross_entropy_kernel, dropout as dropout_kernel  # noqa: E402
+from tinyformer.engine.kernels import layer_norm as layer_norm_kernel, softmax as softmax_kernel  # noqa: E402
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SHORT = {v: k for k, v in DTYPES.items()}
@@ -647,16 +648,11 @@ def torch_status():
     return True, f"{torch.__version__}"
 
 
-def command_line():
-    script = os.path.join("benchmarks", os.path.basename(sys.argv[0]))
-    return " ".join(["python", shlex.quote(script), *map(shlex.quote, sys.argv[1:])])
-
-
 def print_preamble(args, torch_text):
     import cupy
 
     print("Fused CUDA kernels: attention in TFLOP/s, row kernels in GB/s")
-    print(f"command: {command_line()}")
+    print(f"command: {provenance.command_line()}")
     print(f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
     print(f"device: {device_description()}")
     print(f"versions: python {platform.python_version()}, numpy {numpy.__version__}, cupy {cupy.__version__}, "

@@ -33,7 +33,8 @@ import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import provenance  # noqa: E402  (benchmarks/ is not a package)
-from bench_step import LABEL_SMOOTHING, PAD, make_batch, model_flops, sgemm_peak  # noqa: E402
+from step_batch import LABEL_SMOOTHING, PAD, make_batch, model_flops  # noqa: E402
+from step_measure import sgemm_peak  # noqa: E402
 
 SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
 
@@ -176,7 +177,7 @@ def main():
           f"{args.vocab}); one batch of {single['rows']} pairs padded to {args.length}, {single['tokens']:,} target "
           f"tokens per step (the ranks: half of its rows each); median of {args.steps} steps after {args.warmup}; "
           f"{args.rounds} round(s), alternating; buckets of {args.bucket_mb:g} MiB; sgemm peak {peak:,.0f} GFLOP/s "
-          "(NumPy float32, 2 threads, bench_step.sgemm_peak)")
+          "(NumPy float32, 2 threads, step_measure.sgemm_peak)")
     print("\n| run | step | tokens/s | MFU | all-reduce per step | hidden behind backward |\n|---|---|---|---|---|---|")
     for name, result, allreduce, hidden in rows:
         print(f"| {name} | {result['step_s']:.3f} s | {result['tokens'] / result['step_s']:,.0f} | "

@@ -35,7 +35,8 @@ import warnings
 import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_step  # noqa: E402  (benchmarks/ is not a package)
+import provenance  # noqa: E402  (benchmarks/ is not a package)
+from step_report import print_table  # noqa: E402
 import torch_transformer  # noqa: E402
 
 MODES = ("cached", "uncached", "torch")
@@ -320,13 +321,11 @@ def run_benchmark(args):
     wall = time.perf_counter() - wall
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"Beam-search decoding of Multi30k {args.split} ({src_lang}->{tgt_lang}), with and without the "
           f"key/value cache" + (", and in PyTorch" if torch_model is not None else ""))
-    print(f"command: {bench_step.command_line()}")
+    print(f"command: {provenance.command_line()}")
     print(f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
-    print(f"machine: {bench_step.cpu_model()}, {os.cpu_count()} logical cpus ({cores} usable), "
-          f"{platform.machine()}, {platform.system()}")
+    print(f"machine: {provenance.machine_line()}")
     versions = f"python {platform.python_version()}, numpy {numpy.__version__}"
     if torch_model is not None:
         versions += f", torch {torch.__version__}"
@@ -335,7 +334,7 @@ def run_benchmark(args):
     if torch_model is not None:
         threads += f"; PyTorch intra-op {torch.get_num_threads()}"
     print(f"threads: {threads}")
-    print(f"numpy BLAS: {bench_step.blas_info()}")
+    print(f"numpy BLAS: {provenance.blas_info()}")
     step = meta.get("step")
     print(f"model: {args.checkpoint}" + (f" (step {step})" if step is not None else "")
           + f", {model.extra_repr()}, {model.num_parameters():,} parameters")
@@ -366,7 +365,7 @@ def run_benchmark(args):
         rows.append([name, f"{seconds[mode]:,.1f}", f"{count / seconds[mode]:,.2f}",
                      f"{out_tokens / seconds[mode]:,.0f}", f"{seconds['uncached'] / seconds[mode]:.2f}x",
                      f"{same_ids:,} / {count:,}", f"{same_text:,} / {count:,}", f"{bleu:.2f}"])
-    bench_step.print_table(header, rows, args.markdown)
+    print_table(header, rows, args.markdown)
     print()
     print("seconds: wall time of all batches' searches (encoder + beam search; tokenization and detokenization "
           "excluded); output tokens: tokens of the best hypotheses + EOS.")

@@ -39,7 +39,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "tests"))  # marian_folders: the small sentencepiece models of a Marian tokenizer
 
 import provenance  # noqa: E402
 from tinyformer.translation import checkpoint  # noqa: E402
@@ -76,9 +75,9 @@ CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 
 def marian_vocabulary_of_size(folder, size):
     """A Marian tokenizer folder at ``folder`` whose vocab.json has ``size`` pieces: the small
-    sentencepiece models of tests/marian_folders.py over its made-up corpus, their pieces first, then
+    sentencepiece models of tinyformer.testing.marian_folders over its made-up corpus, their pieces first, then
     made-up pieces no sentence produces, "<pad>" last (id ``size`` - 1), as opus-mt's vocabularies are."""
-    from marian_folders import corpus, write_tokenizer
+    from tinyformer.testing.marian_folders import corpus, write_tokenizer
 
     vocab = write_tokenizer(folder, corpus(600))
     del vocab["<pad>"]
@@ -128,8 +127,8 @@ def sentence_of_length(words, encode, length):
 
 
 def opus_sentence(path):
-    """(source, reference) of ``OPUS_TOKENS`` tokens each, from the made-up corpus of tests/marian_folders.py."""
-    from marian_folders import corpus
+    """(source, reference) of ``OPUS_TOKENS`` tokens each, from the made-up corpus of tinyformer.testing.marian_folders."""
+    from tinyformer.testing.marian_folders import corpus
     from tinyformer.translation.data.marian_tokenizer import MarianTokenizer
     from tinyformer.translation.interop import runs
 

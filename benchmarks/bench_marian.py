@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 OPUS_MT_EN_DE = dict(vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
@@ -32,7 +31,7 @@ OPUS_MT_EN_DE = dict(vocab_size=58101, d_model=512, encoder_layers=6, decoder_la
 def opus_shaped_folder(folder):
     """A Marian folder of opus-mt-en-de's shape with random weights, written by transformers."""
     import torch
-    from marian_folders import corpus, write_tokenizer
+    from tinyformer.testing.marian_folders import corpus, write_tokenizer
     from transformers import MarianConfig, MarianMTModel
 
     folder = Path(folder)
@@ -61,9 +60,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-    from marian_folders import corpus, hf_greedy, hf_model
     from threadpoolctl import threadpool_limits
 
+    from tinyformer.testing.marian_folders import corpus, hf_greedy, hf_model
     from tinyformer.translation import decode
     from tinyformer.translation.data.batching import pad
     from tinyformer.translation.interop.runs import import_marian

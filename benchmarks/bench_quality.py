@@ -600,12 +600,10 @@ def run_commit(results, engines):
 
 def report(args, argv, results, wall):
     """The markdown report of one invocation."""
-    from bench_step import cpu_model
-
     engines = [e for e in ENGINES if e in results]
     versions = results[engines[0]]["versions"]
     torch_version = results.get("torch", {}).get("versions", {}).get("torch")
-    machine = f"{cpu_model()}, numpy {versions['numpy']}" + (f", torch {torch_version}" if torch_version else "")
+    machine = f"{provenance.cpu_model()}, numpy {versions['numpy']}" + (f", torch {torch_version}" if torch_version else "")
     if args.equal_init:
         title = "Engine equality (--equal-init)"
     elif len(engines) == 2:

@@ -32,8 +32,9 @@ import time
 import tinyformer  # noqa: F401  first: its OpenBLAS setting must precede NumPy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
-import bench_step  # noqa: E402
+sys.path.insert(0, HERE)  # benchmarks/ is not a package
+from step_batch import make_batch  # noqa: E402
+from step_runners import TinyformerGraphedRunner  # noqa: E402
 from tinyformer.engine import backend  # noqa: E402
 import provenance  # noqa: E402
 
@@ -60,7 +61,7 @@ def on_the_kernel_path(device):
     if device == "cuda":
         yield None
         return
-    from emulated_capture import EmulatedCapture
+    from tinyformer.testing.emulated_capture import EmulatedCapture
     from tinyformer.engine import kernels
     from tinyformer.engine.kernels import launch
     from tinyformer.testing import emulation
@@ -79,7 +80,7 @@ def count(preset, precision, args, batch):
     """{family: launches} of one captured step, the graph's node counts on a GPU (else None), seconds."""
     start = time.perf_counter()
     with on_the_kernel_path(args.device) as capture:
-        runner = bench_step.TinyformerGraphedRunner(preset, args.vocab, batch, args.device, args.seed, precision,
+        runner = TinyformerGraphedRunner(preset, args.vocab, batch, args.device, args.seed, precision,
                                                     capture=capture)
         runner.step()  # eager, on the graph stream
         runner.step()  # captured, then replayed
@@ -170,10 +171,10 @@ def main(argv=None):
         parser.error(f"--cost-model: unknown GPU {unknown[0]!r}; known: {', '.join(GPUS)}")
     if args.floor_us < 0:
         parser.error("--floor-us must be >= 0")
-    batch = bench_step.make_batch(args.tokens, args.length, args.vocab, args.seed)
+    batch = make_batch(args.tokens, args.length, args.vocab, args.seed)
     if gpus:
-        larger = bench_step.make_batch(2 * args.tokens, args.length, args.vocab, args.seed)
-        target_rows = bench_step.make_batch(args.cost_tokens, args.length, args.vocab, args.seed)["src"].shape[0]
+        larger = make_batch(2 * args.tokens, args.length, args.vocab, args.seed)
+        target_rows = make_batch(args.cost_tokens, args.length, args.vocab, args.seed)["src"].shape[0]
     rows, families, costs = [], collections.defaultdict(dict), {}
     device = "the CPU (emulated capture and kernels)"
     if args.device == "cuda":
@@ -181,7 +182,7 @@ def main(argv=None):
 
         device = f"GPU {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cupy {cupy.__version__}"
     print("Launches per captured training step")
-    print(provenance.header(bench_step.command_line(), bench_step.cpu_model(), device))
+    print(provenance.header(provenance.command_line(), provenance.cpu_model(), device))
     print(f"batch: {batch['src'].shape[0]} rows x {args.length}, {args.tokens} target tokens, vocabulary {args.vocab}")
     for preset in args.preset.split(","):
         for precision in args.precision.split(","):

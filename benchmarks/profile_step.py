@@ -16,7 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bench_step  # noqa: E402
+import provenance  # noqa: E402
+from step_batch import make_batch  # noqa: E402
+from step_runners import TinyformerRunner  # noqa: E402
 
 
 def main(argv=None):
@@ -34,15 +36,15 @@ def main(argv=None):
     except ImportError:
         parser.error("needs pyinstrument: pip install -e '.[bench]'")
 
-    batch = bench_step.make_batch(args.tokens, 32, args.vocab, 0)
-    runner = bench_step.TinyformerRunner(args.preset, args.vocab, batch, args.device, 0)
+    batch = make_batch(args.tokens, 32, args.vocab, 0)
+    runner = TinyformerRunner(args.preset, args.vocab, batch, args.device, 0)
     runner.step()
     profiler = Profiler(interval=0.01)
     profiler.start()
     for _ in range(args.steps):
         runner.step()
     session = profiler.stop()
-    print(f"command: {bench_step.command_line()}")
+    print(f"command: {provenance.command_line()}")
     print(f"{args.preset}: {args.steps} steps of {batch['tgt_tokens']:,} target tokens, "
           f"{session.duration / args.steps:.3f} s per step while profiled")
     flat = profiler.output(ConsoleRenderer(flat=True, unicode=False, color=False))

@@ -26,7 +26,6 @@ import os
 import platform
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from tinyformer.model.nn.presets import PRESETS, check_preset  # noqa: E402
 from tinyformer.translation.train import TOKENIZER_FILE, TrainConfig, Trainer, load_corpus  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_step import cpu_model  # noqa: E402  (one way to name the CPU)
+import provenance  # noqa: E402  (benchmarks/ is not a package)
 
 SCALES = {
     # A GPU: the Multi30k recipe of benchmarks/multi30k.sh, BLEU on the whole dev set.
@@ -319,8 +318,8 @@ def markdown_table(rows, results, bands):
 
 
 def hardware(device):
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"{cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable), {platform.system()}"
+    text = (f"{provenance.cpu_model()}, {os.cpu_count()} logical CPUs ({provenance.usable_cores()} usable), "
+            f"{platform.system()}")
     if device == "cuda":
         try:
             import cupy
@@ -331,17 +330,6 @@ def hardware(device):
         except Exception as error:  # the report still gets written
             text += f"; GPU: unknown ({error})"
     return text
-
-
-def git_commit():
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                               text=True, check=True).stdout.strip()
-        return commit + (" with uncommitted changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def summary(rows, results, bands):
@@ -486,7 +474,7 @@ def main(argv=None):
     context = {"command": "python " + " ".join(shlex.quote(a) for a in
                                                ["benchmarks/table3.py", *(sys.argv[1:] if argv is None else argv)]),
                "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "hardware": hardware(scale["device"]),
-               "commit": git_commit(), "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+               "commit": provenance.git_commit(dirty=True), "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
                "base_model": base}
     start = time.perf_counter()
     results = {}

@@ -31,7 +31,7 @@ tiny)`` the other way (Q, K and V cut from in_proj_weight), both through the lib
 import math
 import warnings
 
-PAD = 0  # tinyformer's padding id (tinyformer.translation.data.special.PAD_ID); the masks below use the config's pad_id
+from tinyformer.translation.data.special import PAD_ID as PAD  # the masks below use the config's pad_id, else this
 
 
 def stock_extras(p):

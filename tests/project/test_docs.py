@@ -392,12 +392,13 @@ def test_every_block_is_runnable_or_declared():
 
 
 def test_the_readme_quick_start_is_what_ci_runs():
-    """The quick start's two commands: the first installs the test extra and trains; the second
-    is the last line of .ci/run, which installs the same extra into a fresh environment."""
+    """The quick start's two commands: the first installs the package alone (no extra) and trains;
+    the second installs the test extra itself and runs the tests, and is the last line of .ci/run,
+    which runs it in a fresh environment."""
     (quick_start, *_) = [b for b in blocks_of(ROOT / "README.md") if b.has("the-test-command")]
     first, second = logical_lines(quick_start.text)
-    assert first == 'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && tinyformer train'
-    assert second == ci_test_command() == "python -m pytest"
+    assert first == "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && tinyformer train"
+    assert second == ci_test_command() == 'pip install -e ".[test]" && python -m pytest'
     ci = CI_RUN.read_text(encoding="utf-8")
     assert "python3 -m venv" in ci and re.search(r'pip install .*-e "\.\[test[],]', ci)
     assert re.search(rf"^(\w+=\S+ )*{re.escape(MANUAL_BUILD)} --site-dir ", ci, re.M), "CI builds the manual strictly"

@@ -8,7 +8,11 @@ shipped with it but used by none of its layers.
 * ``emulation``: the kernels' own sources built as C++ against ``cpu_emulation.h`` and run on the
   CPU, so that CI runs the kernels without a GPU;
 * ``compile_check``: CI's NVRTC check of every instantiation for every architecture
-  (``python -m tinyformer.testing.compile_check``).
+  (``python -m tinyformer.testing.compile_check``);
+* ``emulated_capture``: a CUDA graph capture emulated on NumPy arrays, for the graphed step's logic
+  without a GPU (the tests and ``benchmarks/launch_count.py``);
+* ``marian_folders``: small Marian folders written as transformers writes them (the tests and the
+  benchmarks that import a model).
 
 It may import every layer; no module of the library imports it, but for two commands that run
 its machinery on a user's request: ``tinyformer gradcheck`` (``cli/gradcheck.py`` runs the suite)
