@@ -91,8 +91,8 @@ def test_plot_speaks_in_our_lines(tmp_path, capsys):
 
 def test_other_packages_warnings_are_reworded_in_one_line(tmp_path, monkeypatch, capsys):
     """NumPy's RuntimeWarning and a package's ``warnings.warn`` of two lines become one ``tinyformer CMD:
-    warning:`` line each, naming their kind and where they come from (NumPy's: the module whose line
-    computed, here this one)."""
+    warning:`` line each, naming their kind and the package they come from (NumPy's: the package of
+    the module whose line computed, here this one's, ``tests``)."""
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "__init__.py").write_text(
         "import warnings\n\ndef call():\n    warnings.warn('this call is old;\\n  use another', FutureWarning)\n",
@@ -108,7 +108,7 @@ def test_other_packages_warnings_are_reworded_in_one_line(tmp_path, monkeypatch,
     monkeypatch.setattr(cli.info, "run", run)
     code, lines = run_cli(capsys, "info")
     assert code == 1 and lines == [
-        "tinyformer info: warning: divide by zero encountered in log (RuntimeWarning from test_cli_messages)",
+        "tinyformer info: warning: divide by zero encountered in log (RuntimeWarning from tests)",
         "tinyformer info: warning: this call is old; use another (FutureWarning from elsewhere)",
         "tinyformer info: error: and then it failed"], lines
     monkeypatch.delitem(sys.modules, "elsewhere")
