@@ -74,4 +74,4 @@ def test_ci_installs_gxx_and_says_it_is_ci():
     its last line, the test command."""
     lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
     assert "install_if_missing g++ g++" in lines
-    assert lines[-1] == "python -m pytest" and f"export {compilers.CI_VARIABLE}=1" in lines[:-1]
+    assert lines[-1] == 'pip install -e ".[test]" && python -m pytest' and f"export {compilers.CI_VARIABLE}=1" in lines[:-1]

@@ -37,7 +37,9 @@ from tinyformer.translation.train.state import load_model
 
 PEAK = 64 * 2**20  # bytes tracemalloc may see, at most, while a door reads a hostile file of a tiny model
 QUICK = 2.0  # seconds a refusal may take, at most
-REFUSALS = (CheckpointError, InteropError)  # what a door may raise: the project's own, one line each
+# What a door may raise, one line each: the project's own, and FileNotFoundError where the metadata
+# names a tokenizer file that is not there (a plain name, so not refused as a path).
+REFUSALS = (CheckpointError, InteropError, FileNotFoundError)
 TINY = dict(d_model=8, d_ff=16, heads=2, num_layers=1, max_len=32, seed=0)
 
 

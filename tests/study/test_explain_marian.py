@@ -118,9 +118,9 @@ def test_the_token_values_estimate_holds_for_an_opus_mt_sized_vocabulary():
     the bytes ``encode_log8`` stores of the tokens that fit in ``TOKEN_VALUES_LIMIT`` (the page's
     largest part), and the vocabulary plays no part in it: a 58,101-piece vocabulary ships nothing of
     its size."""
-    config = marian_config(OPUS_MT_EN_DE).to_dict()
+    config = marian_config(OPUS_MT_EN_DE)
     small = marian_config({**OPUS_MT_EN_DE, "vocab_size": 120, "pad_token_id": 119,
-                           "decoder_start_token_id": 119}).to_dict()
+                           "decoder_start_token_id": 119})
     length = 31
     costs = [explanation.token_values(config, length, length, t) for t in range(length)]
     assert costs == [explanation.token_values(small, length, length, t) for t in range(length)]
