@@ -1,5 +1,6 @@
 """Models trained once per test run, for the tests that must also hold for a model past its
-untrained state (the explain page, decoding, the attention pictures).
+untrained state (the explain page, decoding, the attention pictures), and ``make_tiny_run``: an
+untrained one-layer run, written in a moment, for the tests of what reads a run.
 
 ``SYNTHETIC`` trains the built-in task's `tiny` until it translates (see its comment for what
 that costs and reaches); ``MULTI30K`` a `tiny` on Multi30k for a few dozen steps, where the data
@@ -22,7 +23,11 @@ from pathlib import Path
 import pytest
 from ci import in_ci
 
+from tinyformer.engine import random as tf_random
+from tinyformer.model import nn
 from tinyformer.translation import checkpoint
+from tinyformer.translation.data.synthetic import synthetic_pairs
+from tinyformer.translation.data.tokenizer import Tokenizer
 from tinyformer.common.filecache import cached_product
 from tinyformer.translation.train import LOG_FILE, TrainConfig, Trainer, load_corpus, load_model
 
@@ -117,3 +122,19 @@ def multi30k_or_skip():
         if in_ci():
             pytest.fail("CI must set TINYFORMER_DATA to the directory holding multi30k/")
         pytest.skip("TINYFORMER_DATA does not hold multi30k/ (the Multi30k files are not here)")
+
+
+def make_tiny_run(directory, max_len=24, seed=0):
+    """Not trained: a checkpoint of a random 1-layer model and its tokenizer (trained on the synthetic val split)."""
+    english, german = synthetic_pairs("val")
+    tok = Tokenizer.train(english + german, directory, vocab_size=150)
+    model = nn.Transformer(src_vocab_size=len(tok),
+                           d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, max_len=max_len,
+                           seed=seed)
+    meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(directory)).to_dict(),
+            "model_config": model.config.to_dict(), "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
+            "rng_state": tf_random.get_rng_state(), "tokenizer_sha256": tok.sha256, "tokenizer_file": "spm.model",
+            "saved_at": "2026-01-01T00:00:00"}
+    path = directory / "checkpoint_0000001.npz"
+    checkpoint.save_checkpoint(path, model.state_dict(), meta)
+    return path

@@ -8,7 +8,7 @@ import stat
 
 import numpy as np
 import pytest
-from tests.project.test_bad_input import make_tiny_run
+from trained_models import make_tiny_run
 
 from tinyformer import cli
 

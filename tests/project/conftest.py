@@ -9,6 +9,6 @@ from tinyformer.translation.data.tokenizer import Tokenizer
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     """A joint BPE of 150 pieces over the built-in task's validation split (the tokenizer of
-    ``test_bad_input.make_tiny_run``'s runs), one per module."""
+    ``trained_models.make_tiny_run``'s runs), one per module."""
     english, german = synthetic_pairs("val")
     return Tokenizer.train(english + german, tmp_path_factory.mktemp("tok"), vocab_size=150)

@@ -23,6 +23,7 @@ from tinyformer.engine import functional as F
 from tinyformer.translation.data.batching import ParallelData, make_batch, pad
 from tinyformer.translation.data.synthetic import number_to_german, synthetic_pairs
 from tinyformer.translation.data.tokenizer import Tokenizer
+from trained_models import make_tiny_run
 
 
 def t(*shape, dtype=np.float64):
@@ -396,24 +397,6 @@ def test_translate_outputs_never_hold_a_line_break():
 
 
 # --------------------------------------------------------------------------- the command line
-def make_tiny_run(directory, max_len=24, seed=0):
-    """A checkpoint of a random 1-layer model and its tokenizer (trained on the synthetic val split)."""
-    from tinyformer.translation.train import TrainConfig
-
-    english, german = synthetic_pairs("val")
-    tok = Tokenizer.train(english + german, directory, vocab_size=150)
-    model = nn.Transformer(src_vocab_size=len(tok),
-                           d_model=16, d_ff=32, heads=2, num_layers=1, dropout=0.0, max_len=max_len,
-                           seed=seed)
-    meta = {"format": "tinyformer-checkpoint-1", "config": TrainConfig(save_dir=str(directory)).to_dict(),
-            "model_config": model.config.to_dict(), "step": 1, "epoch": 0, "batch_in_epoch": 1, "tokens_seen": 0,
-            "rng_state": tf.random.get_rng_state(), "tokenizer_sha256": tok.sha256, "tokenizer_file": "spm.model",
-            "saved_at": "2026-01-01T00:00:00"}
-    path = directory / "checkpoint_0000001.npz"
-    checkpoint.save_checkpoint(path, model.state_dict(), meta)
-    return path
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("run"))

@@ -26,7 +26,7 @@ from tinyformer.engine import functional as F
 from tinyformer.translation.data.special import UNK_ID
 from tinyformer.translation.data.synthetic import synthetic_pairs
 
-from tests.project.test_bad_input import make_tiny_run
+from trained_models import make_tiny_run
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
