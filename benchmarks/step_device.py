@@ -1,6 +1,7 @@
 """The device side of the step benchmark: waiting for the GPU, and the memory one step takes,
 measured the same way for tinyformer and PyTorch (the RSS on the CPU, the memory pools on a GPU)."""
 
+import contextlib
 import ctypes
 import gc
 import sys
@@ -16,6 +17,23 @@ def synchronize(device):
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
             torch.cuda.synchronize()
+
+
+def loss_value(loss, device):
+    """``loss`` (a one-element tensor of either framework) as a float, once ``device`` has finished the step."""
+    value = loss.item()
+    synchronize(device)
+    return value
+
+
+@contextlib.contextmanager
+def in_eval_mode(model):
+    """``model`` (a module of either framework) in eval mode for the block, in training mode after it."""
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
 
 
 def _read_status(field):

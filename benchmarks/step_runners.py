@@ -6,7 +6,7 @@ import tinyformer  # noqa: F401  first: its OpenBLAS setting (common/blas_spin.p
 import numpy
 
 from step_batch import LABEL_SMOOTHING, PAD
-from step_device import synchronize
+from step_device import in_eval_mode, loss_value, synchronize
 
 
 class TinyformerRunner:
@@ -50,20 +50,13 @@ class TinyformerRunner:
             loss = loss_sum / self.batch.num_tokens
             self.scaler.scale_loss(loss).backward()
         self.scaler.step(self.optimizer)
-        value = loss.item()
-        synchronize(self.device)
-        return value
+        return loss_value(loss, self.device)
 
     def eval_loss(self, rows):
-        self.model.eval()
-        try:
-            with self.tf.no_grad(), self.amp.autocast(self.precision):
-                logits = self.model(self.src[:rows], self.tgt_in[:rows])
-                loss = self.F.cross_entropy(logits, self.tgt_out[:rows], label_smoothing=self.smoothing,
-                                            ignore_index=PAD)
-            return loss.item()
-        finally:
-            self.model.train()
+        with in_eval_mode(self.model), self.tf.no_grad(), self.amp.autocast(self.precision):
+            logits = self.model(self.src[:rows], self.tgt_in[:rows])
+            loss = self.F.cross_entropy(logits, self.tgt_out[:rows], label_smoothing=self.smoothing, ignore_index=PAD)
+        return loss.item()
 
 
 class TinyformerGraphedRunner(TinyformerRunner):

@@ -4,7 +4,7 @@ PyTorch step, counted with ``torch.profiler``. PyTorch (the ``bench`` extra) is 
 a runner is built."""
 
 from step_batch import LABEL_SMOOTHING, PAD
-from step_device import synchronize
+from step_device import in_eval_mode, loss_value, synchronize
 from torch_transformer import build_torch_model
 
 
@@ -55,19 +55,13 @@ class TorchRunner:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        value = loss.item()
-        synchronize(self.device)
-        return value
+        return loss_value(loss, self.device)
 
     def eval_loss(self, rows):
         # Grad stays enabled so that PyTorch takes its ordinary path, not the inference fast path.
-        self.model.eval()
-        try:
-            with self._autocast():
-                loss = self._loss(self.model(self.src[:rows], self.tgt_in[:rows]), self.tgt_out[:rows])
-            return loss.item()
-        finally:
-            self.model.train()
+        with in_eval_mode(self.model), self._autocast():
+            loss = self._loss(self.model(self.src[:rows], self.tgt_in[:rows]), self.tgt_out[:rows])
+        return loss.item()
 
 
 class TorchGraphedRunner(TorchRunner):

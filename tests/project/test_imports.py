@@ -279,12 +279,16 @@ def test_nothing_in_the_library_imports_the_verification_room_but_its_two_users(
     assert any(_layer(a) == VERIFICATION and _layer(b) == "model" for a, b, _, _ in package_edges)
 
 
+def toy_edges(toy, files):
+    """The import edges of a toy package of ``files``, its modules named as tinyformer's."""
+    return [(a.replace("toy", "tinyformer", 1), b.replace("toy", "tinyformer", 1), line, late)
+            for a, b, line, late in import_edges(toy(files))]
+
+
 def test_the_verification_rule_finds_an_import_of_it_from_the_engine(toy):
-    root = toy({"engine/__init__.py": "", "engine/tensor.py": "def f():\n    from ..testing import cases\n",
-                "testing/__init__.py": "", "testing/cases.py": "from ..engine import tensor\n",
-                "cli/__init__.py": "", "cli/gradcheck.py": "from ..testing import cases\n"})
-    edges = [(a.replace("toy", "tinyformer", 1), b.replace("toy", "tinyformer", 1), line, late)
-             for a, b, line, late in import_edges(root)]
+    edges = toy_edges(toy, {"engine/__init__.py": "", "engine/tensor.py": "def f():\n    from ..testing import cases\n",
+                            "testing/__init__.py": "", "testing/cases.py": "from ..engine import tensor\n",
+                            "cli/__init__.py": "", "cli/gradcheck.py": "from ..testing import cases\n"})
     with pytest.raises(AssertionError, match=r"from the library: tinyformer.engine.tensor \(line 2, in a function\) "
                                              r"-> tinyformer.testing; "):
         test_nothing_in_the_library_imports_the_verification_room_but_its_two_users(edges)
@@ -311,16 +315,14 @@ def test_the_parts_of_the_engine_import_one_way(package_edges):
 
 
 def test_the_layer_rule_finds_an_upward_import(toy):
-    root = toy({"engine/__init__.py": "", "engine/tensor.py": "def f():\n    from ..model import nn\n",
-                "model/__init__.py": "", "model/nn.py": "from ..engine import tensor\n"})
-    edges = [(a.replace("toy", "tinyformer", 1), b.replace("toy", "tinyformer", 1), line, late)
-             for a, b, line, late in import_edges(root)]
+    edges = toy_edges(toy, {"engine/__init__.py": "", "engine/tensor.py": "def f():\n    from ..model import nn\n",
+                            "model/__init__.py": "", "model/nn.py": "from ..engine import tensor\n"})
     with pytest.raises(AssertionError, match=r"tinyformer.engine.tensor \(line 2, in a function\) -> "
                                              r"tinyformer.model"):
         test_each_layer_imports_only_itself_and_the_layers_below(edges)
 
 # The CUDA graph capture emulated on NumPy arrays and its device memory are test machinery
-# (tests/emulated_capture.py): they reach the library through one seam, the capture that
+# (tinyformer.testing.emulated_capture): they reach the library through one seam, the capture that
 # ``translation.train.graphs.open_capture`` returns and its ``backend.capturing(memory=...)``, and
 # no op, optimiser or backend function looks for them. The C++ emulation of the CUDA kernels
 # (``tinyformer.testing.emulation``: cpu_emulation.h and its parts, its ctypes functions) reaches the
