@@ -1,12 +1,13 @@
-"""Regenerates tests/data/legacy_run: a small run written by an earlier tinyformer, kept so that the
-tests can check that today's code loads, translates and resumes it as that code did.
+"""Writes a small run with the tinyformer of this checkout, kept so that the tests can check that later
+code loads, translates and resumes it as this code did (tests/translation/test_legacy_run.py).
 
 Run it only with the tinyformer whose checkpoint format is to be pinned; then commit the folder as
-it is. The committed folder was made at commit 6f0884c, before the package was re-rooted into
-layer folders, by this script with the imports of that layout (``tinyformer.data.synthetic``,
-``tinyformer.train``); the imports below are today's:
+it is. The committed folders: legacy_run, made at commit 6f0884c, before the package was re-rooted
+into layer folders, by this script with the imports of that layout (``tinyformer.data.synthetic``,
+``tinyformer.train``); run_6ac33d7, made at 6ac33d7, before the model's config became a dataclass
+(issue 68). The imports below are today's:
 
-    python tests/data/make_legacy_run.py tests/data/legacy_run
+    python tests/data/make_legacy_run.py tests/data/run_<commit>
 
 It trains a 7,488-parameter model for 150 steps on the built-in task (checkpoint, tokenizer),
 translates the first 12 test sentences greedily and with beam 3, and resumes a copy of the run
