@@ -99,11 +99,17 @@ def _run_function_hooks(fn, grads):
     """The hooks registered on ``fn``'s outputs, each free to replace its gradient (in ``grads``)."""
     if fn._hooks:
         for i, hooks in fn._hooks.items():
-            for hook in list(hooks):
-                if grads[i] is not None:
-                    replaced = hook(grads[i])
-                    if replaced is not None:
-                        grads[i] = _check_hook_result(replaced, grads[i])
+            if grads[i] is not None:
+                grads[i] = _through_hooks(hooks, grads[i])
+
+
+def _through_hooks(hooks, g):
+    """``g`` handed to each of ``hooks`` in turn, each free to replace it (checked)."""
+    for hook in list(hooks):
+        replaced = hook(g)
+        if replaced is not None:
+            g = _check_hook_result(replaced, g)
+    return g
 
 
 def _materialized(fn, grads):
@@ -242,10 +248,7 @@ class _Leaves:
 
     def finish(self, tensor, g):
         if tensor._hooks:
-            for hook in list(tensor._hooks):
-                replaced = hook(g)
-                if replaced is not None:
-                    g = _check_hook_result(replaced, g)
+            g = _through_hooks(tensor._hooks, g)
         if self.capture is None:
             store_grad(tensor, g)
             for hook in list(tensor._post_accumulate_hooks or ()):

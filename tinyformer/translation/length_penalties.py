@@ -17,7 +17,7 @@ import numpy as np
 from ..common.validation import check_real
 
 __all__ = ["LENGTH_NORMALIZATIONS", "DEFAULT_ALPHA", "ALPHA_LIMIT", "alpha_range", "length_penalty",
-           "hf_length_penalty", "check_length_normalization", "LengthNormalization", "GNMT", "Transformers",
+           "hf_length_penalty", "LengthNormalization", "GNMT", "Transformers",
            "length_normalization"]
 
 LENGTH_NORMALIZATIONS = ("gnmt", "hf")
@@ -47,13 +47,6 @@ def hf_length_penalty(length, alpha):
     ``cur_len + 1 - decoder_prompt_len`` when a hypothesis finishes).
     """
     return float(length) ** alpha
-
-
-def check_length_normalization(length_normalization, alpha):
-    """(length_normalization, α): α defaults to DEFAULT_ALPHA and must lie in ``alpha_range`` (GNMT's
-    in [0, 10], transformers' in [-10, 10]); a ValueError names what is wrong."""
-    rule = _convention(length_normalization, alpha)
-    return rule.name, rule.alpha
 
 
 class LengthNormalization:
@@ -124,10 +117,6 @@ def length_normalization(name, alpha=None):
     """The ``LengthNormalization`` called ``name`` ("gnmt" or "hf") with ``alpha`` (None: its default);
     a ValueError names a wrong name or an α outside ``alpha_range``. A ``LengthNormalization`` given as
     ``name`` is used as it is (with another ``alpha``: one of its kind with that α)."""
-    return _convention(name, alpha)
-
-
-def _convention(name, alpha):
     if isinstance(name, LengthNormalization):  # a convention of one's own, or one made already
         return name if alpha is None else type(name)(alpha)
     if name not in LENGTH_NORMALIZATIONS:

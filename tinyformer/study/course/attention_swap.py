@@ -27,18 +27,12 @@ import numpy
 
 from ...engine import functional as F
 from ...engine.functional import KeyLengthMask, causal_mask
+from ...engine.ops._helpers import sum_to_shape
 from ...engine.tensor import Function, Tensor, is_grad_enabled
 from ...model.nn.probe import Attention
 
 __all__ = ["ReaderAttention", "ReaderHeads", "ReaderSoftmax", "ReaderAttentionBackward", "ReaderMultiHead",
-           "ReaderMultiHeadAttention", "own_attention", "summed_to"]
-
-
-def summed_to(grad, shape):
-    """``grad`` summed over the axes that ``shape`` broadcast (a key/value batch of 1)."""
-    grad = grad.reshape((-1,) + grad.shape[grad.ndim - len(shape):]).sum(axis=0) if grad.ndim > len(shape) else grad
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
-    return grad.sum(axis=axes, keepdims=True) if axes else grad
+           "ReaderMultiHeadAttention", "own_attention", "plain_mask", "keep_mask"]
 
 
 def own_attention(q, k, v, mask, causal, return_weights=False):
@@ -48,9 +42,14 @@ def own_attention(q, k, v, mask, causal, return_weights=False):
     return (out[0].data, out[1].data) if return_weights else out.data
 
 
+def plain_mask(mask):
+    """The keep-mask of an attention call as a plain array (or None), whatever form it came in."""
+    return mask.mask if isinstance(mask, KeyLengthMask) else (mask.data if isinstance(mask, Tensor) else mask)
+
+
 def keep_mask(mask, causal, len_q, len_k):
     """The boolean keep-mask attention applied (None: every key), as its forward builds it."""
-    mask = mask.mask if isinstance(mask, KeyLengthMask) else (mask.data if isinstance(mask, Tensor) else mask)
+    mask = plain_mask(mask)
     if causal:
         future = causal_mask(len_q, len_k)
         mask = future if mask is None else mask & future
@@ -59,12 +58,12 @@ def keep_mask(mask, causal, len_q, len_k):
 
 class ReaderHeads(Function):
     """The heads' attention as one node: forward ``attention.forward(node, q, k, v)`` (O), backward
-    ``attention.backward(node, dO)`` (dQ, dK, dV); ``node`` carries the call (``mask``, ``causal``)
-    and what the forward keeps for the backward. With ``return_weights`` P is a second output,
+    ``attention.backward(node, dO)`` (dQ, dK, dV); ``node`` carries the call (``mask``, ``causal``,
+    and ``problem``: what ``attention.takes`` found of it) and what the forward keeps for the backward. With ``return_weights`` P is a second output,
     through which no gradient may come."""
 
-    def forward(self, q, k, v, attention, mask, causal, return_weights):
-        self.attention, self.mask, self.causal = attention, mask, causal
+    def forward(self, q, k, v, attention, mask, causal, return_weights, problem):
+        self.attention, self.mask, self.causal, self.problem = attention, mask, causal, problem
         self.q, self.k, self.v = q, k, v
         out = attention.forward(self, q, k, v)
         return (out, self.p) if return_weights else out
@@ -73,7 +72,7 @@ class ReaderHeads(Function):
         if g_weights is not None:
             raise RuntimeError(f"exercise {self.attention.swap.number}'s swap covers attention whose weights take "
                                "no gradient; this model sends one through them (keep_attention)")
-        return tuple(summed_to(numpy.asarray(d), a.shape).astype(g_out.dtype, copy=False)
+        return tuple(sum_to_shape(numpy.asarray(d), a.shape).astype(g_out.dtype, copy=False)
                      for d, a in zip(self.attention.backward(self, g_out), (self.q, self.k, self.v)))
 
 
@@ -86,19 +85,22 @@ class ReaderAttention(Attention):
         self.reader, self.swap = module, swap
 
     def heads(self, q, k, v, mask=None, causal=False, dropout_p=0.0, return_weights=False, generator=None):
-        if not self.takes(q, k, mask, causal, dropout_p, return_weights):
+        problem = self.takes(q, k, mask, causal, dropout_p, return_weights)
+        if problem is None:
             self.swap.own += 1
             return super().heads(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
                                  return_weights=return_weights, generator=generator)
         return ReaderHeads.apply(q, k, v, attention=self, mask=mask, causal=bool(causal),
-                                 return_weights=bool(return_weights))
+                                 return_weights=bool(return_weights), problem=problem)
 
     def takes(self, q, k, mask, causal, dropout_p, return_weights):
-        """Exercises 2 and 4: every call but one with attention dropout, which they do not cover."""
+        """What the exercise takes of this call (kept on the node as ``problem``), or None to leave
+        it to tinyformer's own. Exercises 2 and 4: every call but one with attention dropout, which
+        they do not cover."""
         if dropout_p and is_grad_enabled():
             raise RuntimeError(f"exercise {self.swap.number}'s swap covers attention without dropout; this model "
                                "uses it (attention_dropout)")
-        return not dropout_p
+        return None if dropout_p else True
 
     def forward(self, node, q, k, v):
         """tinyformer's O (P kept on the node)."""
@@ -137,7 +139,7 @@ class ReaderAttentionBackward(ReaderAttention):
         def flat(a, rows, cols):
             return numpy.ascontiguousarray(numpy.broadcast_to(a, lead + (rows, cols))).reshape(-1, rows, cols)
 
-        mask = node.mask.mask if isinstance(node.mask, KeyLengthMask) else node.mask
+        mask = plain_mask(node.mask)
         if mask is not None:
             mask = flat(mask, len_q, len_k)
         dq, dk, dv = self.reader.backward(flat(q, len_q, q.shape[-1]), flat(k, len_k, k.shape[-1]),
@@ -180,8 +182,7 @@ class ReaderMultiHead(Attention):
     def module(self, mha, call):
         if (mha.training and mha.dropout) or not is_grad_enabled():
             return None
-        mask = call.mask
-        mask = mask.mask if isinstance(mask, KeyLengthMask) else (mask.data if isinstance(mask, Tensor) else mask)
         params = [p for layer in (mha.w_q, mha.w_k, mha.w_v, mha.w_o) for p in (layer.weight, layer.bias)]
-        return ReaderMultiHeadAttention.apply(call.query, call.key, call.value, *params, heads=mha.heads, mask=mask,
+        return ReaderMultiHeadAttention.apply(call.query, call.key, call.value, *params, heads=mha.heads,
+                                              mask=plain_mask(call.mask),
                                               causal=call.causal, module=self.reader, swap=self.swap)

@@ -20,7 +20,7 @@ import math
 
 import numpy
 
-from ...engine.functional import KeyLengthMask
+from ...engine.functional.attention import _key_lengths_of_mask
 from ...engine.tensor import Tensor
 from .attention_swap import ReaderAttention, own_attention
 from .flash_reference import keep
@@ -35,28 +35,12 @@ def _flat(a):
     return numpy.ascontiguousarray(a, dtype=numpy.float64).reshape(-1, *a.shape[-2:])
 
 
-def _key_lengths(mask, batch, len_k):
-    """``(True, per-sequence key counts or None)`` when ``mask`` is none or only hides trailing keys
-    (shape (batch, 1, 1, len_k), as ``padding_mask`` builds), else ``(False, None)``."""
-    if mask is None:
-        return True, None
-    if tuple(mask.shape) != (batch, 1, 1, len_k):
-        return False, None
-    if isinstance(mask, KeyLengthMask):
-        return True, mask.lengths
-    kept = numpy.asarray(mask.data if isinstance(mask, Tensor) else mask)[:, 0, 0, :]
-    lengths = kept.sum(axis=-1)
-    if not bool((kept == (numpy.arange(len_k)[None, :] < lengths[:, None])).all()):
-        return False, None  # holes in the mask: not a key-length mask
-    return True, lengths.astype(numpy.int32)
-
-
 def _problem(q, k, mask, causal, dropout_p, return_weights):
     """What the tiled exercises take of this call: (key lengths per flattened sequence or None,
     causal); None when they cannot take it."""
     if dropout_p or return_weights or q.ndim != 4 or k.shape[:2] != q.shape[:2]:
         return None
-    fits, lengths = _key_lengths(mask, q.shape[0], k.shape[2])
+    fits, lengths = _key_lengths_of_mask(mask.data if isinstance(mask, Tensor) else mask, q.shape[0], k.shape[2])
     if not fits:
         return None
     if lengths is not None:
@@ -79,25 +63,24 @@ def _gradients_from_lse(q, k, v, lse, lengths, causal, g):
 
 
 class _Tiled(ReaderAttention):
-    """The calls the tiles take: ``_problem``'s."""
+    """The calls the tiles take: ``_problem``'s, (key lengths, causal) kept on the node."""
 
     def takes(self, q, k, mask, causal, dropout_p, return_weights):
-        return _problem(q, k, mask, causal, dropout_p, return_weights) is not None
+        return _problem(q, k, mask, causal, dropout_p, return_weights)
 
 
 class ReaderTiledForward(_Tiled):
     """Exercise 7's swap: the reader's tiled forward, and backward from the reader's lse."""
 
     def forward(self, node, q, k, v):
-        node.lengths, causal = _problem(q, k, node.mask, node.causal, 0.0, False)
         node.flat = tuple(_flat(a) for a in (q, k, v))
-        o, lse = self.reader.forward(*node.flat, node.lengths, causal, BLOCK)
+        o, lse = self.reader.forward(*node.flat, *node.problem, BLOCK)
         self.swap.calls += 1
         node.lse = numpy.asarray(lse, dtype=numpy.float64)
         return numpy.asarray(o).reshape(q.shape[:-1] + v.shape[-1:]).astype(q.dtype, copy=False)
 
     def backward(self, node, g_out):
-        grads = _gradients_from_lse(*node.flat, node.lse, node.lengths, node.causal, _flat(g_out))
+        grads = _gradients_from_lse(*node.flat, node.lse, *node.problem, _flat(g_out))
         return tuple(d.reshape(a.shape) for d, a in zip(grads, (node.q, node.k, node.v)))
 
 
@@ -110,7 +93,7 @@ class ReaderTiledBackward(_Tiled):
         return out
 
     def backward(self, node, g_out):
-        lengths, causal = _problem(node.q, node.k, node.mask, node.causal, 0.0, False)
+        lengths, causal = node.problem
         q, k, v = (_flat(a) for a in (node.q, node.k, node.v))
         s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
         seen = numpy.stack([keep(q.shape[1], k.shape[1], k.shape[1] if lengths is None else lengths[b], causal)
